@@ -1,0 +1,1 @@
+"""Engine worker actor: request state, KV block cache, scheduler, timing models."""

@@ -1,0 +1,131 @@
+"""Per-request engine state.
+
+One invariant drives the scheduler (as in vLLM v1): ``num_computed`` catches up with
+``num_known`` (prompt + generated tokens). While ``prefill_done`` is false the request is
+(re)computing its known tokens in chunks; the pass that computes the last of them emits a
+token. After that each pass computes the one token sampled last pass and emits another.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+# terminal_status values
+WAITING = 0
+RUNNING = 1
+COMPLETED = 2
+REJECTED = 3
+INCOMPLETE = 4
+
+STATUS_NAMES = {
+    WAITING: "incomplete",
+    RUNNING: "incomplete",
+    COMPLETED: "completed",
+    REJECTED: "rejected",
+    INCOMPLETE: "incomplete",
+}
+
+
+class HashSource(Protocol):
+    """Gives the chained block hashes of a request's full sequence (prompt + output)."""
+
+    def block_hashes(self, index: int, block_size: int) -> list[int]: ...
+
+
+class Request:
+    """A request as the engine, router and metrics see it (plain mutable record)."""
+
+    __slots__ = (
+        "rid",
+        "index",
+        "source",
+        "arrival_ms",
+        "prompt_len",
+        "max_output",
+        "session_id",
+        "turn_index",
+        # engine progress
+        "num_computed",
+        "num_generated",
+        "prefill_done",
+        "hashes",
+        "hash_block_size",
+        "held",
+        "num_full_registered",
+        "num_private",
+        "status",
+        "worker",
+        "rank",
+        # times
+        "dispatched_ms",
+        "first_admit_ms",
+        "first_token_ms",
+        "second_token_ms",
+        "last_token_ms",
+        "terminal_ms",
+        # cache / admissions
+        "admissions",
+        "committed_prefill",
+        "output_block_ids",
+        "gaps",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        index: int,
+        source: HashSource,
+        arrival_ms: float,
+        prompt_len: int,
+        max_output: int,
+        session_id: str | None = None,
+        turn_index: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.index = index
+        self.source = source
+        self.arrival_ms = arrival_ms
+        self.prompt_len = prompt_len
+        self.max_output = max_output
+        self.session_id = session_id
+        self.turn_index = turn_index
+        self.num_computed = 0
+        self.num_generated = 0
+        self.prefill_done = False
+        self.hashes: list[int] | None = None
+        self.hash_block_size = 0
+        self.held: list[int] = []
+        self.num_full_registered = 0
+        self.num_private = 0
+        self.status = WAITING
+        self.worker = -1
+        self.rank = -1
+        self.dispatched_ms: float | None = None
+        self.first_admit_ms: float | None = None
+        self.first_token_ms: float | None = None
+        self.second_token_ms: float | None = None
+        self.last_token_ms: float | None = None
+        self.terminal_ms: float | None = None
+        # (at_ms, reused_tokens) per admission, first one first
+        self.admissions: list[tuple[float, int]] = []
+        self.committed_prefill = 0
+        self.output_block_ids = None
+        # individual token gaps not covered by a pass-level pooled gap (preemption resumes)
+        self.gaps: list[float] | None = None
+
+    @property
+    def num_known(self) -> int:
+        return self.prompt_len + self.num_generated
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of the full blocks of prompt + output (computed once, kept while live)."""
+        if self.hashes is None or self.hash_block_size != block_size:
+            self.hashes = self.source.block_hashes(self.index, block_size)
+            self.hash_block_size = block_size
+        return self.hashes
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return (
+            f"Request(rid={self.rid}, prompt={self.prompt_len}, out={self.num_generated}/{self.max_output}, "
+            f"computed={self.num_computed}, status={self.status})"
+        )

@@ -1,0 +1,341 @@
+"""vLLM-style continuous-batching scheduler of one attention-data rank.
+
+A pass (per rank):
+
+1. ``budget = max_batched_tokens``.
+2. Running requests first, in queue order: each asks for ``min(known - computed, budget)``
+   tokens (1 for a decoding request, the next chunk for a prefilling one) and gets the blocks
+   for them; when allocation fails the newest running request is preempted (recompute: it
+   frees its blocks, ``num_computed = 0``, it goes to the front of the waiting queue) and the
+   allocation is retried; preempting the request itself ends the loop.
+3. Waiting requests next, FCFS with head-of-line blocking, only if nothing was preempted,
+   while ``running < max_sequences`` and budget is left: reject requests that can never run,
+   look up the cached prefix (only full blocks, never the whole prompt), admit when the whole
+   sequence's blocks minus its active cached blocks fit in the blocks not held by live
+   requests, and schedule ``min(remaining, budget)`` tokens.
+
+The output is a plain ``RankPass``; effects are applied at pass end by ``finish``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from actors.engine.kv_cache import KVCache
+from actors.engine.request import COMPLETED, REJECTED, RUNNING, WAITING, Request
+from actors.engine.timing import PassShape, TimingModel
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batched_tokens: int = 8192
+    max_sequences: int = 256
+    block_size: int = 64
+    num_gpu_blocks: int = 16384
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    context_length: int | None = None  # prompts >= this are rejected; generation stops at it
+    preemption_mode: str = "lifo"  # or "fifo"
+    prefill_schedule_interval: int = 1
+    prefill_only: bool = False  # disaggregated prefill role: no decode, one hidden token
+
+
+@dataclass(slots=True)
+class RankPass:
+    """What one rank scheduled for one pass."""
+
+    items: list  # [(request, num_new_tokens)]
+    shape: PassShape
+    duration_ms: float
+    num_preempted: int
+
+
+class GapSink:
+    """Collects inter-token gaps: pooled (one value shared by many tokens) and individual."""
+
+    __slots__ = ("pooled_values", "pooled_weights", "run_chunks", "individual")
+
+    def __init__(self) -> None:
+        self.pooled_values: list[float] = []
+        self.pooled_weights: list[int] = []
+        self.run_chunks: list = []  # (ndarray of gaps, weight)
+        self.individual: list[float] = []
+
+
+class RankScheduler:
+    """Scheduler + KV cache of one rank."""
+
+    def __init__(self, config: SchedulerConfig, timing: TimingModel, record_kv_events: bool = False) -> None:
+        self.config = config
+        self.timing = timing
+        self.kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching, record_kv_events)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.total_kv_tokens = config.num_gpu_blocks * config.block_size
+        self.num_preemptions = 0
+        self.committed_prefill_tokens = 0
+        self.num_generated_tokens = 0
+        self.rejected: list[Request] = []
+        cl = config.context_length
+        self._context_limit = cl if cl is not None else 1 << 62
+        self._lifo = config.preemption_mode == "lifo"
+
+    # -- queue ------------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        req.status = WAITING
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # -- general pass ---------------------------------------------------------------
+    def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
+        cfg = self.config
+        running = self.running
+        waiting = self.waiting
+        kv = self.kv
+        bs = cfg.block_size
+        budget = cfg.max_batched_tokens
+        chunked = cfg.enable_chunked_prefill
+        caching = kv.prefix_caching
+        items: list = []
+        num_preempted = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.prompt_len + req.num_generated - req.num_computed
+            if defer_prefill and not req.prefill_done and n > 1:
+                i += 1
+                continue
+            if n > budget:
+                if not chunked:
+                    break
+                n = budget
+            target = req.num_computed + n
+            can_schedule = True
+            # inline no-op check of kv.grow: most decode steps need no new block
+            if -(-target // bs) <= len(req.held) + req.num_private and (
+                not caching or target // bs <= req.num_full_registered
+            ):
+                items.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            while not kv.grow(req, target, req.hashes):
+                victim = running.pop() if self._lifo else running.pop(0)
+                self._preempt(victim)
+                num_preempted += 1
+                if victim is req:
+                    can_schedule = False
+                    break
+                if not self._lifo:
+                    # the oldest was ahead of us: undo its scheduled work if any
+                    i -= 1
+                    for k, (r, rn) in enumerate(items):
+                        if r is victim:
+                            del items[k]
+                            budget += rn
+                            break
+            if not can_schedule:
+                break
+            items.append((req, n))
+            budget -= n
+            i += 1
+
+        if not num_preempted and not defer_prefill:
+            max_seqs = cfg.max_sequences
+            while waiting and budget > 0 and len(running) < max_seqs:
+                req = waiting[0]
+                known = req.prompt_len + req.num_generated
+                if req.num_generated == 0 and self._never_fits(req):
+                    waiting.popleft()
+                    self._reject(req, now_ms)
+                    continue
+                hashes = req.block_hashes(bs) if cfg.enable_prefix_caching else None
+                if hashes is not None:
+                    hits, active_hits = kv.match_prefix(hashes, (known - 1) // bs)
+                else:
+                    hits, active_hits = [], 0
+                if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
+                    break
+                reused = len(hits) * bs
+                n = known - reused
+                if n > budget:
+                    if not chunked:
+                        break
+                    n = budget
+                waiting.popleft()
+                kv.acquire(req, hits)
+                req.num_computed = reused
+                if not kv.grow(req, reused + n, hashes):  # cannot happen after the test above
+                    kv.release(req)
+                    req.num_computed = 0
+                    waiting.appendleft(req)
+                    break
+                req.status = RUNNING
+                req.admissions.append((now_ms, reused))
+                if req.first_admit_ms is None:
+                    req.first_admit_ms = now_ms
+                running.append(req)
+                items.append((req, n))
+                budget -= n
+
+        if not items:
+            if num_preempted:
+                self.num_preemptions += num_preempted
+            return None
+        num_prefill = new_tokens = sum_prefix = num_decode = decode_kv = 0
+        for req, n in items:
+            if req.prefill_done:
+                num_decode += 1
+                decode_kv += req.prompt_len + req.num_generated
+            else:
+                num_prefill += 1
+                new_tokens += n
+                sum_prefix += req.num_computed
+        if cfg.prefill_only:
+            num_decode = decode_kv = 0
+        shape = PassShape(num_prefill, new_tokens, sum_prefix + new_tokens, sum_prefix, num_decode, decode_kv,
+                          self.total_kv_tokens)
+        duration = self.timing.pass_ms(shape)
+        self.num_preemptions += num_preempted
+        return RankPass(items, shape, duration, num_preempted)
+
+    def _never_fits(self, req: Request) -> bool:
+        cfg = self.config
+        if req.prompt_len >= self._context_limit:
+            return True
+        if -(-req.prompt_len // cfg.block_size) > cfg.num_gpu_blocks:
+            return True
+        if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_batched_tokens:
+            return True
+        return False
+
+    def _reject(self, req: Request, now_ms: float) -> None:
+        req.status = REJECTED
+        req.terminal_ms = now_ms
+        req.hashes = None
+        self.rejected.append(req)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.release(req)
+        req.num_computed = 0
+        req.prefill_done = False
+        req.status = WAITING
+        self.waiting.appendleft(req)
+
+    def finish(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+        """Apply a pass's effects at its end: computed tokens, emitted tokens, completions."""
+        limit = self._context_limit
+        pooled = 0
+        any_done = False
+        prefill_only = self.config.prefill_only
+        for req, n in rp.items:
+            c = req.num_computed + n
+            req.num_computed = c
+            if req.prefill_done:
+                pass
+            elif c == req.prompt_len + req.num_generated:
+                req.prefill_done = True
+                self.committed_prefill_tokens += n
+            else:
+                self.committed_prefill_tokens += n
+                continue
+            # emit one token
+            g = req.num_generated + 1
+            req.num_generated = g
+            last = req.last_token_ms
+            if g == 1:
+                req.first_token_ms = end_ms
+            else:
+                if g == 2:
+                    req.second_token_ms = end_ms
+                if last == start_ms:
+                    pooled += 1
+                else:
+                    gaps.individual.append(end_ms - last)
+            req.last_token_ms = end_ms
+            self.num_generated_tokens += 1
+            if g >= req.max_output or req.prompt_len + g >= limit or prefill_only:
+                req.status = COMPLETED
+                req.terminal_ms = end_ms
+                any_done = True
+        if pooled:
+            gaps.pooled_values.append(end_ms - start_ms)
+            gaps.pooled_weights.append(pooled)
+        if any_done:
+            self.reap_completed(completed)
+
+    def reap_completed(self, completed: list) -> None:
+        """Release completed requests' blocks and drop them from the running list (in order)."""
+        kv = self.kv
+        keep = []
+        for req in self.running:
+            if req.status == COMPLETED:
+                kv.release(req)
+                req.hashes = None
+                completed.append(req)
+            else:
+                keep.append(req)
+        self.running = keep
+
+    # -- fast-forward support -----------------------------------------------------------
+    def steady_decode(self) -> bool:
+        """True when the next passes are pure decode of the running batch with no admission
+        possible until a request completes (the batch cannot change on its own)."""
+        running = self.running
+        if not running:
+            return False
+        cfg = self.config
+        if cfg.prefill_only or len(running) > cfg.max_batched_tokens:
+            return False
+        for req in running:
+            if not req.prefill_done:
+                return False
+        waiting = self.waiting
+        if not waiting or len(running) >= cfg.max_sequences or len(running) >= cfg.max_batched_tokens:
+            return True
+        req = waiting[0]
+        if req.num_generated == 0 and self._never_fits(req):
+            return False
+        known = req.prompt_len + req.num_generated
+        bs = cfg.block_size
+        active_hits = 0
+        if cfg.enable_prefix_caching:
+            _, active_hits = self.kv.match_prefix(req.block_hashes(bs), (known - 1) // bs)
+        # Admission blocked now stays blocked: active blocks only grow during decode.
+        return -(-known // bs) - active_hits > self.kv.capacity - self.kv.num_active
+
+    def decode_horizon(self, max_passes: int) -> int:
+        """How many decode passes the running batch can run before a completion ends one
+        (inclusive) or an allocation would need a preemption (exclusive)."""
+        limit = self._context_limit
+        k = max_passes
+        for req in self.running:
+            g = req.num_generated
+            left = req.max_output - g
+            ctx_left = limit - req.prompt_len - g
+            if ctx_left < left:
+                left = ctx_left
+            if left < k:
+                k = left
+        if k <= 0:
+            return 0
+        bs = self.config.block_size
+        avail = self.kv.num_reclaimable
+        # allocation passes: pass j of request i needs a block when (c_i + j) % bs == 0
+        firsts = [(-req.num_computed) % bs for req in self.running]
+        total = 0
+        for a in firsts:
+            if a < k:
+                total += (k - 1 - a) // bs + 1
+        if total <= avail:
+            return k
+        passes = sorted(j for a in firsts for j in range(a, k, bs))
+        return passes[avail]

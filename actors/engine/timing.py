@@ -1,0 +1,227 @@
+"""Pass-duration models behind one narrow, batch-level interface.
+
+A rank asks once per pass with batch aggregates only (``PassShape``):
+
+- prefill side: requests that computed prompt tokens this pass, their new tokens, and the
+  sums of ``isl`` (tokens known after this chunk) and ``prefix`` (tokens computed or cached
+  before it);
+- decode side: requests that generate from an already computed sequence, and the sum of
+  their sequence lengths (prompt + generated so far).
+
+Every model also answers ``decode_run_ms``: the durations of ``k`` consecutive decode-only
+passes of the same batch (the KV grows by one token per request per pass). The fast-forward
+path uses it; it must equal calling ``pass_ms`` ``k`` times bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from actors.engine.geometry import HardwareSpec, ModelGeometry
+
+
+@dataclass(frozen=True, slots=True)
+class PassShape:
+    num_prefill: int = 0
+    prefill_new_tokens: int = 0
+    prefill_sum_isl: int = 0
+    prefill_sum_prefix: int = 0
+    num_decode: int = 0
+    decode_kv_tokens: int = 0
+    total_kv_tokens: int = 1
+
+
+class TimingModel:
+    """Base class: subclasses implement ``prefill_ms`` and ``decode_ms``."""
+
+    #: short identifier recorded in prediction_provenance
+    estimator = "base"
+    timing_source = "base"
+    data_version: str | None = None
+
+    def prefill_ms(self, shape: PassShape) -> float:
+        raise NotImplementedError
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        raise NotImplementedError
+
+    def pass_ms(self, shape: PassShape) -> float:
+        prefill = self.prefill_ms(shape) if shape.prefill_new_tokens > 0 else 0.0
+        decode = (
+            self.decode_ms(shape.num_decode, shape.decode_kv_tokens, shape.total_kv_tokens)
+            if shape.num_decode > 0
+            else 0.0
+        )
+        return prefill + decode
+
+    def decode_run_ms(self, num_decode: int, kv_tokens0: int, total_kv_tokens: int, num_passes: int) -> np.ndarray:
+        """Durations of ``num_passes`` decode-only passes; pass j has ``kv_tokens0 + j*num_decode``."""
+        out = np.empty(num_passes, dtype=np.float64)
+        for j in range(num_passes):
+            out[j] = 0.0 + self.decode_ms(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)
+        return out
+
+    def describe(self) -> dict:
+        return {"estimator": self.estimator, "timing_source": self.timing_source, "data_version": self.data_version}
+
+
+class FixedTiming(TimingModel):
+    """``prefill_ms`` whenever prompt tokens were scheduled, ``decode_ms`` whenever the decode batch is non-empty."""
+
+    estimator = "fixed"
+    timing_source = "fixed"
+
+    def __init__(self, prefill_ms: float, decode_ms: float) -> None:
+        self._prefill = float(prefill_ms)
+        self._decode = float(decode_ms)
+
+    def prefill_ms(self, shape: PassShape) -> float:
+        return self._prefill
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        return self._decode
+
+    def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
+        return np.full(num_passes, 0.0 + self._decode, dtype=np.float64)
+
+
+# Reference polynomial coefficients.
+_PA, _PB, _PC = 4.209989e-07, 1.518344e-02, 1.650142e01
+_DA, _DB, _DC = -25.74, 54.01, 5.74
+
+
+class PolynomialTiming(TimingModel):
+    """Reference polynomial model.
+
+    prefill(T new tokens) = 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142
+    decode(u) = max(1, -25.74*u^2 + 54.01*u + 5.74), u = min(1, active_kv_tokens / total_kv_tokens)
+    """
+
+    estimator = "polynomial"
+    timing_source = "polynomial"
+
+    def prefill_ms(self, shape: PassShape) -> float:
+        t = float(shape.prefill_new_tokens)
+        return _PA * t * t + _PB * t + _PC
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        u = decode_kv_tokens / total_kv_tokens
+        if u > 1.0:
+            u = 1.0
+        d = _DA * u * u + _DB * u + _DC
+        return d if d > 1.0 else 1.0
+
+    def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
+        kv = np.arange(num_passes, dtype=np.int64) * num_decode + kv_tokens0
+        u = kv / total_kv_tokens
+        np.minimum(u, 1.0, out=u)
+        d = _DA * u * u + _DB * u + _DC
+        np.maximum(d, 1.0, out=d)
+        return d + 0.0
+
+
+@dataclass(frozen=True)
+class RooflineFactors:
+    """Efficiency factors of the roofline model (fractions of peak actually reached)."""
+
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    interconnect_efficiency: float = 0.7
+    overhead_ms: float = 1.0  # per pass: scheduling, kernel launches, sampling
+    allreduce_latency_us: float = 8.0  # per all-reduce call when tensor > 1
+
+
+class RooflineTiming(TimingModel):
+    """Time of a pass = max(FLOPs / effective compute, bytes / effective HBM bandwidth)
+    + tensor-parallel all-reduce time + a fixed per-pass overhead.
+
+    FLOPs: 2 x active parameters per token x tokens (new prompt tokens + decode tokens),
+    plus causal attention (4 x heads x head_dim per (query, key) pair per layer) and the LM head
+    for one token per request. Bytes: every weight once per pass (MoE: the experts the batch
+    touches), KV read for the attended context, KV written for new tokens. A worker's
+    ``tensor`` GPUs split FLOPs and bytes; each layer all-reduces its activations twice.
+    FP8 weights use the FP8 peak. See ``RooflineFactors`` for the efficiency factors.
+    """
+
+    estimator = "roofline"
+    timing_source = "roofline"
+
+    def __init__(self, model: ModelGeometry, hardware: HardwareSpec, tensor_parallel: int = 1,
+                 factors: RooflineFactors | None = None) -> None:
+        self.model = model
+        self.hardware = hardware
+        self.tp = max(1, int(tensor_parallel))
+        self.factors = factors or RooflineFactors()
+        f = self.factors
+        peak_tflops = hardware.fp8_tflops if model.weight_bytes <= 1.0 else hardware.bf16_tflops
+        self._flops_per_ms = peak_tflops * 1e9 * f.compute_efficiency * self.tp  # TFLOPS -> FLOP per ms
+        self._bytes_per_ms = hardware.hbm_tb_per_s * 1e9 * f.memory_efficiency * self.tp  # TB/s -> B per ms
+        m = model
+        self._linear_flops_per_token = 2.0 * m.active_params_per_token
+        self._lm_head_flops = 2.0 * m.vocab_size * m.hidden_size
+        self._attn_flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
+        self._kv_bytes_per_token = m.num_layers * 2 * m.num_kv_heads * m.head_dim * m.kv_bytes
+        layer_attn = m.attention_params_per_layer
+        self._dense_weight_bytes = (m.num_layers * layer_attn + m.embedding_params / (1 if m.tie_word_embeddings else 2)) * m.weight_bytes
+        self._mlp_weight_bytes_per_layer = m.mlp_params_per_layer * m.weight_bytes
+        if self.tp > 1:
+            bw = hardware.interconnect_gb_per_s * 1e6 * f.interconnect_efficiency  # GB/s -> B per ms
+            self._allreduce_ms_per_token = 2.0 * (self.tp - 1) / self.tp * m.hidden_size * 2.0 / bw * 2 * m.num_layers
+            self._allreduce_fixed_ms = 2 * m.num_layers * f.allreduce_latency_us / 1000.0
+        else:
+            self._allreduce_ms_per_token = 0.0
+            self._allreduce_fixed_ms = 0.0
+
+    def _weight_bytes(self, tokens: int) -> float:
+        m = self.model
+        if m.num_experts:
+            touched = min(m.num_experts, tokens * m.experts_per_token)
+            frac = (touched + m.num_shared_experts) / (m.num_experts + m.num_shared_experts)
+            return self._dense_weight_bytes + m.num_layers * self._mlp_weight_bytes_per_layer * frac
+        return self._dense_weight_bytes + m.num_layers * self._mlp_weight_bytes_per_layer
+
+    def _time(self, tokens: int, requests: int, attn_pairs: float, kv_read: float, kv_written: float) -> float:
+        flops = self._linear_flops_per_token * tokens + self._lm_head_flops * requests + self._attn_flops_per_pair * attn_pairs
+        nbytes = self._weight_bytes(tokens) + (kv_read + kv_written) * self._kv_bytes_per_token
+        compute = flops / self._flops_per_ms
+        memory = nbytes / self._bytes_per_ms
+        comm = self._allreduce_ms_per_token * tokens + self._allreduce_fixed_ms
+        return max(compute, memory) + comm + self.factors.overhead_ms
+
+    def prefill_ms(self, shape: PassShape) -> float:
+        n = shape.num_prefill
+        new = shape.prefill_new_tokens
+        mean_new = new / n
+        mean_prefix = shape.prefill_sum_prefix / n
+        pairs = n * mean_new * (mean_prefix + (mean_new + 1.0) / 2.0)
+        return self._time(new, n, pairs, shape.prefill_sum_prefix, new)
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        return self._time(num_decode, num_decode, float(decode_kv_tokens), decode_kv_tokens, num_decode)
+
+    def pass_ms(self, shape: PassShape) -> float:
+        # A mixed pass shares one weight read: price it as one forward over all tokens.
+        if shape.prefill_new_tokens > 0 and shape.num_decode > 0:
+            n = shape.num_prefill
+            new = shape.prefill_new_tokens
+            mean_new = new / n
+            mean_prefix = shape.prefill_sum_prefix / n
+            pairs = n * mean_new * (mean_prefix + (mean_new + 1.0) / 2.0) + shape.decode_kv_tokens
+            tokens = new + shape.num_decode
+            return self._time(tokens, n + shape.num_decode, pairs,
+                              shape.prefill_sum_prefix + shape.decode_kv_tokens, tokens)
+        return super().pass_ms(shape)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["data_version"] = f"roofline:{self.hardware.name}"
+        return d
+
+
+def check_duration(ms: float) -> float:
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"timing model returned an invalid pass duration {ms!r} ms")
+    return ms

@@ -1,0 +1,242 @@
+"""A simulated engine worker: one or more attention-data ranks that pass in lockstep.
+
+The worker runs one pass at a time; its end time is fixed when it starts and its effects
+become visible at its end. A worker pass lasts as long as its slowest rank.
+
+Steady decode is fast-forwarded: when every busy rank runs pure decode of a batch that
+cannot change on its own (no prefill, no admission possible, no allocation failure ahead),
+the worker plans a *run* of k passes at once (numpy over k passes) that ends at the first
+completion. Anything that touches the worker mid-run first ``sync``s it (applies the passes
+that have started/ended by then) and an arrival truncates the run after the pass in
+progress, so a run is indistinguishable from stepping pass by pass (tested byte for byte).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.engine.request import COMPLETED, Request
+from actors.engine.scheduler import GapSink, RankPass, RankScheduler
+
+MAX_RUN_PASSES = 4096
+
+
+class DecodeRun:
+    """k planned decode passes of fixed batches (one batch per busy rank)."""
+
+    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size")
+
+    def __init__(self, start_ms: float, ends: np.ndarray, ranks: list) -> None:
+        self.start_ms = start_ms
+        self.ends = ends
+        self.num_passes = len(ends)
+        self.n_sched = 1  # pass 0 is scheduled at the run start
+        self.n_done = 0
+        # per busy rank: (rank, batch, computed at start, generated at start)
+        self.ranks = ranks
+        self.batch_size = sum(len(b) for _, b, _, _ in ranks)
+
+    @property
+    def end_ms(self) -> float:
+        return float(self.ends[self.num_passes - 1])
+
+
+class EngineWorker:
+    """Engine worker actor (in-process form). Times are virtual milliseconds."""
+
+    def __init__(self, worker_id: int, ranks: list[RankScheduler], fast_forward: bool = True,
+                 max_run_passes: int = MAX_RUN_PASSES) -> None:
+        self.worker_id = worker_id
+        self.ranks = ranks
+        self.fast_forward = fast_forward
+        self.max_run_passes = max_run_passes
+        self.gaps = GapSink()
+        self.busy = False
+        self.pass_start_ms = 0.0
+        self.pass_end_ms = 0.0
+        self._plans: list[RankPass | None] | None = None
+        self._run: DecodeRun | None = None
+        self.num_passes = 0
+        self.num_runs = 0
+        self.busy_ms = 0.0
+        cfg = ranks[0].config
+        self._interval = cfg.prefill_schedule_interval if len(ranks) > 1 else 1
+
+    # -- queries --------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        for r in self.ranks:
+            if r.running or r.waiting:
+                return True
+        return False
+
+    @property
+    def num_requests(self) -> int:
+        return sum(r.num_requests for r in self.ranks)
+
+    # -- requests -------------------------------------------------------------------
+    def enqueue(self, req: Request, rank: int, now_ms: float) -> float | None:
+        """Queue a request; it joins the first pass that starts after ``now_ms``.
+
+        Returns the new end time when a planned run had to be cut short, else None.
+        """
+        req.worker = self.worker_id
+        req.rank = rank
+        self.ranks[rank].enqueue(req)
+        run = self._run
+        if run is None:
+            return None
+        self.sync(now_ms)
+        keep = max(run.n_sched, int(np.searchsorted(run.ends, now_ms, side="left")) + 1)
+        if keep >= run.num_passes:
+            return None
+        run.num_passes = keep
+        run.ends = run.ends[:keep]
+        end = run.end_ms
+        self.pass_end_ms = end
+        return end
+
+    # -- passes ---------------------------------------------------------------------
+    def start(self, now_ms: float) -> float | None:
+        """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle."""
+        assert not self.busy
+        if self.fast_forward and self._interval == 1:
+            run = self._plan_run(now_ms)
+            if run is not None:
+                self._run = run
+                self.busy = True
+                self.pass_start_ms = now_ms
+                self.pass_end_ms = run.end_ms
+                self.num_runs += 1
+                return self.pass_end_ms
+        defer = self._interval > 1 and (self.num_passes % self._interval) != 0
+        plans = [r.schedule(now_ms, defer) for r in self.ranks]
+        duration = -1.0
+        for p in plans:
+            if p is not None and p.duration_ms > duration:
+                duration = p.duration_ms
+        if duration < 0.0:
+            return None
+        self._plans = plans
+        self.busy = True
+        self.pass_start_ms = now_ms
+        self.pass_end_ms = now_ms + duration
+        return self.pass_end_ms
+
+    def finish(self, now_ms: float) -> list[Request]:
+        """End the current pass/run at ``now_ms``; returns the requests that completed."""
+        completed: list[Request] = []
+        run = self._run
+        if run is not None:
+            self._apply_run(run, run.num_passes, run.num_passes, completed)
+            self._run = None
+            self.num_passes += run.num_passes
+        else:
+            start = self.pass_start_ms
+            for rank, plan in zip(self.ranks, self._plans):
+                if plan is not None:
+                    rank.finish(plan, start, now_ms, self.gaps, completed)
+            self._plans = None
+            self.num_passes += 1
+        self.busy_ms += now_ms - self.pass_start_ms
+        self.busy = False
+        return completed
+
+    def sync(self, now_ms: float) -> None:
+        """Apply a planned run's passes that started before / ended by ``now_ms``."""
+        run = self._run
+        if run is None:
+            return
+        ends = run.ends
+        started = min(run.num_passes, int(np.searchsorted(ends, now_ms, side="left")) + 1)
+        # the last pass ends (with its completions) only through finish()
+        done = min(run.num_passes - 1, int(np.searchsorted(ends, now_ms, side="right")))
+        if started > run.n_sched or done > run.n_done:
+            self._apply_run(run, max(started, run.n_sched), done, None)
+
+    # -- fast-forward ---------------------------------------------------------------
+    def _plan_run(self, now_ms: float) -> DecodeRun | None:
+        busy = []
+        k = self.max_run_passes
+        for rank in self.ranks:
+            if not rank.running and not rank.waiting:
+                continue
+            if not rank.steady_decode():
+                return None
+            k = min(k, rank.decode_horizon(k))
+            busy.append(rank)
+        if k < 2 or not busy:
+            return None
+        durations = None
+        entries = []
+        for rank in busy:
+            batch = list(rank.running)
+            kv0 = 0
+            for req in batch:
+                kv0 += req.prompt_len + req.num_generated
+            d = rank.timing.decode_run_ms(len(batch), kv0, rank.total_kv_tokens, k)
+            durations = d if durations is None else np.maximum(durations, d)
+            entries.append((rank, batch, [r.num_computed for r in batch], [r.num_generated for r in batch]))
+        ends = np.cumsum(np.concatenate(([now_ms], durations)))[1:]
+        run = DecodeRun(now_ms, ends, entries)
+        self._schedule_run_passes(run, 1)
+        return run
+
+    def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
+        """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
+        for rank, batch, c0, _ in run.ranks:
+            kv = rank.kv
+            bs = kv.block_size
+            caching = kv.prefix_caching
+            for req, c in zip(batch, c0):
+                t = c + upto
+                # inline no-op check: most passes neither cross a block boundary nor fill a block
+                if -(-t // bs) > len(req.held) + req.num_private or (caching and t // bs > req.num_full_registered):
+                    if not kv.grow(req, t, req.hashes):  # pragma: no cover - the horizon guarantees it
+                        raise AssertionError("fast-forward run ran out of KV blocks")
+
+    def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int, completed: list | None) -> None:
+        if sched_upto > run.n_sched:
+            self._schedule_run_passes(run, sched_upto)
+            run.n_sched = sched_upto
+        a, b = run.n_done, done_upto
+        ends = run.ends
+        if b > a:
+            gaps = self.gaps
+            start = run.start_ms
+            last_end = float(ends[b - 1])
+            first_end = float(ends[0])
+            pooled0 = 0
+            for rank, batch, c0, g0 in run.ranks:
+                for req, c, g in zip(batch, c0, g0):
+                    req.num_computed = c + b
+                    if a == 0:
+                        if req.last_token_ms == start:
+                            pooled0 += 1
+                        else:
+                            gaps.individual.append(first_end - req.last_token_ms)
+                        if g == 1:
+                            req.second_token_ms = first_end
+                    req.num_generated = g + b
+                    req.last_token_ms = last_end
+                rank.num_generated_tokens += len(batch) * (b - a)
+            if pooled0:
+                gaps.pooled_values.append(first_end - start)
+                gaps.pooled_weights.append(pooled0)
+            lo = a if a > 0 else 1
+            if b > lo:
+                gaps.run_chunks.append((np.diff(ends[lo - 1 : b]), run.batch_size))
+            run.n_done = b
+        if completed is not None and b == run.num_passes:
+            end = float(ends[b - 1])
+            for rank, batch, _, _ in run.ranks:
+                limit = rank._context_limit
+                done_any = False
+                for req in batch:
+                    ng = req.num_generated
+                    if ng >= req.max_output or req.prompt_len + ng >= limit:
+                        req.status = COMPLETED
+                        req.terminal_ms = end
+                        done_any = True
+                if done_any:
+                    rank.reap_completed(completed)

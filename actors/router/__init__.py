@@ -1,0 +1,1 @@
+"""Router actors: routing policies and their view of the workers."""

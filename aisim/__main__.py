@@ -1,0 +1,5 @@
+import sys
+
+from aisim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Searches over many replays (Spica, retune, capacity search). Arrives with later issues."""

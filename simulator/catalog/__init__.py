@@ -1,0 +1,1 @@
+"""Model geometry (Hugging Face config.json), hardware specs and KV-capacity sizing."""

@@ -1,0 +1,377 @@
+"""Pydantic v2 models of the ``predict`` YAML (reference section and key names).
+
+Every section is strict (``extra="forbid"``) and frozen once validated. Keys of reference
+features this build does not model yet are accepted by the schema so they validate like the
+reference, then rejected with "not supported" by ``simulator.config.support``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+# -- traffic ---------------------------------------------------------------------------
+class SyntheticSource(Strict):
+    type: Literal["synthetic"]
+    input_tokens: PosInt = 1024
+    output_tokens: NonNegInt = 128
+    cached_prefix_tokens: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _prefix_fits(self):
+        if self.cached_prefix_tokens > self.input_tokens:
+            raise ValueError("cached_prefix_tokens must be <= input_tokens")
+        return self
+
+
+class SessionShape(Strict):
+    turns: Annotated[int, Field(ge=2)] = 4
+
+
+class SyntheticSessionSource(Strict):
+    type: Literal["synthetic-session"]
+    new_input_tokens_per_turn: PosInt = 1024
+    output_tokens_per_turn: PosInt = 128
+    session: SessionShape = SessionShape()
+    shared_prefix_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    prefix_groups: NonNegInt = 0
+    inter_turn_delay_ms: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _groups(self):
+        if self.shared_prefix_ratio > 0 and self.prefix_groups <= 0:
+            raise ValueError("prefix_groups must be > 0 when shared_prefix_ratio > 0")
+        return self
+
+
+TraceFormat = Literal["mooncake", "mooncake-delta", "dynamo", "agentic_mooncake", "applied_compute_agentic", "weka"]
+
+
+class TraceSource(Strict):
+    type: Literal["trace"]
+    paths: list[str] = Field(min_length=1)
+    format: TraceFormat = "mooncake"
+    block_size: PosInt = 512
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_path(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+Source = Annotated[Union[SyntheticSource, SyntheticSessionSource, TraceSource], Field(discriminator="type")]
+
+
+class ConcurrencyLoad(Strict):
+    type: Literal["concurrency"]
+    concurrency: PosInt = 10
+
+
+class _RateLoad(Strict):
+    requests_per_second: PosFloat | None = None
+    sessions_per_second: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _one_rate(self):
+        if (self.requests_per_second is None) == (self.sessions_per_second is None):
+            raise ValueError("set exactly one of requests_per_second or sessions_per_second")
+        return self
+
+    @property
+    def rate(self) -> float:
+        return self.requests_per_second if self.requests_per_second is not None else self.sessions_per_second
+
+
+class PoissonLoad(_RateLoad):
+    type: Literal["poisson"]
+    seed: int = 42
+
+
+class ConstantRateLoad(_RateLoad):
+    type: Literal["constant_rate"]
+
+
+class TraceTimestampsLoad(Strict):
+    type: Literal["trace_timestamps"]
+    speedup: PosFloat = 1.0
+
+
+class KvCapacityFractionLoad(Strict):
+    type: Literal["kv_capacity_fraction"]
+    fraction: PosFloat
+
+
+Load = Annotated[
+    Union[ConcurrencyLoad, PoissonLoad, ConstantRateLoad, TraceTimestampsLoad, KvCapacityFractionLoad],
+    Field(discriminator="type"),
+]
+
+
+class Stop(Strict):
+    requests: PosInt | None = None
+    requests_per_load_unit: PosFloat | None = None
+    sessions: PosInt | None = None
+    sessions_per_load_unit: PosFloat | None = None
+    max_virtual_time_seconds: PosFloat | None = None
+
+
+class Traffic(Strict):
+    source: Source = SyntheticSource(type="synthetic")
+    load: Load = ConcurrencyLoad(type="concurrency")
+    stop: Stop = Stop()
+
+
+DEFAULT_TRAFFIC = Traffic(stop=Stop(requests=100))
+
+
+# -- engine ---------------------------------------------------------------------------
+class Parallelism(Strict):
+    replicas: PosInt = 1
+    tensor: PosInt = 1
+    pipeline: PosInt = 1
+    attention_data: PosInt = 1
+    moe_tensor: PosInt = 1
+    moe_expert: PosInt = 1
+    prefill_context: PosInt = 1
+    decode_context: PosInt = 1
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return self.tensor * self.pipeline * self.attention_data * self.prefill_context
+
+
+class Scheduler(Strict):
+    max_batched_tokens: PosInt = 8192
+    max_sequences: PosInt | None = None  # 256 (aggregated, decode) / 1 (prefill)
+    prefill_schedule_interval: PosInt = 1
+    prefill_decode_interval: NonNegInt = 0
+
+
+class Capacity(Strict):
+    type: Literal["default", "fixed"] = "default"
+    memory_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    blocks: PosInt | None = None
+    bytes: PosInt | None = None
+    cuda_graph_reserved_bytes: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _fixed(self):
+        if self.type == "fixed":
+            if (self.blocks is None) == (self.bytes is None):
+                raise ValueError("type fixed needs exactly one of blocks or bytes")
+        elif self.blocks is not None or self.bytes is not None:
+            raise ValueError("blocks and bytes are only allowed with type fixed")
+        return self
+
+
+class KvCache(Strict):
+    block_size: PosInt | None = None  # vLLM 64, SGLang 1, TRT-LLM 32
+    prefix_caching: bool = True
+    bytes_per_token: Literal["auto"] | PosInt = "auto"
+    capacity: Capacity = Capacity()
+    host_offload: dict[str, Any] | None = None
+
+
+class Timing(Strict):
+    type: Literal["default", "fixed", "polynomial", "roofline"] = "default"
+    prefill_ms: NonNegFloat | None = None
+    decode_ms: NonNegFloat | None = None
+    forward_model: Literal["op_level", "fpm"] = "op_level"
+    # roofline efficiency factors (aisim addition; only with type roofline)
+    compute_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    overhead_ms: NonNegFloat | None = None
+
+    @model_validator(mode="after")
+    def _fields(self):
+        fixed_given = self.prefill_ms is not None or self.decode_ms is not None
+        if self.type == "fixed":
+            if self.prefill_ms is None or self.decode_ms is None:
+                raise ValueError("type fixed needs both prefill_ms and decode_ms")
+        elif fixed_given:
+            raise ValueError("prefill_ms and decode_ms are only allowed with type fixed")
+        roof = (self.compute_efficiency, self.memory_efficiency, self.overhead_ms)
+        if self.type != "roofline" and any(v is not None for v in roof):
+            raise ValueError("compute_efficiency, memory_efficiency and overhead_ms are only allowed with type roofline")
+        return self
+
+
+class Worker(Strict):
+    hardware: str | None = None
+    startup_seconds: NonNegFloat = 0.0
+    parallelism: Parallelism = Parallelism()
+    scheduler: Scheduler = Scheduler()
+    kv_cache: KvCache = KvCache()
+    timing: Timing = Timing()
+
+
+class KvTransfer(Strict):
+    bandwidth_gb_per_second: PosFloat | None = None
+    bytes_per_token: Literal["auto"] | PosInt = "auto"
+    timing_mode: Literal["destination_missing", "full_prompt"] = "destination_missing"
+
+
+class Tokenization(Strict):
+    workers: PosInt = 1
+    base_ms: NonNegFloat = 0.0
+    per_input_token_us: NonNegFloat = 0.0
+
+
+class Engine(Strict):
+    mode: Literal["aggregated", "disaggregated", "afd"] = "aggregated"
+    model: str
+    hardware: str
+    backend: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    backend_version: str | None = None
+    context_length: Literal["max"] | PosInt = "max"
+    workers: dict[Literal["aggregated", "prefill", "decode", "encoder"], Worker]
+    kv_transfer: KvTransfer | None = None
+    enable_chunked_prefill: bool = True
+    speculation: dict[str, Any] | None = None
+    nextn: NonNegInt = 0
+    nextn_accepted: list[float] | None = None
+    tokenization: Tokenization | None = None
+
+    @model_validator(mode="after")
+    def _roles(self):
+        roles = set(self.workers)
+        if self.mode == "aggregated":
+            if roles != {"aggregated"}:
+                raise ValueError("mode aggregated needs exactly workers.aggregated")
+            if self.kv_transfer is not None:
+                raise ValueError("kv_transfer is only allowed with mode disaggregated")
+        elif self.mode == "disaggregated":
+            if "aggregated" in roles or not {"prefill", "decode"} <= roles:
+                raise ValueError("mode disaggregated needs workers.prefill and workers.decode (and no workers.aggregated)")
+        for role, w in self.workers.items():
+            if role == "aggregated" and w.hardware is not None:
+                raise ValueError("workers.aggregated.hardware is not allowed; only prefill/decode roles may override hardware")
+        if not self.enable_chunked_prefill and self.backend == "sglang":
+            raise ValueError("enable_chunked_prefill: false is not allowed with backend sglang")
+        return self
+
+
+# -- router ----------------------------------------------------------------------------
+class PrefillLoadModel(Strict):
+    type: Literal["none", "aic"] = "none"
+
+
+class Router(Strict):
+    policy: Literal["round_robin", "random", "kv_router"] = "round_robin"
+    prefill_load_model: PrefillLoadModel = PrefillLoadModel()
+    overlap_score_credit: Annotated[float, Field(ge=0, le=1)] | None = None
+    prefill_load_scale: NonNegFloat | None = None
+    temperature: NonNegFloat | None = None
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _kv_only(self):
+        if self.policy != "kv_router":
+            for k in ("overlap_score_credit", "prefill_load_scale", "temperature"):
+                if getattr(self, k) is not None:
+                    raise ValueError(f"{k} is only allowed with policy kv_router")
+            if self.prefill_load_model.type != "none":
+                raise ValueError("prefill_load_model.type aic is only allowed with policy kv_router")
+        return self
+
+
+# -- evaluation ------------------------------------------------------------------------
+class Sla(Strict):
+    ttft_ms: PosFloat | None = None
+    itl_ms: PosFloat | None = None
+    e2e_ms: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _exclusive(self):
+        if self.e2e_ms is not None and (self.ttft_ms is not None or self.itl_ms is not None):
+            raise ValueError("e2e_ms is mutually exclusive with ttft_ms/itl_ms")
+        return self
+
+    @property
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.itl_ms, self.e2e_ms))
+
+
+class Evaluation(Strict):
+    sla: Sla = Sla()
+
+
+# -- execution -------------------------------------------------------------------------
+class Resources(Strict):
+    initialization_timeout_seconds: PosFloat = 60.0
+    shutdown_timeout_seconds: PosFloat = 5.0
+    memory_limit_gb: Literal["auto"] | PosFloat = "auto"
+    cpu_limit: Literal["auto"] | PosInt = "auto"
+    reserve_memory_gb: NonNegFloat = 1.0
+    reserve_memory_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    available_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+
+
+class Execution(Strict):
+    resources: Resources = Resources()
+    seed: int = 42  # aisim: root seed of every per-actor random stream
+
+
+# -- planner (keys validated now; the Planner itself arrives with its issue) -----------
+class Planner(Strict):
+    policy: Literal["enabled", "disabled"] = "disabled"
+    target: Literal["throughput", "latency", "load", "sla"] = "throughput"
+    enable_throughput_scaling: bool | None = None
+    enable_load_scaling: bool | None = None
+    throughput_adjustment_interval_seconds: PosInt | None = None
+    load_adjustment_interval_seconds: PosFloat | None = None
+    max_throughput_scaling_replicas: PosInt = 8
+    max_num_fpm_samples: PosInt = 64
+    fpm_sample_bucket_size: PosInt = 16
+    load_scaling_down_sensitivity: Annotated[int, Field(ge=0, le=100)] = 80
+    load_min_observations: NonNegInt = 5
+    load_predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
+    load_predictor_log1p: bool = False
+    prophet_window_size: PosInt = 50
+    kalman_q_level: NonNegFloat = 1.0
+    kalman_q_trend: NonNegFloat = 0.1
+    kalman_r: PosFloat = 10.0
+    kalman_min_points: PosInt = 5
+    load_predictor_warmup_trace: str | None = None
+    advisory: bool = False
+    max_num_gpus: int = 8
+    min_workers: NonNegInt = 1
+    prefill_min_workers: PosInt | None = None
+    decode_min_workers: PosInt | None = None
+    retune: dict[str, Any] | None = None
+
+    @field_validator("fpm_sample_bucket_size")
+    @classmethod
+    def _square(cls, v: int) -> int:
+        r = math.isqrt(v)
+        if r * r != v:
+            raise ValueError("fpm_sample_bucket_size must be a perfect square")
+        return v
+
+    @model_validator(mode="after")
+    def _advisory(self):
+        if self.policy == "disabled" and self.advisory:
+            raise ValueError("advisory: true needs policy: enabled")
+        return self
+
+
+# -- top level -------------------------------------------------------------------------
+class PredictConfig(Strict):
+    traffic: Traffic = DEFAULT_TRAFFIC
+    engine: Engine
+    evaluation: Evaluation = Evaluation()
+    execution: Execution = Execution()
+    router: Router = Router()
+    planner: Planner = Planner()

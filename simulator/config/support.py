@@ -1,0 +1,67 @@
+"""Reject valid reference features this build does not model yet (never ignore them silently).
+
+Each rule names the key and what to use instead. Rules are removed as features land.
+"""
+
+from __future__ import annotations
+
+from simulator.config import models as m
+from simulator.errors import NotSupportedError
+
+
+def _no(path: str, what: str, instead: str) -> NotSupportedError:
+    return NotSupportedError(path, f"{what} is not supported yet; {instead}")
+
+
+def check_supported(cfg: m.PredictConfig) -> None:
+    e = cfg.engine
+    if e.mode != "aggregated":
+        raise _no("engine.mode", f"mode {e.mode}", "use mode: aggregated")
+    if e.backend != "vllm":
+        raise _no("engine.backend", f"backend {e.backend} scheduling", "use backend: vllm")
+    for key in ("speculation", "nextn_accepted", "tokenization"):
+        if getattr(e, key) is not None:
+            raise _no(f"engine.{key}", key, f"remove engine.{key}")
+    if e.nextn:
+        raise _no("engine.nextn", "speculative decoding (nextn > 0)", "remove engine.nextn")
+    for role, w in e.workers.items():
+        base = f"engine.workers.{role}"
+        if role == "encoder":
+            raise _no(base, "the encoder role", "remove workers.encoder")
+        if w.kv_cache.host_offload is not None:
+            raise _no(f"{base}.kv_cache.host_offload", "host (G2) KV offload", "remove kv_cache.host_offload")
+        if w.timing.type == "default":
+            raise _no(
+                f"{base}.timing.type",
+                "timing.type default (measured kernel data)",
+                "set timing.type to polynomial, fixed (prefill_ms/decode_ms) or roofline",
+            )
+        if w.timing.forward_model != "op_level":
+            raise _no(f"{base}.timing.forward_model", "forward_model fpm", "remove timing.forward_model")
+        cap = w.kv_cache.capacity
+        if cap.type == "default":
+            raise _no(
+                f"{base}.kv_cache.capacity.type",
+                "capacity type default (memory estimate)",
+                "set kv_cache.capacity: {type: fixed, blocks: N} (blocks per rank) or {type: fixed, bytes: N}",
+            )
+        if cap.memory_fraction is not None or cap.cuda_graph_reserved_bytes:
+            raise NotSupportedError(
+                f"{base}.kv_cache.capacity", "memory_fraction and cuda_graph_reserved_bytes apply only to capacity type default"
+            )
+        if w.scheduler.prefill_decode_interval:
+            raise NotSupportedError(f"{base}.scheduler.prefill_decode_interval", "prefill_decode_interval is SGLang-only; "
+                                                                                 "remove it with backend vllm")
+        p = w.parallelism
+        if p.decode_context > 1 and p.tensor % p.decode_context:
+            raise NotSupportedError(f"{base}.parallelism.decode_context", "decode_context must divide tensor")
+        if role == "aggregated" and p.prefill_context > 1 and p.decode_context > 1:
+            raise NotSupportedError(f"{base}.parallelism", "aggregated workers may set at most one of prefill_context/decode_context > 1")
+    src = cfg.traffic.source
+    if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
+        raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
+    r = cfg.router
+    if r.policy != "round_robin":
+        raise _no("router.policy", f"router policy {r.policy}", "use policy: round_robin")
+    if cfg.planner.policy != "disabled":
+        raise _no("planner.policy", "the Planner (policy: enabled)", "set planner.policy: disabled or remove the planner section")

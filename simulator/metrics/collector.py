@@ -1,0 +1,143 @@
+"""Streaming per-request metrics: compact columns, optional full records.
+
+Per request only scalars are kept (``array`` columns, 8 bytes a value); token gaps are kept
+by the workers' ``GapSink`` as pooled (value, weight) pairs. Full per-request records (dicts)
+exist only when per-request capture is on.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from actors.engine.request import COMPLETED, REJECTED, Request
+
+NAN = float("nan")
+
+STATUS_COMPLETED = 0
+STATUS_REJECTED = 1
+STATUS_INCOMPLETE = 2
+STATUS_LABELS = ("completed", "rejected", "incomplete")
+
+
+def _f(x: float | None) -> float:
+    return NAN if x is None else x
+
+
+class RequestLog:
+    """Terminal (or final) state of every offered request, in the order they ended."""
+
+    def __init__(self, capture: bool = False, uuid_of=None, pool: str = "agg") -> None:
+        self.capture = capture
+        self.uuid_of = uuid_of
+        self.pool = pool
+        self.index = array("q")
+        self.status = array("b")
+        self.arrival = array("d")
+        self.first_token = array("d")
+        self.second_token = array("d")
+        self.last_token = array("d")
+        self.terminal = array("d")
+        self.input_len = array("q")
+        self.output_len = array("q")
+        self.requested = array("q")
+        self.reused = array("q")
+        self.first_reused = array("q")
+        self.records: list[dict] | None = [] if capture else None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, req: Request, final_status: int | None = None) -> None:
+        if final_status is None:
+            final_status = (
+                STATUS_COMPLETED if req.status == COMPLETED else STATUS_REJECTED if req.status == REJECTED else STATUS_INCOMPLETE
+            )
+        self.index.append(req.index)
+        self.status.append(final_status)
+        self.arrival.append(req.arrival_ms)
+        self.first_token.append(_f(req.first_token_ms))
+        self.second_token.append(_f(req.second_token_ms))
+        self.last_token.append(_f(req.last_token_ms))
+        self.terminal.append(_f(req.terminal_ms))
+        self.input_len.append(req.prompt_len)
+        self.output_len.append(req.num_generated)
+        self.requested.append(req.max_output)
+        adm = req.admissions
+        reused = max((r for _, r in adm), default=0)
+        self.reused.append(reused)
+        self.first_reused.append(adm[0][1] if adm else 0)
+        if self.records is not None:
+            self.records.append(self._record(req, final_status, reused))
+
+    def _record(self, req: Request, status: int, reused: int) -> dict:
+        """One requests.jsonl row (aggregated mode fields; keys sorted when written)."""
+        arrival = req.arrival_ms
+        first = req.first_token_ms
+        last = req.last_token_ms
+        n = req.num_generated
+        ttft = None if first is None else first - arrival
+        ttst = None if req.second_token_ms is None or first is None else req.second_token_ms - first
+        itl = (last - first) / (n - 1) if n >= 2 and first is not None and last is not None else None
+        e2e = last - arrival if (status == STATUS_COMPLETED and last is not None) else None
+        history = []
+        for k, (at, r) in enumerate(req.admissions):
+            history.append(
+                {
+                    "admission_ordinal": k,
+                    "at_ms": at,
+                    "is_readmission": k > 0,
+                    "pool": self.pool,
+                    "pool_admission_ordinal": k,
+                    "reused_input_tokens": r,
+                }
+            )
+        routing = [
+            {
+                "pool": self.pool,
+                "outcome": "immediate",
+                "queue_entered_at_ms": None,
+                "queue_wait_ms": 0.0,
+                "released_at_ms": req.dispatched_ms,
+                "selected_overlap_blocks": None,
+                "best_available_overlap_blocks": None,
+                "overlap_regret_blocks": None,
+                "reported_overlap_tokens": None,
+            }
+        ] if req.dispatched_ms is not None else []
+        return {
+            "uuid": self.uuid_of(req.index) if self.uuid_of else str(req.index),
+            "session_id": req.session_id,
+            "turn_index": req.turn_index,
+            "arrival_time_ms": arrival,
+            "dispatched_at_ms": req.dispatched_ms,
+            "first_admit_ms": req.first_admit_ms,
+            "first_token_ms": first,
+            "last_token_ms": last,
+            "terminal_time_ms": req.terminal_ms,
+            "terminal_status": STATUS_LABELS[status],
+            "ttft_ms": ttft,
+            "ttst_ms": ttst,
+            "itl_ms": itl,
+            "e2e_latency_ms": e2e,
+            "input_length": req.prompt_len,
+            "output_length": n,
+            "requested_output_length": req.max_output,
+            "reused_input_tokens": reused,
+            "first_admission_reused_input_tokens": req.admissions[0][1] if req.admissions else 0,
+            "decode_reused_input_tokens": None,
+            "admission_count": len(req.admissions),
+            "readmission_count": max(0, len(req.admissions) - 1),
+            "admission_history": history,
+            "routing_history": routing,
+            "prefill_route_overlap_tokens": None,
+            "decode_route_overlap_tokens": None,
+            "prefill_worker_idx": None,
+            "decode_worker_idx": req.worker if req.worker >= 0 else None,
+            "dp_rank": req.rank if req.rank >= 0 else None,
+            "prefill_admit_ms": None,
+            "decode_admit_ms": req.first_admit_ms,
+            "source_held_ms": None,
+            "source_released_ms": None,
+            "destination_reserved_ms": None,
+            "destination_activated_ms": None,
+        }

@@ -1,0 +1,65 @@
+"""Distribution statistics: mean, min, max, median, p75, p90, p95, p99, std (population).
+
+Percentiles use linear interpolation (numpy's default ``linear`` method). Pooled token gaps
+arrive as (value, weight) pairs; ``weighted_stats`` gives exactly what the unweighted
+statistics of the expanded sample would, without expanding it. Values are aggregated by
+unique value first, so the result depends only on the multiset, never on arrival order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+STAT_NAMES = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+_PCTS = (("median", 50), ("p75", 75), ("p90", 90), ("p95", 95), ("p99", 99))
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    # numpy's _lerp: stable at both ends
+    d = b - a
+    return b - d * (1.0 - t) if t >= 0.5 else a + d * t
+
+
+def empty_stats() -> dict[str, float | None]:
+    return {k: None for k in STAT_NAMES}
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
+    """Statistics of the sample in which ``values[i]`` occurs ``weights[i]`` times."""
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.int64)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return empty_stats()
+    uniq, inv = np.unique(values, return_inverse=True)
+    w = np.bincount(inv, weights=weights).astype(np.int64)  # exact: counts stay far below 2**53
+    n = int(w.sum())
+    cum = np.cumsum(w)
+    mean = float(np.dot(uniq, w.astype(np.float64)) / n)
+    var = float(np.dot((uniq - mean) ** 2, w.astype(np.float64)) / n)
+    out: dict[str, float | None] = {
+        "mean": mean,
+        "min": float(uniq[0]),
+        "max": float(uniq[-1]),
+        "std": math.sqrt(var),
+    }
+    for name, p in _PCTS:
+        pos = (p / 100) * (n - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, n - 1)
+        a = float(uniq[np.searchsorted(cum, lo, side="right")])
+        b = float(uniq[np.searchsorted(cum, hi, side="right")])
+        out[name] = _lerp(a, b, pos - lo)
+    return {k: out[k] for k in STAT_NAMES}
+
+
+def plain_stats(values: np.ndarray) -> dict[str, float | None]:
+    """Statistics of an unweighted sample (NaNs dropped)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return empty_stats()
+    return weighted_stats(values, np.ones(len(values), dtype=np.int64))

@@ -1,0 +1,176 @@
+"""The flat ``summary`` map of prediction.json (reference key names and definitions).
+
+Per request: TTFT = first token - arrival; TTST = second token - first token; TPOT (= the
+request's ITL) = (last - first) / (output - 1); E2E = last token - arrival. ITL and output
+tokens/s per user are pooled over every individual inter-token gap of every request.
+Throughputs divide by ``duration_ms`` = the last completed request's terminal time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_REJECTED, RequestLog
+from simulator.metrics.stats import STAT_NAMES, empty_stats, plain_stats, weighted_stats
+
+#: fields that depend on the host's wall clock (excluded from determinism checks)
+WALL_TIME_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
+
+
+@dataclass
+class PoolAccounting:
+    role: str  # "prefill" or "decode" (aggregated workers are accounted under decode)
+    worker_seconds: float
+    gpus_per_worker: int
+
+
+@dataclass
+class RunCounters:
+    committed_prefill_tokens: int = 0
+    generated_tokens: int = 0
+    num_preemptions: int = 0
+    num_passes: int = 0
+    num_offered: int = 0
+    provenance: dict = field(default_factory=dict)
+
+
+def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
+    for s in STAT_NAMES:
+        out[f"{s}_{name}{unit}"] = stats[s]
+
+
+def _pooled_gaps(gap_sinks) -> tuple[np.ndarray, np.ndarray]:
+    values: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    for g in gap_sinks:
+        if g.pooled_values:
+            values.append(np.asarray(g.pooled_values, dtype=np.float64))
+            weights.append(np.asarray(g.pooled_weights, dtype=np.int64))
+        for arr, w in g.run_chunks:
+            values.append(arr)
+            weights.append(np.full(len(arr), w, dtype=np.int64))
+        if g.individual:
+            values.append(np.asarray(g.individual, dtype=np.float64))
+            weights.append(np.ones(len(g.individual), dtype=np.int64))
+    if not values:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate(values), np.concatenate(weights)
+
+
+def summarize(
+    log: RequestLog,
+    gap_sinks: list,
+    pools: list[PoolAccounting],
+    counters: RunCounters,
+    sla=None,
+    wall_time_ms: float = 0.0,
+    planner_total_ticks: int | None = None,
+) -> dict:
+    status = np.frombuffer(log.status, dtype=np.int8) if len(log) else np.zeros(0, dtype=np.int8)
+    done = status == STATUS_COMPLETED
+    arrival = np.frombuffer(log.arrival, dtype=np.float64) if len(log) else np.zeros(0)
+    first = np.frombuffer(log.first_token, dtype=np.float64) if len(log) else np.zeros(0)
+    second = np.frombuffer(log.second_token, dtype=np.float64) if len(log) else np.zeros(0)
+    last = np.frombuffer(log.last_token, dtype=np.float64) if len(log) else np.zeros(0)
+    terminal = np.frombuffer(log.terminal, dtype=np.float64) if len(log) else np.zeros(0)
+    inp = np.frombuffer(log.input_len, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+    out_len = np.frombuffer(log.output_len, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+    reused = np.frombuffer(log.reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+    first_reused = np.frombuffer(log.first_reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+
+    completed = int(done.sum())
+    duration_ms = float(terminal[done].max()) if completed else 0.0
+    duration_s = duration_ms / 1000.0
+    total_in = int(inp[done].sum())
+    total_out = int(out_len[done].sum())
+
+    def rate(x: float) -> float | None:
+        return x / duration_s if duration_s > 0 else None
+
+    s: dict = {}
+    s["num_requests"] = counters.num_offered
+    s["completed_requests"] = completed
+    s["rejected_requests"] = int((status == STATUS_REJECTED).sum())
+    s["incomplete_requests"] = int((status == STATUS_INCOMPLETE).sum())
+    s["total_input_tokens"] = total_in
+    s["total_output_tokens"] = total_out
+    s["duration_ms"] = duration_ms
+    s["wall_time_ms"] = wall_time_ms
+    s["request_throughput_rps"] = rate(completed)
+    s["input_throughput_tok_s"] = rate(total_in)
+    s["output_throughput_tok_s"] = rate(total_out)
+    s["total_throughput_tok_s"] = rate(total_in + total_out)
+
+    prefill_ws = sum(p.worker_seconds for p in pools if p.role == "prefill")
+    decode_ws = sum(p.worker_seconds for p in pools if p.role == "decode")
+    prefill_g = max((p.gpus_per_worker for p in pools if p.role == "prefill"), default=0)
+    decode_g = max((p.gpus_per_worker for p in pools if p.role == "decode"), default=0)
+    s["prefill_worker_seconds"] = prefill_ws
+    s["decode_worker_seconds"] = decode_ws
+    s["prefill_gpus_per_worker"] = prefill_g
+    s["decode_gpus_per_worker"] = decode_g
+    s["gpu_hours"] = sum(p.worker_seconds * p.gpus_per_worker for p in pools) / 3600.0
+
+    # per-request latencies
+    has_first = done & ~np.isnan(first)
+    ttft = (first - arrival)[has_first]
+    two = done & (out_len >= 2) & ~np.isnan(second)
+    ttst = (second - first)[two]
+    tpot_mask = done & (out_len >= 2) & ~np.isnan(first)
+    tpot = ((last - first)[tpot_mask]) / (out_len[tpot_mask] - 1)
+    e2e_mask = done & ~np.isnan(last)
+    e2e = (last - arrival)[e2e_mask]
+
+    if sla is not None and sla.is_set:
+        ok = done.copy()
+        if sla.ttft_ms is not None:
+            t = first - arrival
+            ok &= ~np.isnan(t) & (t <= sla.ttft_ms)
+        if sla.itl_ms is not None:
+            per_req_itl = np.full(len(status), -np.inf)
+            per_req_itl[tpot_mask] = tpot
+            ok &= per_req_itl <= sla.itl_ms  # a single-token request has no ITL and passes
+        if sla.e2e_ms is not None:
+            e = last - arrival
+            ok &= ~np.isnan(e) & (e <= sla.e2e_ms)
+        good = int(ok.sum())
+        s["goodput_completed_requests"] = good
+        s["goodput_request_throughput_rps"] = rate(good)
+        s["goodput_output_throughput_tok_s"] = rate(int(out_len[ok].sum()))
+
+    processed = counters.committed_prefill_tokens + counters.generated_tokens
+    wall_s = wall_time_ms / 1000.0
+    s["processed_tokens"] = processed
+    s["processed_tokens_per_s"] = processed / wall_s if wall_s > 0 else None
+    s["processed_output_tokens_per_s"] = counters.generated_tokens / wall_s if wall_s > 0 else None
+    s["committed_prefill_tokens"] = counters.committed_prefill_tokens
+    s["num_preemptions"] = counters.num_preemptions
+    s["prefix_cache_reused_ratio"] = float(reused[done].sum()) / total_in if total_in else 0.0
+    s["first_admission_prefix_cache_reused_ratio"] = float(first_reused[done].sum()) / total_in if total_in else 0.0
+    s["kv_eviction_policy"] = "lru"
+
+    s["num_ttft_samples"] = int(len(ttft))
+    s["num_tpot_samples"] = int(len(tpot))
+    s["num_e2e_latency_samples"] = int(len(e2e))
+    _family(s, "ttft", plain_stats(ttft))
+    _family(s, "ttst", plain_stats(ttst))
+    _family(s, "tpot", plain_stats(tpot))
+    values, weights = _pooled_gaps(gap_sinks)
+    _family(s, "itl", weighted_stats(values, weights))
+    pos = values > 0
+    _family(
+        s,
+        "output_token_throughput_per_user",
+        weighted_stats(1000.0 / values[pos], weights[pos]) if pos.any() else empty_stats(),
+        unit="",
+    )
+    s["num_itl_samples"] = int(weights.sum())
+    _family(s, "e2e_latency", plain_stats(e2e))
+    s["prediction_provenance"] = counters.provenance
+    s["power_w"] = None
+    s["power_coverage"] = None
+    if planner_total_ticks is not None:
+        s["planner_total_ticks"] = planner_total_ticks
+    return s

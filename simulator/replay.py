@@ -1,0 +1,328 @@
+"""Public Python API: replay a trace (or synthetic traffic) and get a ``ReplayReport``.
+
+    from simulator.replay import run_trace_replay
+    report = run_trace_replay("trace.jsonl", extra_engine_args={"num_gpu_blocks": 29249}, num_workers=2)
+    report.summary["mean_ttft_ms"]; report.to_dict()  # == prediction.json
+
+``run_config`` runs a validated ``predict`` config (what ``aisim predict`` calls).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from simulator.catalog.hardware import get_hardware
+from simulator.catalog.models import load_geometry
+from simulator.config import models as m
+from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
+from simulator.config.loading import format_validation_error
+from simulator.config.support import check_supported
+from simulator.coordinator import Coordinator
+from simulator.errors import InputError, NotSupportedError
+from simulator.metrics.collector import RequestLog
+from simulator.metrics.summary import PoolAccounting, RunCounters, summarize
+from simulator.runtime.local import build_router, build_timing, build_workers
+from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
+from simulator.traffic.build import TrafficPlan, open_loop, build_traffic, synthetic_workload
+from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
+from simulator.traffic.workload import BlockHashStore
+
+__all__ = ["ReplayReport", "run_trace_replay", "run_synthetic_trace_replay", "run_config", "ReplayPlan", "PoolPlan"]
+
+
+@dataclass
+class ReplayReport:
+    """Result of one replay. ``to_dict()`` is exactly prediction.json."""
+
+    summary: dict
+    per_request: list[dict] | None
+    coverage: dict
+    planner: dict | None = None
+    diagnostics: dict = field(default_factory=dict)  # simulator internals, not part of prediction.json
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary, "per_request": self.per_request, "coverage": self.coverage, "planner": self.planner}
+
+
+@dataclass
+class PoolPlan:
+    role: str  # aggregated | prefill | decode
+    replicas: int
+    args: EngineArgs
+
+
+@dataclass
+class ReplayPlan:
+    traffic: TrafficPlan
+    pools: list[PoolPlan]
+    router_policy: str = "round_robin"
+    sla: m.Sla | None = None
+    capture_per_request: bool = False
+    seed: int = 42
+    fast_forward: bool = True
+
+
+# -- running ------------------------------------------------------------------------
+def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
+    t_wall = time.perf_counter()
+    w = plan.traffic.workload
+    store = BlockHashStore(w)
+    workers = []
+    provenance: dict[str, Any] = {}
+    accounting = []
+    for pool in plan.pools:
+        timing = build_timing(pool.args, f"engine.workers.{pool.role}.timing")
+        workers.extend(build_workers(pool.args, pool.replicas, len(workers), timing, plan.fast_forward))
+        a = pool.args
+        provenance[pool.role] = {
+            **timing.describe(),
+            "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
+            "kv_block_size": a.block_size,
+            "kv_bytes_per_token": a.kv_cache_bytes_per_token,
+            "attention_data_ranks": a.dp_size,
+            "gpus_per_worker": a.gpus_per_worker,
+            "replicas": pool.replicas,
+            "context_length": a.max_model_len,
+        }
+    router = build_router(plan.router_policy, plan.seed)
+    pool_name = "agg" if plan.pools[0].role == "aggregated" else plan.pools[0].role
+    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid, pool=pool_name)
+    coord = Coordinator(w, store, plan.traffic.arrivals, workers, router, log, plan.traffic.stop_ms,
+                        resource_guard=resource_guard)
+    stats = coord.run()
+
+    summary_probe = np.frombuffer(log.terminal, dtype=np.float64) if len(log) else np.zeros(0)
+    status = np.frombuffer(log.status, dtype=np.int8) if len(log) else np.zeros(0, dtype=np.int8)
+    done = status == 0
+    duration_s = (float(summary_probe[done].max()) if done.any() else 0.0) / 1000.0
+    for pool in plan.pools:
+        role = "prefill" if pool.role == "prefill" else "decode"
+        accounting.append(PoolAccounting(role, pool.replicas * duration_s, pool.args.gpus_per_worker))
+    ranks = [r for wk in workers for r in wk.ranks]
+    counters = RunCounters(
+        committed_prefill_tokens=sum(r.committed_prefill_tokens for r in ranks),
+        generated_tokens=sum(r.num_generated_tokens for r in ranks),
+        num_preemptions=sum(r.num_preemptions for r in ranks),
+        num_passes=sum(wk.num_passes for wk in workers),
+        num_offered=coord.num_offered,
+        provenance=provenance,
+    )
+    wall_ms = (time.perf_counter() - t_wall) * 1000.0
+    summary = summarize(log, [wk.gaps for wk in workers], accounting, counters, plan.sla, wall_ms)
+    per_request = None
+    if log.records is not None:
+        per_request = sorted(log.records, key=lambda r: (r["arrival_time_ms"], r["uuid"]))
+    coverage = {
+        "capture_per_request": plan.capture_per_request,
+        "capture_planner_details": False,
+        "per_request_records": len(per_request) if per_request is not None else 0,
+    }
+    diagnostics = {
+        "num_events": stats.num_events,
+        "num_passes": counters.num_passes,
+        "num_fast_forward_runs": sum(wk.num_runs for wk in workers),
+        "num_workers": len(workers),
+        "traffic": plan.traffic.description,
+    }
+    return ReplayReport(summary, per_request, coverage, None, diagnostics)
+
+
+# -- from a predict config ------------------------------------------------------------
+def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
+                     fast_forward: bool = True) -> ReplayPlan:
+    check_supported(cfg)
+    e = cfg.engine
+    get_hardware(e.hardware)
+    geometry = load_geometry(e.model)
+    context = geometry.max_position_embeddings if e.context_length == "max" else int(e.context_length)
+    pools = []
+    for role, wk in e.workers.items():
+        base = f"engine.workers.{role}"
+        par = wk.parallelism
+        bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
+        if e.backend in ("vllm", "trtllm") and bs < 2:
+            raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+        bpt = geometry.kv_bytes_per_token(par.tensor) if wk.kv_cache.bytes_per_token == "auto" else wk.kv_cache.bytes_per_token
+        cap = wk.kv_cache.capacity
+        blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
+        if blocks <= 0:
+            raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token")
+        t = wk.timing
+        timing = TimingModelArgs(type=t.type, prefill_ms=t.prefill_ms, decode_ms=t.decode_ms,
+                                 compute_efficiency=t.compute_efficiency, memory_efficiency=t.memory_efficiency,
+                                 overhead_ms=t.overhead_ms)
+        args = EngineArgs(
+            worker_type=role,
+            engine_type=e.backend,
+            model=e.model,
+            hardware=wk.hardware or e.hardware,
+            max_num_batched_tokens=wk.scheduler.max_batched_tokens,
+            max_num_seqs=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
+            block_size=bs,
+            enable_prefix_caching=wk.kv_cache.prefix_caching,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            startup_time=wk.startup_seconds,
+            max_model_len=context,
+            num_gpu_blocks=blocks,
+            tensor_parallel_size=par.tensor,
+            pipeline_parallel_size=par.pipeline,
+            prefill_context_parallel_size=par.prefill_context,
+            dp_size=par.attention_data,
+            timing_model=timing,
+            kv_cache_bytes_per_token=bpt,
+            prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
+        )
+        pools.append(PoolPlan(role, par.replicas, args))
+    traffic = build_traffic(cfg.traffic, config_dir)
+    return ReplayPlan(traffic, pools, cfg.router.policy, cfg.evaluation.sla, capture_per_request,
+                      cfg.execution.seed, fast_forward)
+
+
+def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
+               fast_forward: bool = True, resource_guard=None) -> ReplayReport:
+    return run_plan(plan_from_config(cfg, config_dir, capture_per_request, fast_forward), resource_guard)
+
+
+# -- programmatic entry points ----------------------------------------------------------
+def _engine_args(raw: dict | EngineArgs | None, name: str = "extra_engine_args") -> EngineArgs:
+    if isinstance(raw, EngineArgs):
+        return raw
+    try:
+        return EngineArgs.model_validate(raw or {})
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"{name}.{err.where}", err.message) from None
+
+
+def _sla(ttft, itl, e2e) -> m.Sla | None:
+    if ttft is None and itl is None and e2e is None:
+        return None
+    try:
+        return m.Sla(ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"sla_{err.where}", err.message) from None
+
+
+def _common_checks(router_mode: str, router_config, planner_config, prefill_args, decode_args) -> None:
+    if router_mode != "round_robin" or router_config:
+        raise NotSupportedError("router_mode", f"router {router_mode!r} is not supported yet; use round_robin")
+    if planner_config is not None:
+        raise NotSupportedError("planner_config", "the Planner is not supported yet; pass planner_config=None")
+    if prefill_args is not None or decode_args is not None:
+        raise NotSupportedError("prefill_engine_args", "disaggregated replay is not supported yet; use extra_engine_args")
+
+
+def run_trace_replay(
+    trace_files,
+    *,
+    extra_engine_args: dict | EngineArgs | None = None,
+    prefill_engine_args: dict | None = None,
+    decode_engine_args: dict | None = None,
+    num_workers: int = 1,
+    router_mode: str = "round_robin",
+    router_config: dict | None = None,
+    replay_concurrency: int | None = None,
+    arrival_speedup_ratio: float = 1.0,
+    trace_format: str = "mooncake",
+    trace_block_size: int = 512,
+    max_sim_time_ms: float | None = None,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+    planner_config=None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    seed: int = 42,
+    fast_forward: bool = True,
+) -> ReplayReport:
+    """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers.
+
+    ``replay_concurrency=None`` paces arrivals by the trace timestamps (divided by
+    ``arrival_speedup_ratio``); an int runs a closed loop with that many requests in flight.
+    """
+    _common_checks(router_mode, router_config, planner_config, prefill_engine_args, decode_engine_args)
+    args = _engine_args(extra_engine_args)
+    if num_workers < 1:
+        raise InputError("num_workers", f"must be >= 1, got {num_workers}")
+    paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
+    resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
+    if trace_format == "dynamo":
+        w = read_dynamo(resolved)
+    elif trace_format == "mooncake":
+        w = read_mooncake(resolved, trace_block_size, need_timestamps=replay_concurrency is None)
+    else:
+        raise NotSupportedError("trace_format", f"trace format {trace_format!r} is not supported yet; use mooncake or dynamo")
+    if replay_concurrency is not None:
+        arrivals: ArrivalProcess = ClosedLoop(w, int(replay_concurrency))
+        desc = f"concurrency {replay_concurrency}"
+    else:
+        if arrival_speedup_ratio <= 0:
+            raise InputError("arrival_speedup_ratio", f"must be > 0, got {arrival_speedup_ratio}")
+        arrivals = ArrivalProcess(w, trace_times(w, arrival_speedup_ratio), delay_scale=arrival_speedup_ratio)
+        desc = f"trace timestamps x{arrival_speedup_ratio}"
+    traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", f"{w.description}, {desc}")
+    plan = ReplayPlan(traffic, [PoolPlan(args.worker_type, num_workers, args)], router_mode,
+                      _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, seed, fast_forward)
+    return run_plan(plan)
+
+
+def run_synthetic_trace_replay(
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    *,
+    extra_engine_args: dict | EngineArgs | None = None,
+    prefill_engine_args: dict | None = None,
+    decode_engine_args: dict | None = None,
+    num_workers: int = 1,
+    router_mode: str = "round_robin",
+    router_config: dict | None = None,
+    replay_concurrency: int | None = None,
+    request_rate: float | None = None,
+    arrival_interval_ms: float | None = None,
+    arrival_seed: int = 42,
+    cached_prefix_tokens: int = 0,
+    max_sim_time_ms: float | None = None,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+    planner_config=None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    seed: int = 42,
+    fast_forward: bool = True,
+) -> ReplayReport:
+    """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
+    ``request_rate`` (Poisson, first at t = 0, seeded by ``arrival_seed``) or ``arrival_interval_ms``."""
+    _common_checks(router_mode, router_config, planner_config, prefill_engine_args, decode_engine_args)
+    args = _engine_args(extra_engine_args)
+    given = [x is not None for x in (replay_concurrency, request_rate, arrival_interval_ms)]
+    if sum(given) != 1:
+        raise InputError("replay_concurrency", "give exactly one of replay_concurrency, request_rate or arrival_interval_ms")
+    for name, v in (("input_tokens", input_tokens), ("request_count", request_count)):
+        if v < 1:
+            raise InputError(name, f"must be >= 1, got {v}")
+    if output_tokens < 0 or not 0 <= cached_prefix_tokens <= input_tokens:
+        raise InputError("cached_prefix_tokens", "need 0 <= cached_prefix_tokens <= input_tokens and output_tokens >= 0")
+    w = synthetic_workload(request_count, input_tokens, output_tokens, cached_prefix_tokens)
+    if replay_concurrency is not None:
+        arrivals: ArrivalProcess = ClosedLoop(w, int(replay_concurrency))
+    elif request_rate is not None:
+        if request_rate <= 0:
+            raise InputError("request_rate", f"must be > 0, got {request_rate}")
+        arrivals = open_loop(w, poisson_times(request_count, request_rate, arrival_seed))
+    else:
+        if arrival_interval_ms <= 0:
+            raise InputError("arrival_interval_ms", f"must be > 0, got {arrival_interval_ms}")
+        arrivals = open_loop(w, constant_times(request_count, 1000.0 / arrival_interval_ms))
+    traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", w.description)
+    plan = ReplayPlan(traffic, [PoolPlan(args.worker_type, num_workers, args)], router_mode,
+                      _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, seed, fast_forward)
+    return run_plan(plan)

@@ -1,0 +1,296 @@
+"""Trace readers: mooncake JSONL and dynamo.request.trace.v1 (JSONL or .gz; files, shard
+directories, globs). Both lower to a columnar ``Workload``.
+
+A malformed row fails with ``file:line`` and the field. Unknown row fields are ignored (traces
+from production carry extra columns).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from actors import hashing
+from simulator.errors import InputError, NotSupportedError
+from simulator.traffic.workload import Workload
+
+MASK64 = (1 << 64) - 1
+DYNAMO_SCHEMA = "dynamo.request.trace.v1"
+
+
+# -- paths ------------------------------------------------------------------------------
+def resolve_trace_paths(paths: list[str], field: str, config_dir: Path | None = None) -> list[Path]:
+    """Expand files, directories of .jsonl/.jsonl.gz shards and globs.
+
+    A relative path is looked up in the working directory first, then next to the config file.
+    """
+    out: list[Path] = []
+    for raw in paths:
+        found = _expand_one(str(raw), Path.cwd())
+        if not found and config_dir is not None and not os.path.isabs(str(raw)):
+            found = _expand_one(str(raw), config_dir)
+        if not found:
+            where = "the working directory" + (f" and {config_dir}" if config_dir is not None else "")
+            raise InputError(field, f"trace {raw!r} not found (looked in {where}); give an existing file, "
+                                    "a directory of .jsonl/.jsonl.gz shards or a glob")
+        out.extend(found)
+    return out
+
+
+def _expand_one(raw: str, base: Path) -> list[Path]:
+    p = Path(raw) if os.path.isabs(raw) else base / raw
+    if any(ch in raw for ch in "*?["):
+        return sorted(Path(m) for m in glob.glob(str(p)) if Path(m).is_file())
+    if p.is_dir():
+        return sorted(q for q in p.iterdir() if q.is_file() and (q.name.endswith(".jsonl") or q.name.endswith(".jsonl.gz")))
+    if p.is_file():
+        return [p]
+    return []
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return fh.read().split("\n")
+        return path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise InputError(str(path), f"cannot read trace: {exc}") from None
+
+
+def _parse_jsonl(path: Path) -> tuple[list, list[int]]:
+    """Rows and their 1-based line numbers; one json.loads for the whole file when it is valid."""
+    lines = _read_lines(path)
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    linenos = [n for n, _ in numbered]
+    try:
+        rows = json.loads("[" + ",".join(ln for _, ln in numbered) + "]")
+        if len(rows) == len(numbered):
+            return rows, linenos
+    except ValueError:
+        pass
+    rows = []
+    for n, ln in numbered:
+        try:
+            rows.append(json.loads(ln))
+        except ValueError as exc:
+            raise InputError(f"{path}:{n}", f"invalid JSON ({exc.msg}); each line must be one JSON object") from None
+    return rows, linenos
+
+
+def _int_field(row: dict, names: tuple[str, ...], where: str, required: bool, minimum: int = 0):
+    for name in names:
+        if name in row:
+            v = row[name]
+            if isinstance(v, bool) or not isinstance(v, int):
+                if isinstance(v, float) and v.is_integer():
+                    v = int(v)
+                else:
+                    raise InputError(where, f"field {name!r} must be an integer, got {v!r}")
+            if v < minimum:
+                raise InputError(where, f"field {name!r} must be >= {minimum}, got {v}")
+            return v
+    if required:
+        raise InputError(where, f"missing field {' or '.join(repr(n) for n in names)}")
+    return None
+
+
+def _num_field(row: dict, names: tuple[str, ...], where: str):
+    for name in names:
+        if name in row:
+            v = row[name]
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+                raise InputError(where, f"field {name!r} must be a non-negative number, got {v!r}")
+            return float(v)
+    return None
+
+
+def _hash_ids(row: dict, name: str, where: str) -> list[int]:
+    ids = row.get(name)
+    if not isinstance(ids, list):
+        raise InputError(where, f"field {name!r} must be a list of integer block ids, got {type(ids).__name__}"
+                         if name in row else f"missing field {name!r} (one id per trace block)")
+    for h in ids:
+        if isinstance(h, bool) or not isinstance(h, int):
+            raise InputError(where, f"field {name!r} must hold integers, got {h!r}")
+    return ids
+
+
+def _u64(ids: list[int]) -> np.ndarray:
+    try:
+        return np.array(ids, dtype=np.int64).view(np.uint64)
+    except OverflowError:
+        return np.array([h & MASK64 for h in ids], dtype=np.uint64)
+
+
+class _Builder:
+    """Accumulates rows into workload columns."""
+
+    def __init__(self) -> None:
+        self.inputs: list[int] = []
+        self.outputs: list[int] = []
+        self.times: list[float] = []
+        self.ids: list[int] = []
+        self.counts: list[int] = []
+        self.last_len: list[int] = []
+        self.sessions: list[int] = []
+        self.turns: list[int] = []
+        self.delays: list[float] = []
+        self.request_ids: list[str | None] = []
+        self.session_names: dict[str, int] = {}
+        self.turn_of: dict[int, int] = {}
+        self.any_session = False
+        self.any_request_id = False
+
+    def add(self, ids: list[int], input_len: int, output_len: int, block: int, t_ms: float | None,
+            session=None, delay: float | None = None, request_id=None) -> None:
+        n = -(-input_len // block) if input_len > 0 else 0
+        self.ids.extend(ids[:n])
+        self.counts.append(n)
+        self.last_len.append(input_len - (n - 1) * block if n else 0)
+        self.inputs.append(input_len)
+        self.outputs.append(output_len)
+        self.times.append(float("nan") if t_ms is None else t_ms)
+        if session is not None:
+            self.any_session = True
+            key = str(session)
+            s = self.session_names.setdefault(key, len(self.session_names))
+            turn = self.turn_of.get(s, 0)
+            self.turn_of[s] = turn + 1
+            self.sessions.append(s)
+            self.turns.append(turn)
+        else:
+            self.sessions.append(-1)
+            self.turns.append(0)
+        self.delays.append(float("nan") if delay is None else delay)
+        if request_id is not None:
+            self.any_request_id = True
+        self.request_ids.append(None if request_id is None else str(request_id))
+
+    def build(self, block: int, description: str) -> Workload:
+        counts = np.array(self.counts, dtype=np.int64)
+        ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        lens = np.full(int(ptr[-1]), block, dtype=np.int64)
+        has = counts > 0
+        lens[ptr[1:][has] - 1] = np.array(self.last_len, dtype=np.int64)[has]
+        return Workload(
+            input_len=np.array(self.inputs, dtype=np.int64),
+            output_len=np.array(self.outputs, dtype=np.int64),
+            timestamp_ms=np.array(self.times, dtype=np.float64),
+            piece_ptr=ptr,
+            piece_src=hashing.trace_sources(_u64(self.ids)),
+            piece_len=lens,
+            session_index=np.array(self.sessions, dtype=np.int64) if self.any_session else None,
+            turn_index=np.array(self.turns, dtype=np.int64) if self.any_session else None,
+            delay_ms=np.array(self.delays, dtype=np.float64) if self.any_session else None,
+            session_names=list(self.session_names),
+            request_ids=self.request_ids if self.any_request_id else None,
+            description=description,
+        )
+
+
+# -- mooncake -----------------------------------------------------------------------------
+def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: bool = False) -> Workload:
+    """Mooncake JSONL rows: timestamp|created_time (ms), input_length|input_tokens, output_length|
+    output_tokens, hash_ids (one id per trace block; shared leading ids = shared prefix),
+    optional session_id (turns in file order), delay|delay_ms, request_id."""
+    b = _Builder()
+    sessions_seen: set = set()
+    for path in paths:
+        rows, linenos = _parse_jsonl(path)
+        for row, n in zip(rows, linenos):
+            where = f"{path}:{n}"
+            if not isinstance(row, dict):
+                raise InputError(where, "each line must be a JSON object")
+            ids = _hash_ids(row, "hash_ids", where)
+            cap = len(ids) * block_size
+            inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
+            inp = cap if inp is None else min(inp, cap)
+            out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
+            ts = _num_field(row, ("timestamp", "created_time"), where)
+            session = row.get("session_id")
+            delay = _num_field(row, ("delay", "delay_ms"), where)
+            first_turn = session is None or session not in sessions_seen
+            if session is not None:
+                sessions_seen.add(session)
+            if need_timestamps and first_turn and ts is None:
+                raise InputError(where, "field 'timestamp' is required on a request's (or session's first) row "
+                                        "for traffic.load.type trace_timestamps")
+            if delay is not None and delay > 0 and first_turn:
+                raise InputError(where, "field 'delay' is only allowed on later turns of a session")
+            b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
+    if not b.inputs:
+        raise InputError(", ".join(str(p) for p in paths), "trace holds no requests")
+    return b.build(block_size, f"mooncake:{','.join(p.name for p in paths)}")
+
+
+# -- dynamo.request.trace.v1 --------------------------------------------------------------
+def read_dynamo(paths: list[Path]) -> Workload:
+    """``request_end`` records; start = request_received_ms, else end - total_time_ms;
+    timestamps normalised to the earliest start; one embedded block size for all records."""
+    recs: list[tuple[float, int, list, int, int, str]] = []
+    block: int | None = None
+    seen: dict[str, str] = {}
+    order = 0
+    for path in paths:
+        rows, linenos = _parse_jsonl(path)
+        for row, n in zip(rows, linenos):
+            where = f"{path}:{n}"
+            if not isinstance(row, dict):
+                raise InputError(where, "each line must be a JSON object")
+            if row.get("schema") != DYNAMO_SCHEMA:
+                raise InputError(where, f"field 'schema' must be {DYNAMO_SCHEMA!r}, got {row.get('schema')!r}")
+            if row.get("event_type") != "request_end":
+                continue
+            if row.get("agent_context") is not None:
+                raise NotSupportedError(where, "agentic dynamo traces (agent_context) are not supported yet; "
+                                                "drop agent_context rows or use a non-agentic trace")
+            req = row.get("request")
+            if not isinstance(req, dict):
+                raise InputError(where, "missing object field 'request'")
+            rid = req.get("request_id")
+            if rid is None:
+                raise InputError(where, "missing field 'request.request_id'")
+            rid = str(rid)
+            if rid in seen:
+                raise InputError(where, f"duplicate request_id {rid!r} (first at {seen[rid]})")
+            seen[rid] = where
+            replay = req.get("replay")
+            if not isinstance(replay, dict):
+                raise InputError(where, "missing object field 'request.replay'")
+            bs = _int_field(replay, ("trace_block_size",), where + " request.replay", required=True, minimum=1)
+            if block is None:
+                block = bs
+            elif bs != block:
+                raise InputError(where, f"field 'request.replay.trace_block_size' is {bs} but earlier records use "
+                                        f"{block}; all records must share one block size")
+            ids = _hash_ids(replay, "input_sequence_hashes", where + " request.replay")
+            inp = _int_field(replay, ("input_length",), where + " request.replay", required=False)
+            cap = len(ids) * bs
+            inp = cap if inp is None else min(inp, cap)
+            out = _int_field(req, ("output_tokens",), where + " request", required=True)
+            start = _num_field(req, ("request_received_ms",), where)
+            if start is None:
+                end = _num_field(row, ("event_time_unix_ms",), where)
+                total = _num_field(req, ("total_time_ms",), where)
+                if end is None or total is None:
+                    raise InputError(where, "need 'request.request_received_ms', or 'event_time_unix_ms' and "
+                                            "'request.total_time_ms', to place the request in time")
+                start = end - total
+            recs.append((start, order, ids, inp, out, rid))
+            order += 1
+    if not recs:
+        raise InputError(", ".join(str(p) for p in paths), "trace holds no request_end records")
+    recs.sort(key=lambda r: (r[0], r[1]))
+    t0 = recs[0][0]
+    b = _Builder()
+    for start, _, ids, inp, out, rid in recs:
+        b.add(ids, inp, out, block, start - t0, None, None, rid)
+    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}")

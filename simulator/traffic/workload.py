@@ -1,0 +1,118 @@
+"""Columnar request set of one replay and the block-hash store the engine reads from.
+
+Rows are kept as numpy columns (a million-request trace stays small); the token content of
+a request is a run of pieces (see ``actors.hashing``): its prompt pieces, then one output
+piece private to the request. Block hashes are computed lazily, a chunk of consecutive
+requests at a time, for each engine block size in use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actors import hashing
+
+OUTPUT_TAG = 0x0_0777  # generated-output pieces
+UNIQUE_PROMPT_TAG = 0x0_0888  # prompt tokens private to one request (synthetic traffic)
+
+
+@dataclass
+class Workload:
+    """Requests of a replay, in stable order (index = stable id for same-time ties)."""
+
+    input_len: np.ndarray  # int64
+    output_len: np.ndarray  # int64 (requested output tokens)
+    timestamp_ms: np.ndarray  # float64: trace timestamp / authored arrival (NaN if none)
+    piece_ptr: np.ndarray  # int64, n+1: prompt pieces of request i are [ptr[i], ptr[i+1])
+    piece_src: np.ndarray  # uint64
+    piece_len: np.ndarray  # int64
+    session_index: np.ndarray | None = None  # int64 per request, -1 = no session
+    turn_index: np.ndarray | None = None  # int64 per request
+    delay_ms: np.ndarray | None = None  # float64: delay after the previous turn completes
+    session_names: list[str] = field(default_factory=list)
+    request_ids: list[str] | None = None
+    description: str = ""
+
+    def __len__(self) -> int:
+        return len(self.input_len)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.input_len)
+
+    def has_sessions(self) -> bool:
+        return self.session_index is not None and bool((self.session_index >= 0).any())
+
+    def session_name(self, i: int) -> str | None:
+        if self.session_index is None:
+            return None
+        s = int(self.session_index[i])
+        return self.session_names[s] if s >= 0 else None
+
+    def request_uuid(self, i: int) -> str:
+        if self.request_ids is not None and self.request_ids[i] is not None:
+            return self.request_ids[i]
+        return f"req-{i:07d}"
+
+
+class BlockHashStore:
+    """Implements ``HashSource``: chained hashes of prompt + output blocks per request."""
+
+    CHUNK = 512
+
+    def __init__(self, workload: Workload, max_chunks: int = 8) -> None:
+        self.w = workload
+        self.max_chunks = max_chunks
+        self._chunks: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        n = workload.num_requests
+        self._out_src = hashing.unique_sources(OUTPUT_TAG, np.arange(n, dtype=np.int64))
+
+    def block_hashes(self, index: int, block_size: int) -> list[int]:
+        c = index // self.CHUNK
+        key = (c, block_size)
+        got = self._chunks.get(key)
+        if got is None:
+            got = self._compute(c, block_size)
+            self._chunks[key] = got
+            if len(self._chunks) > self.max_chunks:
+                self._chunks.popitem(last=False)
+        else:
+            self._chunks.move_to_end(key)
+        hashes, starts = got
+        j = index - c * self.CHUNK
+        return hashes[starts[j] : starts[j + 1]].tolist()
+
+    def _compute(self, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
+        w = self.w
+        lo = c * self.CHUNK
+        hi = min(w.num_requests, lo + self.CHUNK)
+        ptr = w.piece_ptr
+        p0, p1 = int(ptr[lo]), int(ptr[hi])
+        counts = np.diff(ptr[lo : hi + 1])  # prompt pieces per request
+        nreq = hi - lo
+        # interleave each request's prompt pieces with its output piece
+        total = (p1 - p0) + nreq
+        out_pos = np.cumsum(counts + 1) - 1  # position of each output piece
+        is_out = np.zeros(total, dtype=bool)
+        is_out[out_pos] = True
+        src = np.empty(total, dtype=np.uint64)
+        lens = np.empty(total, dtype=np.int64)
+        src[~is_out] = w.piece_src[p0:p1]
+        lens[~is_out] = w.piece_len[p0:p1]
+        src[out_pos] = self._out_src[lo:hi]
+        out_len = w.output_len[lo:hi]
+        lens[out_pos] = np.maximum(out_len, 1)
+        seq_len = w.input_len[lo:hi] + out_len
+        # the KV never holds the last generated token
+        nblocks = np.maximum(seq_len - 1, 0) // bs
+        tok_base = np.concatenate(([0], np.cumsum(w.input_len[lo:hi] + np.maximum(out_len, 1))[:-1]))
+        block_ptr = np.concatenate(([0], np.cumsum(nblocks)))
+        nb_total = int(block_ptr[-1])
+        local = np.arange(nb_total, dtype=np.int64) - np.repeat(block_ptr[:-1], nblocks)
+        starts_tok = np.repeat(tok_base, nblocks) + local * bs
+        keys = hashing.block_keys(src, lens, starts_tok, bs)
+        hashes = hashing.chain_hashes(keys, block_ptr[:-1][nblocks > 0]) if nb_total else keys
+        return hashes, block_ptr
