@@ -56,16 +56,17 @@ def _predict(args) -> int:
     if args.capture_per_request and args.output_dir is None:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
     cfg, config_dir = load_config(args.config, args.overrides, default_path=QUICKSTART)
+    plan = plan_from_config(cfg, config_dir, args.capture_per_request)  # every input checked before any output
     out_dir = prepare_output_dir(args.output_dir, args.overwrite) if args.output_dir is not None else None
     res = cfg.execution.resources
     apply_cpu_limit(res)
     guard = ResourceGuard(memory_limit_bytes(res))
-    plan = plan_from_config(cfg, config_dir, args.capture_per_request)
     init_s = time.perf_counter() - _T0
     if init_s > res.initialization_timeout_seconds:
         raise InitTimeoutError(f"initialisation took {init_s:.1f} s, over execution.resources.initialization_timeout_seconds "
                                f"({res.initialization_timeout_seconds} s); raise it for very large traces")
     try:
+        guard.check()
         report = run_plan(plan, guard)
     except Exception as exc:
         if out_dir is not None and getattr(exc, "exit_code", 1) == 3:

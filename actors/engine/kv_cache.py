@@ -13,10 +13,12 @@ Semantics (vLLM v1 / the reference mocker):
 - A new slot takes a free block or evicts the least recently released cached block.
 
 Representation (chosen for speed, see BENCHMARKS.md): one dict ``refs`` maps a cached hash to
-its reference count (> 0, active) or to ``-stamp`` (inactive; ``stamp`` numbers the release
-batch that made it inactive). Release batches sit in a deque in LRU order; a block that is
-reactivated or re-released leaves a stale entry there that eviction skips (its stamp no longer
-matches). Every hot operation is a C-level bulk call over the request's hash list.
+``1`` (active) or to ``-stamp`` (inactive; ``stamp`` numbers the release batch that made it
+inactive). Holders beyond the first of an active block are counted in the small dict
+``extra`` (only concurrently shared blocks, e.g. a common system prompt), so releasing a
+request is one write per block. Release batches sit in a deque in LRU order; a block that is
+reactivated leaves a stale entry there, and eviction checks entries only in batches that have
+one (``_stale``). Every hot operation is a C-level bulk call over the request's hash list.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ STORED = 1
 REMOVED = 2
 
 _ONE_EQ = (1).__eq__
-_ONE_LT = (1).__lt__
 _ZERO_LT = (0).__lt__
 _ZERO_GT = (0).__gt__
+_NOT = (False).__eq__
 
 
 class KVCache:
@@ -57,16 +59,19 @@ class KVCache:
         "num_private",
         "events",
         "num_evicted",
+        "extra",
         "_batches",
         "_batch_entries",
         "_stamp",
+        "_stale",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int, prefix_caching: bool = True, record_events: bool = False):
         self.capacity = int(capacity_blocks)
         self.block_size = int(block_size)
         self.prefix_caching = bool(prefix_caching)
-        self.refs: dict[int, int] = {}
+        self.refs: dict[int, int] = {}  # 1 = active, -stamp = cached inactive
+        self.extra: dict[int, int] = {}  # active blocks with more than one holder: holders - 1
         self.num_active_shared = 0
         self.num_inactive = 0
         self.num_private = 0
@@ -75,6 +80,7 @@ class KVCache:
         self._batches: deque[list] = deque()  # [neg_stamp, keys (eviction order), next position]
         self._batch_entries = 0
         self._stamp = 0
+        self._stale: set[int] = set()  # batches (by -stamp) holding reactivated entries
 
     # -- capacity -----------------------------------------------------------------
     @property
@@ -110,16 +116,19 @@ class KVCache:
         return hits, sum(map(_ZERO_LT, map(refs.__getitem__, hits)))
 
     def acquire(self, req, hits: list[int]) -> None:
-        """Make ``hits`` (a resident prefix) held by ``req``."""
+        """Make ``hits`` (a resident prefix) held by ``req``; takes ownership of the list."""
         if hits:
             refs = self.refs
             vals = list(map(refs.__getitem__, hits))
-            if self.num_inactive and min(vals) < 0:
+            n_active = vals.count(1)
+            if n_active:
+                _count_elements(self.extra, compress(hits, map(_ONE_EQ, vals)))
+            if n_active != len(hits):
                 inactive = list(compress(hits, map(_ZERO_GT, vals)))
-                refs.update(zip(inactive, repeat(0)))
+                self._stale.update(compress(vals, map(_ZERO_GT, vals)))
+                refs.update(zip(inactive, repeat(1)))
                 self.num_inactive -= len(inactive)
                 self.num_active_shared += len(inactive)
-            _count_elements(refs, hits)
         req.held = hits
         req.num_full_registered = len(hits)
 
@@ -177,6 +186,7 @@ class KVCache:
     def _evict(self, count: int) -> None:
         refs = self.refs
         batches = self._batches
+        stale = self._stale
         victims: list[int] = []
         while len(victims) < count:
             batch = batches[0]
@@ -184,9 +194,13 @@ class KVCache:
             need = count - len(victims)
             chunk = keys[pos : pos + need] if pos or need < len(keys) else keys
             batch[2] = pos + len(chunk)
-            victims.extend(compress(chunk, map(stamp.__eq__, map(refs.get, chunk))))
+            if stamp in stale:
+                victims.extend(compress(chunk, map(stamp.__eq__, map(refs.get, chunk))))
+            else:
+                victims.extend(chunk)
             if batch[2] >= len(keys):
                 batches.popleft()
+                stale.discard(stamp)
                 self._batch_entries -= len(keys)
         deque(map(refs.__delitem__, victims), 0)
         self.num_inactive -= count
@@ -199,19 +213,23 @@ class KVCache:
         """Free everything ``req`` holds (completion or preemption)."""
         held = req.held
         if held:
-            refs = self.refs
-            vals = list(map(refs.__getitem__, held))
-            if vals.count(1) == len(vals):
-                zeros = held
+            extra = self.extra
+            if not extra or extra.keys().isdisjoint(held):
+                zeros = held[::-1]  # tail first: leaves are evicted before their parents
             else:
-                zeros = list(compress(held, map(_ONE_EQ, vals)))
-                for h in compress(held, map(_ONE_LT, vals)):
-                    refs[h] -= 1
+                shared = list(map(extra.__contains__, held))
+                for h in compress(held, shared):
+                    c = extra[h] - 1
+                    if c:
+                        extra[h] = c
+                    else:
+                        del extra[h]
+                zeros = list(compress(held, map(_NOT, shared)))
+                zeros.reverse()
             if zeros:
                 self._stamp += 1
                 neg = -self._stamp
-                refs.update(zip(zeros, repeat(neg)))
-                zeros = zeros[::-1]  # tail first: leaves are evicted before their parents
+                self.refs.update(zip(zeros, repeat(neg)))
                 self._batches.append([neg, zeros, 0])
                 n = len(zeros)
                 self._batch_entries += n
@@ -236,6 +254,7 @@ class KVCache:
                 total += len(live)
         self._batches = kept
         self._batch_entries = total
+        self._stale.clear()
 
     # -- introspection (tests, planner) ----------------------------------------------
     def lru_order(self) -> list[int]:
@@ -249,7 +268,8 @@ class KVCache:
     def check_invariants(self) -> None:
         active = sum(1 for c in self.refs.values() if c > 0)
         inactive = sum(1 for c in self.refs.values() if c < 0)
-        assert 0 not in self.refs.values()
+        assert set(self.refs.values()) <= {1} | {v for v in self.refs.values() if v < 0}
+        assert all(self.refs.get(h) == 1 and c > 0 for h, c in self.extra.items())
         assert active == self.num_active_shared, (active, self.num_active_shared)
         assert inactive == self.num_inactive, (inactive, self.num_inactive)
         assert len(self.lru_order()) == inactive

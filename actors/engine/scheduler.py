@@ -244,6 +244,11 @@ class RankScheduler:
             elif c == req.prompt_len + req.num_generated:
                 req.prefill_done = True
                 self.committed_prefill_tokens += n
+                if req.max_output <= 0 and not prefill_only:  # nothing to generate: done without a token
+                    req.status = COMPLETED
+                    req.terminal_ms = end_ms
+                    any_done = True
+                    continue
             else:
                 self.committed_prefill_tokens += n
                 continue

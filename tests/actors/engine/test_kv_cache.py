@@ -1,0 +1,218 @@
+"""KV block manager: prefix reuse, LRU order, sharing, duplicates, capacity; checked against a
+plain per-block reference model under random operation sequences."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+
+from actors.engine.kv_cache import REMOVED, STORED, KVCache
+
+
+class Req:
+    """The attributes KVCache reads and writes on a request."""
+
+    def __init__(self, hashes):
+        self.hashes = hashes
+        self.held = []
+        self.num_private = 0
+        self.num_full_registered = 0
+
+
+def admit(kv: KVCache, req: Req, tokens: int) -> int:
+    hits, _ = kv.match_prefix(req.hashes, (tokens - 1) // kv.block_size)
+    k = len(hits)
+    kv.acquire(req, hits)  # takes ownership of the list
+    assert kv.grow(req, tokens, req.hashes)
+    return k
+
+
+def test_fully_cached_prompt_reuses_all_but_the_last_partial_block():
+    # 1500 tokens at block 64: 23 full blocks; at least one token is always computed
+    kv = KVCache(100, 64)
+    hashes = list(range(1000, 1023))
+    a = Req(hashes)
+    admit(kv, a, 1500)
+    kv.release(a)
+    b = Req(hashes)
+    assert admit(kv, b, 1500) * 64 == 1472
+
+
+def test_release_then_evict_is_lru_and_tail_first():
+    kv = KVCache(6, 4)
+    a, b = Req([1, 2, 3]), Req([11, 12, 13])
+    admit(kv, a, 12)
+    admit(kv, b, 12)
+    kv.release(a)  # a's blocks become inactive first (least recently used)
+    kv.release(b)
+    assert kv.lru_order() == [3, 2, 1, 13, 12, 11]
+    c = Req([21, 22, 23, 24])
+    assert kv.grow(c, 16, c.hashes)  # 4 new blocks: evicts 3, 2, 1, 13
+    assert kv.lru_order() == [12, 11]
+    assert 1 not in kv.refs and 12 in kv.refs
+    kv.check_invariants()
+
+
+def test_reactivated_block_moves_to_most_recent():
+    kv = KVCache(8, 4)
+    a, b = Req([1, 2]), Req([5, 6])
+    admit(kv, a, 8)
+    admit(kv, b, 8)
+    kv.release(a)
+    kv.release(b)
+    c = Req([1, 2, 7])  # hits a's prefix: 1, 2 active again
+    assert admit(kv, c, 12) == 2
+    assert kv.lru_order() == [6, 5]
+    kv.release(c)
+    assert kv.lru_order() == [6, 5, 7, 2, 1]
+    kv.check_invariants()
+
+
+def test_shared_active_block_needs_every_holder_to_release():
+    kv = KVCache(10, 4)
+    a, b = Req([1, 2, 3]), Req([1, 2, 9])
+    admit(kv, a, 12)
+    assert admit(kv, b, 12) == 2
+    kv.release(a)
+    assert kv.lru_order() == [3]  # 1 and 2 still held by b
+    kv.release(b)
+    assert kv.lru_order() == [3, 9, 2, 1]
+    kv.check_invariants()
+
+
+def test_identical_block_computed_twice_stays_private_and_is_freed():
+    kv = KVCache(10, 4)
+    a, b = Req([1, 2]), Req([1, 2])
+    assert kv.grow(a, 8, a.hashes)
+    assert kv.grow(b, 8, b.hashes)  # nothing cached for b at its admission; fills the same hashes
+    assert a.held == [1, 2] and b.held == [] and b.num_private == 2
+    assert kv.num_active == 4
+    kv.release(b)
+    assert kv.num_active == 2 and kv.num_free == 8
+    kv.check_invariants()
+
+
+def test_allocation_miss_is_a_return_value():
+    kv = KVCache(2, 4)
+    a = Req([1, 2, 3])
+    assert not kv.grow(a, 12, a.hashes)
+    assert kv.num_active == 0 and a.held == []
+
+
+def test_events_report_stored_and_removed_blocks():
+    kv = KVCache(2, 4, record_events=True)
+    a, b = Req([1, 2]), Req([3])
+    kv.grow(a, 8, a.hashes)
+    kv.release(a)
+    kv.grow(b, 4, b.hashes)
+    assert kv.events == [(STORED, [1, 2]), (REMOVED, [2]), (STORED, [3])]
+
+
+class RefModel:
+    """Per-block reference: refcounts + an OrderedDict LRU (eviction from the front)."""
+
+    def __init__(self, capacity, bs):
+        self.cap, self.bs = capacity, bs
+        self.ref = {}
+        self.lru = OrderedDict()
+        self.private = 0
+        self.held = {}
+        self.priv = {}
+        self.reg = {}
+
+    def free(self):
+        return self.cap - sum(1 for c in self.ref.values() if c > 0) - len(self.lru) - self.private
+
+    def match(self, hashes, limit):
+        k = 0
+        for h in hashes[:limit]:
+            if h in self.ref:
+                k += 1
+            else:
+                break
+        return k
+
+    def acquire(self, rid, hashes, k):
+        for h in hashes[:k]:
+            if self.ref[h] == 0:
+                del self.lru[h]
+            self.ref[h] += 1
+        self.held[rid] = list(hashes[:k])
+        self.priv[rid] = 0
+        self.reg[rid] = k
+
+    def grow(self, rid, hashes, target):
+        need = -(-target // self.bs) - len(self.held[rid]) - self.priv[rid]
+        if need > 0:
+            if need > self.free() + len(self.lru):
+                return False
+            while need > self.free():
+                h, _ = self.lru.popitem(last=False)
+                del self.ref[h]
+            self.private += need
+            self.priv[rid] += need
+        for h in hashes[self.reg[rid] : target // self.bs]:
+            if h in self.ref:
+                continue
+            self.ref[h] = 1
+            self.held[rid].append(h)
+            self.priv[rid] -= 1
+            self.private -= 1
+        self.reg[rid] = max(self.reg[rid], target // self.bs)
+        return True
+
+    def release(self, rid):
+        for h in reversed(self.held.pop(rid)):
+            self.ref[h] -= 1
+            if self.ref[h] == 0:
+                self.lru[h] = None
+        self.private -= self.priv.pop(rid)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_match_the_reference_model(seed):
+    rnd = random.Random(seed)
+    bs = rnd.choice([1, 2, 4])
+    cap = rnd.randint(8, 60)
+    kv, ref = KVCache(cap, bs), RefModel(cap, bs)
+    # a few shared prefix families so hits, sharing and duplicates all happen
+    families = [[rnd.getrandbits(62) for _ in range(30)] for _ in range(4)]
+    live: dict[int, tuple[Req, list[int], int]] = {}
+    for step in range(400):
+        op = rnd.random()
+        if op < 0.45 or not live:
+            fam = rnd.choice(families)
+            cut = rnd.randint(0, 10)
+            hashes = fam[:cut] + [rnd.getrandbits(62) for _ in range(25)]
+            tokens = rnd.randint(1, 12 * bs)
+            limit = (tokens - 1) // bs
+            hits, n_active = kv.match_prefix(hashes, limit)
+            assert len(hits) == ref.match(hashes, limit)
+            assert n_active == sum(1 for h in hits if ref.ref[h] > 0)
+            req = Req(hashes)
+            k = len(hits)
+            kv.acquire(req, hits)
+            ref.acquire(step, hashes, k)
+            target = max(tokens, k * bs)
+            ok = kv.grow(req, target, hashes)
+            assert ok == ref.grow(step, hashes, target)
+            live[step] = (req, hashes, target)
+        elif op < 0.7:
+            rid = rnd.choice(list(live))
+            req, hashes, t = live[rid]
+            t2 = min(t + rnd.randint(1, 3 * bs), 25 * bs)
+            if kv.grow(req, t2, hashes):
+                assert ref.grow(rid, hashes, t2)
+                live[rid] = (req, hashes, t2)
+            else:
+                assert not ref.grow(rid, hashes, t2)
+        else:
+            rid = rnd.choice(list(live))
+            kv.release(live.pop(rid)[0])
+            ref.release(rid)
+        assert kv.lru_order() == list(ref.lru)
+        assert kv.num_free == ref.free()
+        assert set(kv.refs) == set(ref.ref)
+        kv.check_invariants()

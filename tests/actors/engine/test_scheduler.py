@@ -1,0 +1,125 @@
+"""Engine scenarios with exact expectations (reference pass semantics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import by_uuid, replay_rows
+
+FIXED = {"timing_model": {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}}
+
+
+def row(t, inp, out, ids=None, rid=None):
+    ids = ids if ids is not None else list(range(1000 * (rid or 0) + 1, 1000 * (rid or 0) + 1 + -(-inp // 512)))
+    r = {"timestamp": t, "input_length": inp, "output_length": out, "hash_ids": ids}
+    if rid is not None:
+        r["request_id"] = f"r{rid}"
+    return r
+
+
+def test_fixed_timing_budget_512_prompt_1024_ttft_200(tmp_path):
+    rep = replay_rows(tmp_path, [row(0, 1024, 3, rid=1)], {**FIXED, "max_num_batched_tokens": 512})
+    r = by_uuid(rep)["r1"]
+    assert r["ttft_ms"] == 200.0  # two 100 ms chunks; the completing pass emits the first token
+    assert r["e2e_latency_ms"] == 220.0 and r["itl_ms"] == 10.0
+
+
+def test_decode_sharing_a_pass_with_a_prefill_chunk_costs_110(tmp_path):
+    rows = [row(0, 100, 3, rid=1), row(50, 512, 2, rid=2)]
+    rep = by_uuid(replay_rows(tmp_path, rows, {**FIXED, "max_num_batched_tokens": 1024}))
+    # pass [100, 210]: r1 decodes + r2's whole prompt -> 100 + 10
+    assert rep["r1"]["first_token_ms"] == 100.0
+    assert rep["r1"]["last_token_ms"] == 100.0 + 110.0 + 10.0
+    assert rep["r2"]["first_token_ms"] == 210.0 and rep["r2"]["ttft_ms"] == 160.0
+
+
+def test_polynomial_four_concurrent_1024_prompts_ttft_85_756(tmp_path):
+    rows = [row(0, 1024, 2, rid=i) for i in range(4)]
+    rep = replay_rows(tmp_path, rows, {})
+    assert [round(r["ttft_ms"], 3) for r in rep.per_request] == [85.756] * 4
+
+
+def test_cached_1500_token_prompt_reuses_1472(tmp_path):
+    rows = [row(0, 1500, 1, ids=[7, 8, 9]), row(10_000, 1500, 1, ids=[7, 8, 9], rid=2)]
+    rep = by_uuid(replay_rows(tmp_path, rows, {}))
+    assert rep["r2"]["reused_input_tokens"] == 1472
+
+
+def test_shared_trace_prefix_3_of_4_ids_reuses_1536_and_halves_ttft(tmp_path):
+    rows = [row(0, 2048, 1, ids=[1, 2, 3, 4], rid=1), row(10_000, 2048, 1, ids=[1, 2, 3, 99], rid=2)]
+    rep = by_uuid(replay_rows(tmp_path, rows, {}))
+    assert round(rep["r1"]["ttft_ms"], 2) == 49.36
+    assert rep["r2"]["reused_input_tokens"] == 1536
+    assert round(rep["r2"]["ttft_ms"], 2) == 24.39
+
+
+def test_lru_evicts_the_least_recently_released_blocks_tail_first(tmp_path):
+    eng = {"num_gpu_blocks": 24, "block_size": 64}  # 24 blocks of 64 tokens
+    rows = [
+        row(0, 1024, 1, ids=[1, 2], rid=1),  # 16 blocks, released first
+        row(1000, 512, 1, ids=[3], rid=2),  # 8 blocks: the cache is now full
+        row(2000, 512, 1, ids=[4], rid=3),  # 8 new blocks evict r1's last 8 (tail first)
+        row(3000, 1024, 1, ids=[1, 2], rid=4),  # r1's first trace block survived; 8 new blocks evict r2
+        row(4000, 512, 1, ids=[4], rid=5),  # r3's survive: 7 full blocks (never the whole prompt)
+        row(5000, 512, 1, ids=[3], rid=6),  # r2's blocks are gone
+    ]
+    rep = by_uuid(replay_rows(tmp_path, rows, eng))
+    assert rep["r4"]["reused_input_tokens"] == 512
+    assert rep["r5"]["reused_input_tokens"] == 448
+    assert rep["r6"]["reused_input_tokens"] == 0
+
+
+def test_recompute_after_lifo_preemption(tmp_path):
+    # 10 blocks of 4 tokens; two 8-token prompts with 20 outputs each cannot both finish
+    eng = {"timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1}, "num_gpu_blocks": 10, "block_size": 4}
+    rows = [row(0, 8, 20, ids=[1], rid=1), row(0, 8, 20, ids=[2], rid=2)]
+    rep = replay_rows(tmp_path, rows, eng)
+    a, b = by_uuid(rep)["r1"], by_uuid(rep)["r2"]
+    assert rep.summary["num_preemptions"] == 1
+    assert (a["ttft_ms"], a["e2e_latency_ms"], a["readmission_count"]) == (10.0, 29.0, 0)
+    # b (newest) is preempted at t=22 holding 13 tokens, waits for a, then re-prefills 21
+    # known tokens of which its 3 surviving cached blocks (12 tokens) are reused
+    assert b["output_length"] == 20 and b["readmission_count"] == 1
+    assert [h["at_ms"] for h in b["admission_history"]] == [0.0, 29.0]
+    assert [h["reused_input_tokens"] for h in b["admission_history"]] == [0, 12]
+    assert (b["ttft_ms"], b["e2e_latency_ms"]) == (10.0, 45.0)
+    assert rep.summary["committed_prefill_tokens"] == 8 + 8 + 9
+    assert rep.summary["max_itl_ms"] == 17.0  # b's gap across the preemption: 22 -> 39
+
+
+def test_context_length_rejects_long_prompts_and_stops_generation(tmp_path):
+    rows = [row(0, 16, 10, rid=1), row(0, 20, 5, rid=2)]
+    rep = replay_rows(tmp_path, rows, {"max_model_len": 20, "block_size": 4})
+    r = by_uuid(rep)
+    assert r["r1"]["terminal_status"] == "completed" and r["r1"]["output_length"] == 4
+    assert r["r2"]["terminal_status"] == "rejected"
+    assert rep.summary["rejected_requests"] == 1 and rep.summary["completed_requests"] == 1
+
+
+def test_max_sequences_one_serialises_requests(tmp_path):
+    rows = [row(0, 100, 3, rid=1), row(0, 100, 3, rid=2)]
+    r = by_uuid(replay_rows(tmp_path, rows, {**FIXED, "max_num_seqs": 1}))
+    assert r["r1"]["e2e_latency_ms"] == 120.0
+    assert r["r2"]["first_admit_ms"] == 120.0 and r["r2"]["ttft_ms"] == 220.0
+
+
+def test_chunked_prefill_disabled(tmp_path):
+    rows = [row(0, 600, 1, rid=1), row(0, 500, 1, rid=2)]
+    eng = {**FIXED, "max_num_batched_tokens": 512, "enable_chunked_prefill": False}
+    r = by_uuid(replay_rows(tmp_path, rows, eng))
+    assert r["r1"]["terminal_status"] == "rejected"  # can never fit one pass
+    assert r["r2"]["ttft_ms"] == 100.0
+
+
+def test_attention_data_pass_lasts_as_long_as_the_slowest_rank(tmp_path):
+    rows = [row(0, 2048, 2, rid=1), row(0, 1024, 2, rid=2)]
+    rep = replay_rows(tmp_path, rows, {"dp_size": 2})
+    r = by_uuid(rep)
+    assert (r["r1"]["dp_rank"], r["r2"]["dp_rank"]) == (0, 1)
+    assert round(r["r1"]["ttft_ms"], 3) == round(r["r2"]["ttft_ms"], 3) == 49.363
+
+
+def test_zero_output_request_completes_without_a_token(tmp_path):
+    rep = replay_rows(tmp_path, [row(0, 100, 0, rid=1)], FIXED)
+    r = by_uuid(rep)["r1"]
+    assert r["terminal_status"] == "completed" and r["ttft_ms"] is None and r["terminal_time_ms"] == 100.0

@@ -1,0 +1,86 @@
+"""The command line as a user runs it: exit codes, one-line errors, outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, SLICE
+
+
+def aisim(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "aisim", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+def one_line_error(p, code=2):
+    assert p.returncode == code, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    return p.stderr.strip()
+
+
+def test_predict_without_arguments_runs_the_bundled_quickstart(tmp_path):
+    p = aisim("predict", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "LLM Metrics" in p.stdout and "Time to First Token (ms)" in p.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written without --output-dir
+
+
+def test_outputs_json_format_and_overwrite(tmp_path):
+    out = tmp_path / "out"
+    p = aisim("predict", "--output-dir", str(out), "--format", "json", "--capture-per-request")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    pred = json.loads((out / "prediction.json").read_text())
+    assert pred["summary"]["completed_requests"] == summary["completed_requests"] == 1000
+    assert pred["coverage"]["per_request_records"] == 1000 and len(pred["per_request"]) == 1000
+    rows = (out / "requests.jsonl").read_text().splitlines()
+    assert len(rows) == 1000 and list(json.loads(rows[0])) == sorted(json.loads(rows[0]))
+    assert json.loads((out / "resource-runtime.json").read_text())["status"] == "completed"
+    assert not [f for f in out.iterdir() if f.name.endswith(".tmp")]
+    err = one_line_error(aisim("predict", "--output-dir", str(out)))
+    assert "not empty" in err and "--overwrite" in err
+    assert aisim("predict", "--output-dir", str(out), "--overwrite").returncode == 0
+    assert not (out / "requests.jsonl").exists()  # --overwrite removed the old known outputs
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--set", "engine.workers.aggregated.schedulr.max_batched_tokens=5"], "Extra inputs are not permitted"),
+        (["--set", "engine.workers.aggregated.parallelism.replicas=two"], "engine.workers.aggregated.parallelism.replicas"),
+        (["--set", "traffic.source.paths=[/nonexistent/trace.jsonl]"], "not found"),
+        (["--set", "traffic.source.paths.0=x"], "list indexes are not supported"),
+        (["--set", "router.policy=kv_router"], "not supported yet"),
+        (["--config", "/nonexistent.yaml"], "not found"),
+        (["--bogus-flag"], "unrecognized arguments"),
+        (["--format", "xml"], "invalid choice"),
+        (["--capture-per-request"], "needs --output-dir"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    err = one_line_error(aisim("predict", *args))
+    assert needle in err
+
+
+def test_malformed_trace_row_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(SLICE.read_text().splitlines()[0] + "\n" + '{"timestamp": 1, "hash_ids": [1]}\n')
+    out = tmp_path / "out"
+    err = one_line_error(aisim("predict", "--set", f"traffic.source.paths=[{bad}]", "--output-dir", str(out)))
+    assert f"{bad}:2" in err and "output_length" in err
+    assert not out.exists()  # nothing half-written
+
+
+def test_resource_limit_exits_3_and_records_why(tmp_path):
+    out = tmp_path / "out"
+    err = one_line_error(aisim("predict", "--set", "execution.resources.memory_limit_gb=0.001", "--output-dir", str(out)), code=3)
+    assert "memory_limit" in err
+    rt = json.loads((out / "resource-runtime.json").read_text())
+    assert rt["status"] == "resource_limited" and rt["exit_code"] == 3
+    assert not (out / "prediction.json").exists()

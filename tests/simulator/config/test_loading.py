@@ -1,0 +1,148 @@
+"""Config validation, --set overrides and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.config.loading import apply_overrides, load_config, parse_override, validate_config
+from simulator.config.support import check_supported
+from simulator.errors import InputError, NotSupportedError
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICK = ROOT / "configs" / "quickstart.yaml"
+
+
+def base() -> dict:
+    return {
+        "engine": {
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "hardware": "h200_sxm",
+            "workers": {"aggregated": {"kv_cache": {"capacity": {"type": "fixed", "blocks": 100}}, "timing": {"type": "polynomial"}}},
+        }
+    }
+
+
+def err(data: dict) -> InputError:
+    with pytest.raises(InputError) as info:
+        check_supported(validate_config(data))
+    return info.value
+
+
+def test_shipped_configs_validate():
+    for path in (ROOT / "configs").glob("*.yaml"):
+        cfg, _ = load_config(path)
+        check_supported(cfg)
+
+
+def test_unknown_key_names_its_path():
+    d = base()
+    d["engine"]["workers"]["aggregated"]["scheduler"] = {"max_batch_tokens": 5}
+    e = err(d)
+    assert e.where == "engine.workers.aggregated.scheduler.max_batch_tokens"
+    assert "Extra inputs are not permitted" in str(e)
+
+
+def test_unknown_top_level_section():
+    d = base()
+    d["optimizer"] = {}
+    assert err(d).where == "optimizer"
+
+
+def test_wrong_type_names_field_and_value():
+    d = base()
+    d["engine"]["workers"]["aggregated"]["parallelism"] = {"replicas": "two"}
+    e = err(d)
+    assert e.where == "engine.workers.aggregated.parallelism.replicas" and "'two'" in str(e)
+    assert "\n" not in str(e)
+
+
+def test_union_tag_is_dropped_from_paths():
+    d = base()
+    d["traffic"] = {"source": {"type": "trace", "paths": ["x"], "block_sise": 5}}
+    assert err(d).where == "traffic.source.block_sise"
+
+
+def test_missing_required_field():
+    d = base()
+    del d["engine"]["hardware"]
+    e = err(d)
+    assert e.where == "engine.hardware" and "Field required" in str(e)
+
+
+def test_cross_field_rules():
+    d = base()
+    d["engine"]["workers"]["aggregated"]["timing"] = {"type": "polynomial", "prefill_ms": 5}
+    assert "only allowed with type fixed" in str(err(d))
+    d = base()
+    d["evaluation"] = {"sla": {"e2e_ms": 100, "ttft_ms": 5}}
+    assert "mutually exclusive" in str(err(d))
+
+
+@pytest.mark.parametrize(
+    "path,value,key",
+    [
+        (("engine", "mode"), "disaggregated", "engine.mode"),
+        (("router", "policy"), "kv_router", "router.policy"),
+        (("planner",), {"policy": "enabled"}, "planner.policy"),
+        (("engine", "workers", "aggregated", "timing"), {"type": "default"}, "engine.workers.aggregated.timing.type"),
+        (("engine", "workers", "aggregated", "kv_cache"), {}, "engine.workers.aggregated.kv_cache.capacity.type"),
+        (("engine", "speculation"), {"draft": 3}, "engine.speculation"),
+        (("engine", "backend"), "sglang", "engine.backend"),
+    ],
+)
+def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value, key):
+    d = base()
+    node = d
+    for p in path[:-1]:
+        node = node.setdefault(p, {})
+    if path == ("engine", "mode"):
+        d["engine"]["workers"] = {"prefill": {}, "decode": {}}
+    node[path[-1]] = value
+    with pytest.raises(NotSupportedError) as info:
+        check_supported(validate_config(d))
+    assert info.value.where == key and "not supported" in str(info.value)
+
+
+def test_set_values_are_yaml_and_may_replace_whole_mappings():
+    d = apply_overrides(base(), ["planner={policy: disabled}", "router.policy=round_robin",
+                                 "engine.workers.aggregated.parallelism.replicas=3", "traffic.source.paths=[a.jsonl, b.jsonl]"])
+    assert d["planner"] == {"policy": "disabled"}
+    assert d["engine"]["workers"]["aggregated"]["parallelism"]["replicas"] == 3
+    assert d["traffic"]["source"]["paths"] == ["a.jsonl", "b.jsonl"]
+
+
+@pytest.mark.parametrize("bad", ["novalue", "a..b=1", "traffic.source.paths.0=x", "a=[unclosed"])
+def test_bad_set_is_one_line(bad):
+    with pytest.raises(InputError) as info:
+        apply_overrides(base(), [bad])
+    assert "\n" not in str(info.value) and str(info.value).startswith("--set")
+
+
+def test_set_through_a_scalar_is_rejected():
+    with pytest.raises(InputError, match="engine.model is a str"):
+        apply_overrides(base(), ["engine.model.x=1"])
+
+
+def test_parse_override_empty_value_is_null():
+    assert parse_override("planner.retune=") == (["planner", "retune"], None)
+
+
+def test_config_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: [unclosed\n")
+    with pytest.raises(InputError, match="invalid YAML"):
+        load_config(bad)
+    with pytest.raises(InputError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n")
+    with pytest.raises(InputError, match="mapping"):
+        load_config(lst)
+
+
+def test_validated_config_is_frozen():
+    cfg = validate_config(base())
+    with pytest.raises(Exception):
+        cfg.engine.model = "other"

@@ -1,0 +1,34 @@
+"""Weighted statistics equal the statistics of the expanded sample."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.metrics.stats import plain_stats, weighted_stats
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_weighted_equals_expanded(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.choice(rng.uniform(1, 50, size=20), size=60)
+    weights = rng.integers(0, 9, size=60)
+    got = weighted_stats(values, weights)
+    full = np.repeat(values, weights)
+    for name, q in (("median", 50), ("p75", 75), ("p90", 90), ("p95", 95), ("p99", 99)):
+        assert got[name] == pytest.approx(np.percentile(full, q), rel=1e-12)
+    assert got["mean"] == pytest.approx(full.mean(), rel=1e-12)
+    assert got["std"] == pytest.approx(full.std(), rel=1e-9)
+    assert (got["min"], got["max"]) == (full.min(), full.max())
+
+
+def test_order_does_not_matter_bit_for_bit():
+    v = np.array([3.1, 0.7, 2.2, 3.1, 9.9])
+    w = np.array([2, 5, 1, 1, 3])
+    p = np.array([4, 0, 3, 1, 2])
+    assert weighted_stats(v, w) == weighted_stats(v[p], w[p])
+
+
+def test_empty_and_nan():
+    assert plain_stats(np.array([np.nan]))["mean"] is None
+    assert plain_stats(np.array([2.0, np.nan, 4.0]))["median"] == 3.0
