@@ -43,7 +43,6 @@ REMOVED = 2
 _ONE_EQ = (1).__eq__
 _ZERO_LT = (0).__lt__
 _ZERO_GT = (0).__gt__
-_NOT = (False).__eq__
 
 
 class KVCache:
@@ -214,18 +213,26 @@ class KVCache:
         held = req.held
         if held:
             extra = self.extra
-            if not extra or extra.keys().isdisjoint(held):
+            if not extra:
                 zeros = held[::-1]  # tail first: leaves are evicted before their parents
             else:
-                shared = list(map(extra.__contains__, held))
-                for h in compress(held, shared):
+                # Blocks other live requests also hold are usually a prefix of ``held`` (others
+                # got them as a prefix hit); a request that filled a block while an identical one
+                # was cached holds a gapped chain, which the general path below handles.
+                k = len(list(takewhile(extra.__contains__, held)))
+                if extra.keys().isdisjoint(islice(held, k, None)):
+                    shared = held[:k]
+                    zeros = held[: k - 1 : -1] if k else held[::-1]
+                else:
+                    flags = list(map(extra.__contains__, held))
+                    shared = list(compress(held, flags))
+                    zeros = [h for h, f in zip(reversed(held), reversed(flags)) if not f]
+                for h in shared:
                     c = extra[h] - 1
                     if c:
                         extra[h] = c
                     else:
                         del extra[h]
-                zeros = list(compress(held, map(_NOT, shared)))
-                zeros.reverse()
             if zeros:
                 self._stamp += 1
                 neg = -self._stamp

@@ -78,7 +78,7 @@ class RankScheduler:
         self.num_generated_tokens = 0
         self.rejected: list[Request] = []
         cl = config.context_length
-        self._context_limit = cl if cl is not None else 1 << 62
+        self._context_limit = cl if cl is not None else 1 << 62  # generation stops at this length
         self._lifo = config.preemption_mode == "lifo"
 
     # -- queue ------------------------------------------------------------------
@@ -291,20 +291,58 @@ class RankScheduler:
         self.running = keep
 
     # -- fast-forward support -----------------------------------------------------------
-    def steady_decode(self) -> bool:
-        """True when the next passes are pure decode of the running batch with no admission
-        possible until a request completes (the batch cannot change on its own)."""
+    def plan_decode_run(self, max_passes: int):
+        """If the next passes are pure decode of the running batch that cannot change on its
+        own (no prefill, no admission possible until a request completes), return
+        ``(k, batch, computed, generated, kv_tokens)``: ``k`` passes run until the first
+        completion (inclusive) or until an allocation would need a preemption (exclusive).
+        Otherwise None."""
         running = self.running
-        if not running:
-            return False
         cfg = self.config
-        if cfg.prefill_only or len(running) > cfg.max_batched_tokens:
-            return False
+        n = len(running)
+        if not n or cfg.prefill_only or n > cfg.max_batched_tokens:
+            return None
+        limit = self._context_limit
+        k = max_passes
+        kv0 = 0
+        c0 = []
+        g0 = []
         for req in running:
             if not req.prefill_done:
-                return False
+                return None
+            g = req.num_generated
+            known = req.prompt_len + g
+            left = req.max_output - g
+            if limit - known < left:
+                left = limit - known
+            if left < k:
+                k = left
+            kv0 += known
+            c0.append(req.num_computed)
+            g0.append(g)
+        if k <= 0 or not self._admission_blocked(n):
+            return None
+        bs = cfg.block_size
+        avail = self.kv.num_reclaimable
+        # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0
+        firsts = [(-c) % bs for c in c0]
+        total = 0
+        for a in firsts:
+            if a < k:
+                total += (k - 1 - a) // bs + 1
+        if total > avail:
+            k = sorted(j for a in firsts for j in range(a, k, bs))[avail]
+            if k <= 0:
+                return None
+        return k, list(running), c0, g0, kv0
+
+    def _admission_blocked(self, num_running: int) -> bool:
+        """No waiting request can be admitted (and none rejected) while the batch decodes.
+
+        A blocked head stays blocked: during decode, active blocks only grow."""
         waiting = self.waiting
-        if not waiting or len(running) >= cfg.max_sequences or len(running) >= cfg.max_batched_tokens:
+        cfg = self.config
+        if not waiting or num_running >= cfg.max_sequences or num_running >= cfg.max_batched_tokens:
             return True
         req = waiting[0]
         if req.num_generated == 0 and self._never_fits(req):
@@ -314,33 +352,4 @@ class RankScheduler:
         active_hits = 0
         if cfg.enable_prefix_caching:
             _, active_hits = self.kv.match_prefix(req.block_hashes(bs), (known - 1) // bs)
-        # Admission blocked now stays blocked: active blocks only grow during decode.
         return -(-known // bs) - active_hits > self.kv.capacity - self.kv.num_active
-
-    def decode_horizon(self, max_passes: int) -> int:
-        """How many decode passes the running batch can run before a completion ends one
-        (inclusive) or an allocation would need a preemption (exclusive)."""
-        limit = self._context_limit
-        k = max_passes
-        for req in self.running:
-            g = req.num_generated
-            left = req.max_output - g
-            ctx_left = limit - req.prompt_len - g
-            if ctx_left < left:
-                left = ctx_left
-            if left < k:
-                k = left
-        if k <= 0:
-            return 0
-        bs = self.config.block_size
-        avail = self.kv.num_reclaimable
-        # allocation passes: pass j of request i needs a block when (c_i + j) % bs == 0
-        firsts = [(-req.num_computed) % bs for req in self.running]
-        total = 0
-        for a in firsts:
-            if a < k:
-                total += (k - 1 - a) // bs + 1
-        if total <= avail:
-            return k
-        passes = sorted(j for a in firsts for j in range(a, k, bs))
-        return passes[avail]

@@ -61,7 +61,7 @@ class TimingModel:
         """Durations of ``num_passes`` decode-only passes; pass j has ``kv_tokens0 + j*num_decode``."""
         out = np.empty(num_passes, dtype=np.float64)
         for j in range(num_passes):
-            out[j] = 0.0 + self.decode_ms(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)
+            out[j] = self.decode_ms(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)
         return out
 
     def describe(self) -> dict:
@@ -85,7 +85,7 @@ class FixedTiming(TimingModel):
         return self._decode
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        return np.full(num_passes, 0.0 + self._decode, dtype=np.float64)
+        return np.full(num_passes, self._decode, dtype=np.float64)
 
 
 # Reference polynomial coefficients.
@@ -98,6 +98,8 @@ class PolynomialTiming(TimingModel):
 
     prefill(T new tokens) = 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142
     decode(u) = max(1, -25.74*u^2 + 54.01*u + 5.74), u = min(1, active_kv_tokens / total_kv_tokens)
+
+    (evaluated in Horner form, the same way in the scalar and the run-vector code)
     """
 
     estimator = "polynomial"
@@ -111,16 +113,19 @@ class PolynomialTiming(TimingModel):
         u = decode_kv_tokens / total_kv_tokens
         if u > 1.0:
             u = 1.0
-        d = _DA * u * u + _DB * u + _DC
+        d = (_DA * u + _DB) * u + _DC  # Horner form, evaluated identically by decode_run_ms
         return d if d > 1.0 else 1.0
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        kv = np.arange(num_passes, dtype=np.int64) * num_decode + kv_tokens0
-        u = kv / total_kv_tokens
+        u = np.arange(kv_tokens0, kv_tokens0 + num_passes * num_decode, num_decode, dtype=np.float64)[:num_passes]
+        u /= total_kv_tokens
         np.minimum(u, 1.0, out=u)
-        d = _DA * u * u + _DB * u + _DC
+        d = u * _DA
+        d += _DB
+        d *= u
+        d += _DC
         np.maximum(d, 1.0, out=d)
-        return d + 0.0
+        return d
 
 
 @dataclass(frozen=True)

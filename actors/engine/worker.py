@@ -30,7 +30,7 @@ class DecodeRun:
         self.start_ms = start_ms
         self.ends = ends
         self.num_passes = len(ends)
-        self.n_sched = 1  # pass 0 is scheduled at the run start
+        self.n_sched = 0  # passes whose schedule-time effects (blocks) are applied; lazily, on sync
         self.n_done = 0
         # per busy rank: (rank, batch, computed at start, generated at start)
         self.ranks = ranks
@@ -87,7 +87,7 @@ class EngineWorker:
         if run is None:
             return None
         self.sync(now_ms)
-        keep = max(run.n_sched, int(np.searchsorted(run.ends, now_ms, side="left")) + 1)
+        keep = max(1, run.n_sched, int(np.searchsorted(run.ends, now_ms, side="left")) + 1)
         if keep >= run.num_passes:
             return None
         run.num_passes = keep
@@ -156,31 +156,28 @@ class EngineWorker:
 
     # -- fast-forward ---------------------------------------------------------------
     def _plan_run(self, now_ms: float) -> DecodeRun | None:
-        busy = []
         k = self.max_run_passes
+        plans = []
         for rank in self.ranks:
             if not rank.running and not rank.waiting:
                 continue
-            if not rank.steady_decode():
+            plan = rank.plan_decode_run(k)
+            if plan is None:
                 return None
-            k = min(k, rank.decode_horizon(k))
-            busy.append(rank)
-        if k < 2 or not busy:
+            k = min(k, plan[0])
+            plans.append((rank, plan))
+        if k < 2 or not plans:
             return None
         durations = None
         entries = []
-        for rank in busy:
-            batch = list(rank.running)
-            kv0 = 0
-            for req in batch:
-                kv0 += req.prompt_len + req.num_generated
+        for rank, (_, batch, c0, g0, kv0) in plans:
             d = rank.timing.decode_run_ms(len(batch), kv0, rank.total_kv_tokens, k)
             durations = d if durations is None else np.maximum(durations, d)
-            entries.append((rank, batch, [r.num_computed for r in batch], [r.num_generated for r in batch]))
-        ends = np.cumsum(np.concatenate(([now_ms], durations)))[1:]
-        run = DecodeRun(now_ms, ends, entries)
-        self._schedule_run_passes(run, 1)
-        return run
+            entries.append((rank, batch, c0, g0))
+        if durations.base is not None or not durations.flags.writeable:
+            durations = durations.copy()
+        durations[0] += now_ms
+        return DecodeRun(now_ms, np.cumsum(durations), entries)  # sequential sums: end = start + duration
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""

@@ -2,8 +2,8 @@
 
 Percentiles use linear interpolation (numpy's default ``linear`` method). Pooled token gaps
 arrive as (value, weight) pairs; ``weighted_stats`` gives exactly what the unweighted
-statistics of the expanded sample would, without expanding it. Values are aggregated by
-unique value first, so the result depends only on the multiset, never on arrival order.
+statistics of the expanded sample would, without expanding it. Values are sorted by
+value first, so the result depends only on the multiset, never on arrival order.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float |
     values, weights = values[keep], weights[keep]
     if len(values) == 0:
         return empty_stats()
-    uniq, inv = np.unique(values, return_inverse=True)
-    w = np.bincount(inv, weights=weights).astype(np.int64)  # exact: counts stay far below 2**53
+    order = np.argsort(values)
+    v = values[order]
+    starts = np.concatenate(([0], np.flatnonzero(v[1:] != v[:-1]) + 1))
+    uniq = v[starts]  # one entry per distinct value: every sum below depends only on the multiset
+    w = np.add.reduceat(weights[order], starts)
     n = int(w.sum())
     cum = np.cumsum(w)
     mean = float(np.dot(uniq, w.astype(np.float64)) / n)

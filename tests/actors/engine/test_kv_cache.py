@@ -171,7 +171,7 @@ class RefModel:
         self.private -= self.priv.pop(rid)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_operations_match_the_reference_model(seed):
     rnd = random.Random(seed)
     bs = rnd.choice([1, 2, 4])
