@@ -64,8 +64,7 @@ class ReplayPlan:
     router_policy: str = "round_robin"
     sla: m.Sla | None = None
     capture_per_request: bool = False
-    seed: int = 42
-    fast_forward: bool = True
+    fast_forward: bool = True  # False steps every pass (same results, slower; for verification)
 
 
 # -- running ------------------------------------------------------------------------
@@ -89,8 +88,10 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             "gpus_per_worker": a.gpus_per_worker,
             "replicas": pool.replicas,
             "context_length": a.max_model_len,
+            "backend": a.engine_type,
+            "backend_version": a.backend_version,
         }
-    router = build_router(plan.router_policy, plan.seed)
+    router = build_router(plan.router_policy)
     pool_name = "agg" if plan.pools[0].role == "aggregated" else plan.pools[0].role
     log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid, pool=pool_name)
     coord = Coordinator(w, store, plan.traffic.arrivals, workers, router, log, plan.traffic.stop_ms,
@@ -160,6 +161,7 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         args = EngineArgs(
             worker_type=role,
             engine_type=e.backend,
+            backend_version=e.backend_version,
             model=e.model,
             hardware=wk.hardware or e.hardware,
             max_num_batched_tokens=wk.scheduler.max_batched_tokens,
@@ -180,8 +182,7 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         )
         pools.append(PoolPlan(role, par.replicas, args))
     traffic = build_traffic(cfg.traffic, config_dir)
-    return ReplayPlan(traffic, pools, cfg.router.policy, cfg.evaluation.sla, capture_per_request,
-                      cfg.execution.seed, fast_forward)
+    return ReplayPlan(traffic, pools, cfg.router.policy, cfg.evaluation.sla, capture_per_request, fast_forward)
 
 
 def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
@@ -219,6 +220,14 @@ def _common_checks(router_mode: str, router_config, planner_config, prefill_args
         raise NotSupportedError("prefill_engine_args", "disaggregated replay is not supported yet; use extra_engine_args")
 
 
+def _run_api(traffic: TrafficPlan, args: EngineArgs, num_workers: int, router_mode: str, sla: tuple,
+             capture_per_request: bool, fast_forward: bool) -> ReplayReport:
+    if num_workers < 1:
+        raise InputError("num_workers", f"must be >= 1, got {num_workers}")
+    pools = [PoolPlan(args.worker_type, num_workers, args)]
+    return run_plan(ReplayPlan(traffic, pools, router_mode, _sla(*sla), capture_per_request, fast_forward))
+
+
 def run_trace_replay(
     trace_files,
     *,
@@ -239,7 +248,6 @@ def run_trace_replay(
     planner_config=None,
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
-    seed: int = 42,
     fast_forward: bool = True,
 ) -> ReplayReport:
     """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers.
@@ -249,8 +257,6 @@ def run_trace_replay(
     """
     _common_checks(router_mode, router_config, planner_config, prefill_engine_args, decode_engine_args)
     args = _engine_args(extra_engine_args)
-    if num_workers < 1:
-        raise InputError("num_workers", f"must be >= 1, got {num_workers}")
     paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
     resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
     if trace_format == "dynamo":
@@ -268,9 +274,8 @@ def run_trace_replay(
         arrivals = ArrivalProcess(w, trace_times(w, arrival_speedup_ratio), delay_scale=arrival_speedup_ratio)
         desc = f"trace timestamps x{arrival_speedup_ratio}"
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", f"{w.description}, {desc}")
-    plan = ReplayPlan(traffic, [PoolPlan(args.worker_type, num_workers, args)], router_mode,
-                      _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, seed, fast_forward)
-    return run_plan(plan)
+    return _run_api(traffic, args, num_workers, router_mode, (sla_ttft_ms, sla_itl_ms, sla_e2e_ms),
+                    capture_per_request, fast_forward)
 
 
 def run_synthetic_trace_replay(
@@ -296,7 +301,6 @@ def run_synthetic_trace_replay(
     planner_config=None,
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
-    seed: int = 42,
     fast_forward: bool = True,
 ) -> ReplayReport:
     """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
@@ -323,6 +327,5 @@ def run_synthetic_trace_replay(
             raise InputError("arrival_interval_ms", f"must be > 0, got {arrival_interval_ms}")
         arrivals = open_loop(w, constant_times(request_count, 1000.0 / arrival_interval_ms))
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", w.description)
-    plan = ReplayPlan(traffic, [PoolPlan(args.worker_type, num_workers, args)], router_mode,
-                      _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, seed, fast_forward)
-    return run_plan(plan)
+    return _run_api(traffic, args, num_workers, router_mode, (sla_ttft_ms, sla_itl_ms, sla_e2e_ms),
+                    capture_per_request, fast_forward)

@@ -33,6 +33,7 @@ class TimingModelArgs(Strict):
 class EngineArgs(Strict):
     worker_type: Literal["aggregated", "prefill", "decode"] = "aggregated"
     engine_type: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    backend_version: str | None = None  # performance-data selector (recorded in provenance)
     model: str | None = None  # aisim: geometry for roofline timing and context length
     hardware: str | None = None  # aisim: GPU for roofline timing
     max_num_batched_tokens: PosInt = 8192

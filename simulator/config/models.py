@@ -274,7 +274,6 @@ class Router(Strict):
     overlap_score_credit: Annotated[float, Field(ge=0, le=1)] | None = None
     prefill_load_scale: NonNegFloat | None = None
     temperature: NonNegFloat | None = None
-    seed: int = 42
 
     @model_validator(mode="after")
     def _kv_only(self):
@@ -321,7 +320,6 @@ class Resources(Strict):
 
 class Execution(Strict):
     resources: Resources = Resources()
-    seed: int = 42  # aisim: root seed of every per-actor random stream
 
 
 # -- planner (keys validated now; the Planner itself arrives with its issue) -----------

@@ -87,7 +87,7 @@ def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: Timing
     ]
 
 
-def build_router(policy: str, seed: int):
+def build_router(policy: str):
     if policy == "round_robin":
         return RoundRobinRouter()
     raise NotSupportedError("router_mode", f"router policy {policy} is not supported yet; use round_robin")

@@ -83,6 +83,17 @@ def _parse_jsonl(path: Path) -> tuple[list, list[int]]:
     return rows, linenos
 
 
+def _rows(paths: list[Path]):
+    """(row, "file:line") for every row of every file; each row must be a JSON object."""
+    for path in paths:
+        rows, linenos = _parse_jsonl(path)
+        for row, n in zip(rows, linenos):
+            where = f"{path}:{n}"
+            if not isinstance(row, dict):
+                raise InputError(where, "each line must be a JSON object")
+            yield row, where
+
+
 def _int_field(row: dict, names: tuple[str, ...], where: str, required: bool, minimum: int = 0):
     for name in names:
         if name in row:
@@ -203,29 +214,24 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
     optional session_id (turns in file order), delay|delay_ms, request_id."""
     b = _Builder()
     sessions_seen: set = set()
-    for path in paths:
-        rows, linenos = _parse_jsonl(path)
-        for row, n in zip(rows, linenos):
-            where = f"{path}:{n}"
-            if not isinstance(row, dict):
-                raise InputError(where, "each line must be a JSON object")
-            ids = _hash_ids(row, "hash_ids", where)
-            cap = len(ids) * block_size
-            inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
-            inp = cap if inp is None else min(inp, cap)
-            out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
-            ts = _num_field(row, ("timestamp", "created_time"), where)
-            session = row.get("session_id")
-            delay = _num_field(row, ("delay", "delay_ms"), where)
-            first_turn = session is None or session not in sessions_seen
-            if session is not None:
-                sessions_seen.add(session)
-            if need_timestamps and first_turn and ts is None:
-                raise InputError(where, "field 'timestamp' is required on a request's (or session's first) row "
-                                        "for traffic.load.type trace_timestamps")
-            if delay is not None and delay > 0 and first_turn:
-                raise InputError(where, "field 'delay' is only allowed on later turns of a session")
-            b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
+    for row, where in _rows(paths):
+        ids = _hash_ids(row, "hash_ids", where)
+        cap = len(ids) * block_size
+        inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
+        inp = cap if inp is None else min(inp, cap)
+        out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
+        ts = _num_field(row, ("timestamp", "created_time"), where)
+        session = row.get("session_id")
+        delay = _num_field(row, ("delay", "delay_ms"), where)
+        first_turn = session is None or session not in sessions_seen
+        if session is not None:
+            sessions_seen.add(session)
+        if need_timestamps and first_turn and ts is None:
+            raise InputError(where, "field 'timestamp' is required on a request's (or session's first) row "
+                                    "for traffic.load.type trace_timestamps")
+        if delay is not None and delay > 0 and first_turn:
+            raise InputError(where, "field 'delay' is only allowed on later turns of a session")
+        b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
     if not b.inputs:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no requests")
     return b.build(block_size, f"mooncake:{','.join(p.name for p in paths)}")
@@ -239,53 +245,48 @@ def read_dynamo(paths: list[Path]) -> Workload:
     block: int | None = None
     seen: dict[str, str] = {}
     order = 0
-    for path in paths:
-        rows, linenos = _parse_jsonl(path)
-        for row, n in zip(rows, linenos):
-            where = f"{path}:{n}"
-            if not isinstance(row, dict):
-                raise InputError(where, "each line must be a JSON object")
-            if row.get("schema") != DYNAMO_SCHEMA:
-                raise InputError(where, f"field 'schema' must be {DYNAMO_SCHEMA!r}, got {row.get('schema')!r}")
-            if row.get("event_type") != "request_end":
-                continue
-            if row.get("agent_context") is not None:
-                raise NotSupportedError(where, "agentic dynamo traces (agent_context) are not supported yet; "
-                                                "drop agent_context rows or use a non-agentic trace")
-            req = row.get("request")
-            if not isinstance(req, dict):
-                raise InputError(where, "missing object field 'request'")
-            rid = req.get("request_id")
-            if rid is None:
-                raise InputError(where, "missing field 'request.request_id'")
-            rid = str(rid)
-            if rid in seen:
-                raise InputError(where, f"duplicate request_id {rid!r} (first at {seen[rid]})")
-            seen[rid] = where
-            replay = req.get("replay")
-            if not isinstance(replay, dict):
-                raise InputError(where, "missing object field 'request.replay'")
-            bs = _int_field(replay, ("trace_block_size",), where + " request.replay", required=True, minimum=1)
-            if block is None:
-                block = bs
-            elif bs != block:
-                raise InputError(where, f"field 'request.replay.trace_block_size' is {bs} but earlier records use "
-                                        f"{block}; all records must share one block size")
-            ids = _hash_ids(replay, "input_sequence_hashes", where + " request.replay")
-            inp = _int_field(replay, ("input_length",), where + " request.replay", required=False)
-            cap = len(ids) * bs
-            inp = cap if inp is None else min(inp, cap)
-            out = _int_field(req, ("output_tokens",), where + " request", required=True)
-            start = _num_field(req, ("request_received_ms",), where)
-            if start is None:
-                end = _num_field(row, ("event_time_unix_ms",), where)
-                total = _num_field(req, ("total_time_ms",), where)
-                if end is None or total is None:
-                    raise InputError(where, "need 'request.request_received_ms', or 'event_time_unix_ms' and "
-                                            "'request.total_time_ms', to place the request in time")
-                start = end - total
-            recs.append((start, order, ids, inp, out, rid))
-            order += 1
+    for row, where in _rows(paths):
+        if row.get("schema") != DYNAMO_SCHEMA:
+            raise InputError(where, f"field 'schema' must be {DYNAMO_SCHEMA!r}, got {row.get('schema')!r}")
+        if row.get("event_type") != "request_end":
+            continue
+        if row.get("agent_context") is not None:
+            raise NotSupportedError(where, "agentic dynamo traces (agent_context) are not supported yet; "
+                                            "drop agent_context rows or use a non-agentic trace")
+        req = row.get("request")
+        if not isinstance(req, dict):
+            raise InputError(where, "missing object field 'request'")
+        rid = req.get("request_id")
+        if rid is None:
+            raise InputError(where, "missing field 'request.request_id'")
+        rid = str(rid)
+        if rid in seen:
+            raise InputError(where, f"duplicate request_id {rid!r} (first at {seen[rid]})")
+        seen[rid] = where
+        replay = req.get("replay")
+        if not isinstance(replay, dict):
+            raise InputError(where, "missing object field 'request.replay'")
+        bs = _int_field(replay, ("trace_block_size",), where + " request.replay", required=True, minimum=1)
+        if block is None:
+            block = bs
+        elif bs != block:
+            raise InputError(where, f"field 'request.replay.trace_block_size' is {bs} but earlier records use "
+                                    f"{block}; all records must share one block size")
+        ids = _hash_ids(replay, "input_sequence_hashes", where + " request.replay")
+        inp = _int_field(replay, ("input_length",), where + " request.replay", required=False)
+        cap = len(ids) * bs
+        inp = cap if inp is None else min(inp, cap)
+        out = _int_field(req, ("output_tokens",), where + " request", required=True)
+        start = _num_field(req, ("request_received_ms",), where)
+        if start is None:
+            end = _num_field(row, ("event_time_unix_ms",), where)
+            total = _num_field(req, ("total_time_ms",), where)
+            if end is None or total is None:
+                raise InputError(where, "need 'request.request_received_ms', or 'event_time_unix_ms' and "
+                                        "'request.total_time_ms', to place the request in time")
+            start = end - total
+        recs.append((start, order, ids, inp, out, rid))
+        order += 1
     if not recs:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no request_end records")
     recs.sort(key=lambda r: (r[0], r[1]))
