@@ -48,7 +48,13 @@ def _build_parser() -> argparse.ArgumentParser:
 def _predict(args) -> int:
     from simulator.config.loading import load_config
     from simulator.errors import InitTimeoutError, InputError
-    from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, prepare_output_dir
+    from simulator.metrics.output import (
+        atomic_write_lines,
+        atomic_write_text,
+        canonical_json,
+        prepare_output_dir,
+        write_resource_runtime,
+    )
     from simulator.metrics.table import render_table
     from simulator.replay import plan_from_config, run_plan
     from simulator.runtime.resources import ResourceGuard, apply_cpu_limit, memory_limit_bytes, peak_rss_bytes
@@ -70,14 +76,15 @@ def _predict(args) -> int:
         report = run_plan(plan, guard)
     except Exception as exc:
         if out_dir is not None and getattr(exc, "exit_code", 1) == 3:
-            _write_runtime(out_dir, "resource_limited", str(exc), 3, guard, atomic_write_text, canonical_json)
+            write_resource_runtime(out_dir, "resource_limited", str(exc), 3, guard.limit_bytes, guard.peak_observed,
+                                   time.perf_counter() - _T0)
         raise
     if out_dir is not None:
         atomic_write_text(out_dir / "prediction.json", canonical_json(report.to_dict()) + "\n")
         if report.per_request is not None:
             atomic_write_lines(out_dir / "requests.jsonl", report.per_request)
-        guard.peak_observed = max(guard.peak_observed, peak_rss_bytes())
-        _write_runtime(out_dir, "completed", None, 0, guard, atomic_write_text, canonical_json)
+        write_resource_runtime(out_dir, "completed", None, 0, guard.limit_bytes,
+                               max(guard.peak_observed, peak_rss_bytes()), time.perf_counter() - _T0)
     if args.format == "json":
         print(canonical_json(report.summary, indent=None))
     else:
@@ -85,20 +92,6 @@ def _predict(args) -> int:
         if out_dir is not None:
             print(f"Saved full report to: {out_dir / 'prediction.json'}")
     return 0
-
-
-def _write_runtime(out_dir, status, reason, code, guard, write, dump) -> None:
-    doc = {
-        "schema_version": "1.0",
-        "status": status,
-        "reason": reason,
-        "exit_code": code,
-        "budget": {"memory_limit_bytes": guard.limit_bytes},
-        "peak_observed_rss_bytes": guard.peak_observed,
-        "wall_seconds": time.perf_counter() - _T0,
-        "termination_complete": True,
-    }
-    write(out_dir / "resource-runtime.json", dump(doc) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,7 +71,6 @@ class Coordinator:
     def _make_request(self, index: int, now_ms: float) -> Request:
         w = self.workload
         return Request(
-            rid=index,
             index=index,
             source=self.hash_store,
             arrival_ms=now_ms,
@@ -122,11 +121,8 @@ class Coordinator:
             if end is not None:
                 self._versions[wid] += 1
                 heapq.heappush(heap, (end, PH_PASS_END, wid, self._versions[wid]))
-            for rank in worker.ranks:
-                if rank.rejected:
-                    rejected, rank.rejected = rank.rejected, []
-                    for req in rejected:
-                        self._terminal(req, now_ms)
+            for req in worker.take_rejected():
+                self._terminal(req, now_ms)
 
     # -- main loop ------------------------------------------------------------------
     def run(self) -> CoordinatorStats:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import ValidationError
 
 from simulator.catalog.hardware import get_hardware
@@ -98,13 +97,9 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
                         resource_guard=resource_guard)
     stats = coord.run()
 
-    summary_probe = np.frombuffer(log.terminal, dtype=np.float64) if len(log) else np.zeros(0)
-    status = np.frombuffer(log.status, dtype=np.int8) if len(log) else np.zeros(0, dtype=np.int8)
-    done = status == 0
-    duration_s = (float(summary_probe[done].max()) if done.any() else 0.0) / 1000.0
     for pool in plan.pools:
         role = "prefill" if pool.role == "prefill" else "decode"
-        accounting.append(PoolAccounting(role, pool.replicas * duration_s, pool.args.gpus_per_worker))
+        accounting.append(PoolAccounting(role, pool.args.gpus_per_worker, replicas=pool.replicas))
     ranks = [r for wk in workers for r in wk.ranks]
     counters = RunCounters(
         committed_prefill_tokens=sum(r.committed_prefill_tokens for r in ranks),

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-# terminal_status values
+# lifecycle states
 WAITING = 0
 RUNNING = 1
 COMPLETED = 2
 REJECTED = 3
-INCOMPLETE = 4
-
-STATUS_NAMES = {
-    WAITING: "incomplete",
-    RUNNING: "incomplete",
-    COMPLETED: "completed",
-    REJECTED: "rejected",
-    INCOMPLETE: "incomplete",
-}
 
 
 class HashSource(Protocol):
@@ -36,7 +27,6 @@ class Request:
     """A request as the engine, router and metrics see it (plain mutable record)."""
 
     __slots__ = (
-        "rid",
         "index",
         "source",
         "arrival_ms",
@@ -65,14 +55,10 @@ class Request:
         "terminal_ms",
         # cache / admissions
         "admissions",
-        "committed_prefill",
-        "output_block_ids",
-        "gaps",
     )
 
     def __init__(
         self,
-        rid: int,
         index: int,
         source: HashSource,
         arrival_ms: float,
@@ -81,8 +67,7 @@ class Request:
         session_id: str | None = None,
         turn_index: int = 0,
     ) -> None:
-        self.rid = rid
-        self.index = index
+        self.index = index  # stable id: ties at equal times break by it
         self.source = source
         self.arrival_ms = arrival_ms
         self.prompt_len = prompt_len
@@ -108,10 +93,6 @@ class Request:
         self.terminal_ms: float | None = None
         # (at_ms, reused_tokens) per admission, first one first
         self.admissions: list[tuple[float, int]] = []
-        self.committed_prefill = 0
-        self.output_block_ids = None
-        # individual token gaps not covered by a pass-level pooled gap (preemption resumes)
-        self.gaps: list[float] | None = None
 
     @property
     def num_known(self) -> int:
@@ -126,6 +107,6 @@ class Request:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
-            f"Request(rid={self.rid}, prompt={self.prompt_len}, out={self.num_generated}/{self.max_output}, "
+            f"Request(index={self.index}, prompt={self.prompt_len}, out={self.num_generated}/{self.max_output}, "
             f"computed={self.num_computed}, status={self.status})"
         )

@@ -78,7 +78,7 @@ class RankScheduler:
         self.num_generated_tokens = 0
         self.rejected: list[Request] = []
         cl = config.context_length
-        self._context_limit = cl if cl is not None else 1 << 62  # generation stops at this length
+        self.context_limit = cl if cl is not None else 1 << 62  # prompts >= it are rejected; generation stops at it
         self._lifo = config.preemption_mode == "lifo"
 
     # -- queue ------------------------------------------------------------------
@@ -209,7 +209,7 @@ class RankScheduler:
 
     def _never_fits(self, req: Request) -> bool:
         cfg = self.config
-        if req.prompt_len >= self._context_limit:
+        if req.prompt_len >= self.context_limit:
             return True
         if -(-req.prompt_len // cfg.block_size) > cfg.num_gpu_blocks:
             return True
@@ -232,7 +232,7 @@ class RankScheduler:
 
     def finish(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
         """Apply a pass's effects at its end: computed tokens, emitted tokens, completions."""
-        limit = self._context_limit
+        limit = self.context_limit
         pooled = 0
         any_done = False
         prefill_only = self.config.prefill_only
@@ -302,7 +302,7 @@ class RankScheduler:
         n = len(running)
         if not n or cfg.prefill_only or n > cfg.max_batched_tokens:
             return None
-        limit = self._context_limit
+        limit = self.context_limit
         k = max_passes
         kv0 = 0
         c0 = []

@@ -96,6 +96,15 @@ class EngineWorker:
         self.pass_end_ms = end
         return end
 
+    def take_rejected(self) -> list[Request]:
+        """Requests the ranks rejected at admission since the last call (they never run)."""
+        out: list[Request] = []
+        for r in self.ranks:
+            if r.rejected:
+                out.extend(r.rejected)
+                r.rejected = []
+        return out
+
     # -- passes ---------------------------------------------------------------------
     def start(self, now_ms: float) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle."""
@@ -227,7 +236,7 @@ class EngineWorker:
         if completed is not None and b == run.num_passes:
             end = float(ends[b - 1])
             for rank, batch, _, _ in run.ranks:
-                limit = rank._context_limit
+                limit = rank.context_limit
                 done_any = False
                 for req in batch:
                     ng = req.num_generated

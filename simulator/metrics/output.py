@@ -51,6 +51,22 @@ def atomic_write_lines(path: Path, rows) -> None:
     atomic_write_text(path, "".join(canonical_json(r, indent=None) + "\n" for r in rows))
 
 
+def write_resource_runtime(out_dir: Path, status: str, reason: str | None, exit_code: int,
+                           memory_limit_bytes: int | None, peak_rss_bytes: int, wall_seconds: float) -> None:
+    """``resource-runtime.json``: how the run ended against its execution.resources budget."""
+    doc = {
+        "schema_version": "1.0",
+        "status": status,
+        "reason": reason,
+        "exit_code": exit_code,
+        "budget": {"memory_limit_bytes": memory_limit_bytes},
+        "peak_observed_rss_bytes": peak_rss_bytes,
+        "wall_seconds": wall_seconds,
+        "termination_complete": True,
+    }
+    atomic_write_text(Path(out_dir) / "resource-runtime.json", canonical_json(doc) + "\n")
+
+
 def prepare_output_dir(directory: Path, overwrite: bool) -> Path:
     """Create ``directory``; refuse a non-empty one unless ``overwrite`` (which deletes only known outputs)."""
     directory = Path(directory)

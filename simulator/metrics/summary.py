@@ -22,8 +22,9 @@ WALL_TIME_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_
 @dataclass
 class PoolAccounting:
     role: str  # "prefill" or "decode" (aggregated workers are accounted under decode)
-    worker_seconds: float
     gpus_per_worker: int
+    replicas: int = 0  # a static pool: provisioned for the whole duration
+    worker_seconds: float | None = None  # or measured (the integral of provisioned workers)
 
 
 @dataclass
@@ -103,15 +104,16 @@ def summarize(
     s["output_throughput_tok_s"] = rate(total_out)
     s["total_throughput_tok_s"] = rate(total_in + total_out)
 
-    prefill_ws = sum(p.worker_seconds for p in pools if p.role == "prefill")
-    decode_ws = sum(p.worker_seconds for p in pools if p.role == "decode")
+    seconds = [(p, p.worker_seconds if p.worker_seconds is not None else p.replicas * duration_s) for p in pools]
+    prefill_ws = sum(ws for p, ws in seconds if p.role == "prefill")
+    decode_ws = sum(ws for p, ws in seconds if p.role == "decode")
     prefill_g = max((p.gpus_per_worker for p in pools if p.role == "prefill"), default=0)
     decode_g = max((p.gpus_per_worker for p in pools if p.role == "decode"), default=0)
     s["prefill_worker_seconds"] = prefill_ws
     s["decode_worker_seconds"] = decode_ws
     s["prefill_gpus_per_worker"] = prefill_g
     s["decode_gpus_per_worker"] = decode_g
-    s["gpu_hours"] = sum(p.worker_seconds * p.gpus_per_worker for p in pools) / 3600.0
+    s["gpu_hours"] = sum(ws * p.gpus_per_worker for p, ws in seconds) / 3600.0
 
     # per-request latencies
     has_first = done & ~np.isnan(first)

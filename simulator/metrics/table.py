@@ -21,6 +21,8 @@ _STAT_OF = {"avg": "mean", "min": "min", "max": "max", "p99": "p99", "p90": "p90
 def _fmt(v) -> str:
     if v is None:
         return "N/A"
+    if isinstance(v, int):
+        return f"{v:,}"
     return f"{v:,.2f}"
 
 
