@@ -64,7 +64,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=29249, help="KV blocks per worker (default: %(default)s)")
-    ap.add_argument("--timing", default="polynomial", choices=("polynomial", "roofline"))
+    ap.add_argument("--timing", default="polynomial", choices=("polynomial", "default", "roofline"),
+                    help="default = measured kernel data; its first run builds the timing tables (cold), "
+                         "later runs load them from the cache (warm)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
     if not args.trace.is_file():
@@ -89,6 +91,7 @@ def main() -> int:
             print(f"run {i + 1}: wall {r['wall_s']:.2f} s  {s['num_requests'] / r['wall_s']:,.0f} requests/s  "
                   f"peak RSS {r['peak_rss_mb']:.0f} MB  (replay {s['wall_time_ms'] / 1000:.2f} s)")
     walls = [r["wall_s"] for r in runs]
+    warm = walls[1:] if args.timing == "default" and len(walls) > 1 else walls
     s = runs[0]["summary"]
     result = {
         "scenario": f"conversation trace, {args.workers} aggregated workers, {args.timing}, block 64, "
@@ -97,8 +100,9 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "requests": s["num_requests"],
         "wall_s_min": min(walls),
-        "wall_s_median": statistics.median(walls),
-        "requests_per_s": s["num_requests"] / statistics.median(walls),
+        "wall_s_median": statistics.median(warm),
+        "wall_s_first_run": walls[0],
+        "requests_per_s": s["num_requests"] / statistics.median(warm),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
         "replay_wall_s_median": statistics.median(r["summary"]["wall_time_ms"] for r in runs) / 1000,
         "mean_ttft_ms": s["mean_ttft_ms"],
@@ -109,8 +113,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        cold = f" (first run, building the timing tables: {walls[0]:.2f} s)" if warm is not walls else ""
         print(f"median wall {result['wall_s_median']:.2f} s, {result['requests_per_s']:,.0f} requests/s, "
-              f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['machine']})")
+              f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['machine']}){cold}")
     return 0
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from simulator.catalog.hardware import get_hardware
-from simulator.catalog.models import load_geometry
+from simulator.catalog.kv_capacity import DEFAULT_MEMORY_FRACTION, default_capacity, kv_bytes_per_token
+from simulator.catalog.models import load_geometry, resolve_model
 from simulator.config import models as m
 from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from simulator.config.loading import format_validation_error
@@ -54,6 +55,7 @@ class PoolPlan:
     role: str  # aggregated | prefill | decode
     replicas: int
     args: EngineArgs
+    kv_sizing: dict | None = None  # how num_gpu_blocks was resolved (reported in provenance)
 
 
 @dataclass
@@ -89,6 +91,10 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             "context_length": a.max_model_len,
             "backend": a.engine_type,
             "backend_version": a.backend_version,
+            "model": a.model,
+            "model_source": resolve_model(a.model).origin if a.model else None,
+            "hardware": a.hardware,
+            "kv_sizing": pool.kv_sizing,
         }
     router = build_router(plan.router_policy)
     pool_name = "agg" if plan.pools[0].role == "aggregated" else plan.pools[0].role
@@ -134,21 +140,38 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
                      fast_forward: bool = True) -> ReplayPlan:
     check_supported(cfg)
     e = cfg.engine
-    get_hardware(e.hardware)
     geometry = load_geometry(e.model)
     context = geometry.max_position_embeddings if e.context_length == "max" else int(e.context_length)
     pools = []
+    sizings: dict[str, dict] = {}
     for role, wk in e.workers.items():
         base = f"engine.workers.{role}"
         par = wk.parallelism
         bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
         if e.backend in ("vllm", "trtllm") and bs < 2:
             raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
-        bpt = geometry.kv_bytes_per_token(par.tensor) if wk.kv_cache.bytes_per_token == "auto" else wk.kv_cache.bytes_per_token
+        hardware = get_hardware(wk.hardware or e.hardware, f"{base}.hardware" if wk.hardware else "engine.hardware")
+        auto_bpt = kv_bytes_per_token(geometry, par.tensor, par.pipeline)
+        bpt = auto_bpt if wk.kv_cache.bytes_per_token == "auto" else wk.kv_cache.bytes_per_token
         cap = wk.kv_cache.capacity
-        blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
-        if blocks <= 0:
-            raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token")
+        if cap.type == "default":
+            fraction = cap.memory_fraction if cap.memory_fraction is not None else DEFAULT_MEMORY_FRACTION[e.backend]
+            sizing = default_capacity(
+                geometry, hardware, block_size=bs, max_batched_tokens=wk.scheduler.max_batched_tokens,
+                memory_fraction=fraction, tensor=par.tensor, pipeline=par.pipeline, attention_data=par.attention_data,
+                moe_tensor=par.moe_tensor, moe_expert=par.moe_expert,
+                cuda_graph_reserved_bytes=cap.cuda_graph_reserved_bytes, bytes_per_token=bpt)
+            blocks = sizing.blocks
+            if blocks <= 0:
+                raise InputError(f"{base}.kv_cache.capacity", f"{e.model} leaves no KV memory on {hardware.name} "
+                                 f"(weights {sizing.weights_bytes / 1e9:.1f} GB per GPU); raise parallelism.tensor, "
+                                 "memory_fraction, or pick a larger GPU")
+            sizings[role] = {"type": "default", "memory_fraction": fraction, **sizing.as_dict()}
+        else:
+            blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
+            if blocks <= 0:
+                raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token")
+            sizings[role] = {"type": "fixed", "blocks_per_rank": blocks, "bytes_per_token": bpt}
         t = wk.timing
         timing = TimingModelArgs(type=t.type, prefill_ms=t.prefill_ms, decode_ms=t.decode_ms,
                                  compute_efficiency=t.compute_efficiency, memory_efficiency=t.memory_efficiency,
@@ -158,7 +181,7 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
             engine_type=e.backend,
             backend_version=e.backend_version,
             model=e.model,
-            hardware=wk.hardware or e.hardware,
+            hardware=hardware.name,
             max_num_batched_tokens=wk.scheduler.max_batched_tokens,
             max_num_seqs=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
             block_size=bs,
@@ -171,11 +194,13 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
             pipeline_parallel_size=par.pipeline,
             prefill_context_parallel_size=par.prefill_context,
             dp_size=par.attention_data,
+            moe_tensor_parallel_size=par.moe_tensor,
+            moe_expert_parallel_size=par.moe_expert,
             timing_model=timing,
             kv_cache_bytes_per_token=bpt,
             prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
         )
-        pools.append(PoolPlan(role, par.replicas, args))
+        pools.append(PoolPlan(role, par.replicas, args, sizings[role]))
     traffic = build_traffic(cfg.traffic, config_dir)
     return ReplayPlan(traffic, pools, cfg.router.policy, cfg.evaluation.sla, capture_per_request, fast_forward)
 

@@ -27,6 +27,7 @@ class ModelGeometry:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     tie_word_embeddings: bool = False
+    mla_kv_dim: int = 0  # multi-head latent attention: kv_lora_rank + qk_rope_head_dim (0 = regular KV)
 
     @property
     def attention_params_per_layer(self) -> int:
@@ -55,7 +56,20 @@ class ModelGeometry:
 
     @property
     def embedding_params(self) -> int:
+        """Input embedding + LM head (one matrix when tied)."""
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """Routed-expert parameters of one layer (0 for a dense model)."""
+        if not self.num_experts:
+            return 0
+        return 3 * self.hidden_size * self.moe_intermediate_size * self.num_experts
+
+    @property
+    def embedding_bytes_per_param(self) -> float:
+        """Quantized checkpoints keep embeddings and the LM head in 16-bit."""
+        return max(self.weight_bytes, 2.0)
 
     @property
     def total_params(self) -> int:
@@ -67,7 +81,14 @@ class ModelGeometry:
         return self.num_layers * (self.attention_params_per_layer + self.active_mlp_params_per_layer)
 
     def kv_bytes_per_token(self, tensor_parallel: int = 1) -> int:
-        """KV bytes per token on one tensor-parallel shard (KV heads are split, never below one)."""
+        """KV bytes per token on one tensor-parallel shard.
+
+        Regular attention: layers x 2 (K and V) x KV heads per shard x head_dim x KV dtype bytes;
+        KV heads split across the shard, never below one (replicated when fewer than shards).
+        MLA: layers x (kv_lora_rank + qk_rope_head_dim) x bytes, the latent replicated per shard.
+        """
+        if self.mla_kv_dim:
+            return int(self.num_layers * self.mla_kv_dim * self.kv_bytes)
         kv_heads = max(1, -(-self.num_kv_heads // max(1, tensor_parallel)))
         return int(self.num_layers * 2 * kv_heads * self.head_dim * self.kv_bytes)
 
@@ -75,7 +96,7 @@ class ModelGeometry:
 @dataclass(frozen=True)
 class HardwareSpec:
     name: str
-    memory_gb: float  # HBM per GPU, GB (1e9 bytes)
+    memory_bytes: int  # HBM per GPU
     bf16_tflops: float  # dense peak
     fp8_tflops: float  # dense peak (== bf16 where the GPU has no FP8 units)
     hbm_tb_per_s: float

@@ -300,8 +300,8 @@ class RankScheduler:
         running = self.running
         cfg = self.config
         n = len(running)
-        if not n or cfg.prefill_only or n > cfg.max_batched_tokens:
-            return None
+        if not n or cfg.prefill_only or n > cfg.max_batched_tokens or not running[-1].prefill_done:
+            return None  # (the newest request is the one most likely still prefilling)
         limit = self.context_limit
         k = max_passes
         kv0 = 0

@@ -16,6 +16,7 @@ path uses it; it must equal calling ``pass_ms`` ``k`` times bit for bit.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,8 +146,9 @@ class RooflineTiming(TimingModel):
 
     FLOPs: 2 x active parameters per token x tokens (new prompt tokens + decode tokens),
     plus causal attention (4 x heads x head_dim per (query, key) pair per layer) and the LM head
-    for one token per request. Bytes: every weight once per pass (MoE: the experts the batch
-    touches), KV read for the attended context, KV written for new tokens. A worker's
+    for one token per request. Bytes: every weight once per pass (MoE: the expected number of
+    distinct experts T tokens touch, E x (1 - (1 - k/E)^T)), KV read for the attended context,
+    KV written for new tokens. A worker's
     ``tensor`` GPUs split FLOPs and bytes; each layer all-reduces its activations twice.
     FP8 weights use the FP8 peak. See ``RooflineFactors`` for the efficiency factors.
     """
@@ -170,7 +172,9 @@ class RooflineTiming(TimingModel):
         self._attn_flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
         self._kv_bytes_per_token = m.num_layers * 2 * m.num_kv_heads * m.head_dim * m.kv_bytes
         layer_attn = m.attention_params_per_layer
-        self._dense_weight_bytes = (m.num_layers * layer_attn + m.embedding_params / (1 if m.tie_word_embeddings else 2)) * m.weight_bytes
+        # attention weights + the LM head (16-bit) are read every pass; MLP/expert weights per _weight_bytes
+        lm_head = m.vocab_size * m.hidden_size * m.embedding_bytes_per_param
+        self._dense_weight_bytes = m.num_layers * layer_attn * m.weight_bytes + lm_head
         self._mlp_weight_bytes_per_layer = m.mlp_params_per_layer * m.weight_bytes
         if self.tp > 1:
             bw = hardware.interconnect_gb_per_s * 1e6 * f.interconnect_efficiency  # GB/s -> B per ms
@@ -183,8 +187,10 @@ class RooflineTiming(TimingModel):
     def _weight_bytes(self, tokens: int) -> float:
         m = self.model
         if m.num_experts:
-            touched = min(m.num_experts, tokens * m.experts_per_token)
-            frac = (touched + m.num_shared_experts) / (m.num_experts + m.num_shared_experts)
+            # expected distinct experts a layer reads when each token picks k of E at random
+            e, k = m.num_experts, min(m.experts_per_token, m.num_experts)
+            touched = e * (1.0 - (1.0 - k / e) ** tokens)
+            frac = (touched + m.num_shared_experts) / (e + m.num_shared_experts)
             return self._dense_weight_bytes + m.num_layers * self._mlp_weight_bytes_per_layer * frac
         return self._dense_weight_bytes + m.num_layers * self._mlp_weight_bytes_per_layer
 
@@ -230,3 +236,147 @@ def check_duration(ms: float) -> float:
     if not math.isfinite(ms) or ms < 0:
         raise ValueError(f"timing model returned an invalid pass duration {ms!r} ms")
     return ms
+
+
+# -- measured (table-driven) timing ---------------------------------------------------------
+def _bracket(xs: list[float], x: float) -> int:
+    """Index i of the grid segment [xs[i], xs[i+1]] used for x (edge segments extrapolate)."""
+    i = bisect_right(xs, x) - 1
+    if i < 0:
+        return 0
+    n2 = len(xs) - 2
+    return n2 if i > n2 else i
+
+
+def _lerp1(xs: list[float], ys: list[float], x: float) -> float:
+    i = _bracket(xs, x)
+    x0 = xs[i]
+    y0 = ys[i]
+    return y0 + (ys[i + 1] - y0) * ((x - x0) / (xs[i + 1] - x0))
+
+
+def _lerp_vec(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``_lerp1`` over an array, with the same floating-point operations in the same order."""
+    i = np.searchsorted(xs, x, side="right") - 1
+    np.clip(i, 0, len(xs) - 2, out=i)
+    x0 = xs[i]
+    y0 = ys[i]
+    return y0 + (ys[i + 1] - y0) * ((x - x0) / (xs[i + 1] - x0))
+
+
+@dataclass(frozen=True)
+class MeasuredTables:
+    """Per-pass latency components (ms) sampled from measured kernel data.
+
+    A pass of ``T`` new tokens (prompt chunks + one per decoding request) costs
+    ``shared(T)`` (GEMMs, norms, communication: depends on the token count only)
+    + ``prefill_attention(n, mean new tokens, mean cached prefix)`` for its ``n`` prefilling
+    requests + ``decode_attention(b, mean sequence length)`` for its ``b`` decoding ones.
+    """
+
+    tokens: np.ndarray  # grid of T
+    shared_ms: np.ndarray  # shared(T)
+    batch: np.ndarray  # grid of b (decode rows)
+    seq_len: np.ndarray  # grid of the decode attention length
+    decode_attn_ms: np.ndarray  # [len(batch), len(seq_len)]
+    prefill_n: np.ndarray  # grid of prefilling requests
+    prefill_new: np.ndarray  # grid of new tokens per request
+    prefill_prefix: np.ndarray  # grid of cached tokens per request
+    prefill_attn_ms: np.ndarray  # [n, new, prefix]
+
+
+class MeasuredTiming(TimingModel):
+    """Table-driven pass time (``timing.type: default``): piecewise-linear interpolation of
+    measured-data tables (see ``simulator.catalog.measured``); no kernel-data lookups per pass."""
+
+    estimator = "aiconfigurator"
+
+    def __init__(self, tables: MeasuredTables, timing_source: str, data_version: str) -> None:
+        self.tables = tables
+        self.timing_source = timing_source
+        self.data_version = data_version
+        self._tok = tables.tokens.astype(np.float64).tolist()
+        self._shared = tables.shared_ms.tolist()
+        self._batch = tables.batch.astype(np.float64).tolist()
+        self._seq = tables.seq_len.astype(np.float64).tolist()
+        self._seq_arr = tables.seq_len.astype(np.float64)
+        self._dec = [row.tolist() for row in tables.decode_attn_ms]
+        self._dec_arr = tables.decode_attn_ms
+        self._pn = tables.prefill_n.astype(np.float64).tolist()
+        self._pnew = tables.prefill_new.astype(np.float64).tolist()
+        self._ppre = tables.prefill_prefix.astype(np.float64).tolist()
+        self._patt = tables.prefill_attn_ms.tolist()
+
+    # components --------------------------------------------------------------------
+    def shared(self, tokens: int) -> float:
+        return _lerp1(self._tok, self._shared, float(tokens))
+
+    def _rows(self, b: int):
+        """Bracketing decode rows for batch b and the weight of the upper one (None if exact)."""
+        i = _bracket(self._batch, float(b))
+        b0 = self._batch[i]
+        if b0 == b:
+            return i, None
+        return i, (b - b0) / (self._batch[i + 1] - b0)
+
+    def decode_attention(self, b: int, seq_len: float) -> float:
+        i, w = self._rows(b)
+        d0 = _lerp1(self._seq, self._dec[i], seq_len)
+        if w is None:
+            return d0
+        d1 = _lerp1(self._seq, self._dec[i + 1], seq_len)
+        return d0 + (d1 - d0) * w
+
+    def prefill_attention(self, n: int, new: float, prefix: float) -> float:
+        pn, pnew, ppre, t = self._pn, self._pnew, self._ppre, self._patt
+        i = _bracket(pn, float(n))
+        j = _bracket(pnew, new)
+        k = _bracket(ppre, prefix)
+        wi = (n - pn[i]) / (pn[i + 1] - pn[i])
+        wj = (new - pnew[j]) / (pnew[j + 1] - pnew[j])
+        wk = (prefix - ppre[k]) / (ppre[k + 1] - ppre[k])
+
+        def plane(a):
+            r0 = t[a][j]
+            r1 = t[a][j + 1]
+            c0 = r0[k] + (r0[k + 1] - r0[k]) * wk
+            c1 = r1[k] + (r1[k + 1] - r1[k]) * wk
+            return c0 + (c1 - c0) * wj
+
+        p0 = plane(i)
+        return p0 + (plane(i + 1) - p0) * wi
+
+    # TimingModel ------------------------------------------------------------------
+    def prefill_ms(self, shape: PassShape) -> float:
+        n = shape.num_prefill
+        return self.shared(shape.prefill_new_tokens) + self.prefill_attention(
+            n, shape.prefill_new_tokens / n, shape.prefill_sum_prefix / n)
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        return self.shared(num_decode) + self.decode_attention(num_decode, decode_kv_tokens / num_decode)
+
+    def pass_ms(self, shape: PassShape) -> float:
+        nd = shape.num_decode
+        new = shape.prefill_new_tokens
+        if nd and not new:
+            return self.decode_ms(nd, shape.decode_kv_tokens, shape.total_kv_tokens)
+        if not nd and not new:
+            return 0.0
+        t = self.shared(new + nd)
+        if new:
+            n = shape.num_prefill
+            t = t + self.prefill_attention(n, new / n, shape.prefill_sum_prefix / n)
+        if nd:
+            t = t + self.decode_attention(nd, shape.decode_kv_tokens / nd)
+        return t
+
+    def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
+        b = num_decode
+        seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.float64)[:num_passes]
+        seq /= b
+        i, w = self._rows(b)
+        d = _lerp_vec(self._seq_arr, self._dec_arr[i], seq)
+        if w is not None:
+            d1 = _lerp_vec(self._seq_arr, self._dec_arr[i + 1], seq)
+            d = d + (d1 - d) * w
+        return self.shared(b) + d

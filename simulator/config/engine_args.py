@@ -49,6 +49,8 @@ class EngineArgs(Strict):
     pipeline_parallel_size: PosInt = 1
     prefill_context_parallel_size: PosInt = 1
     dp_size: PosInt = 1
+    moe_tensor_parallel_size: PosInt = 1
+    moe_expert_parallel_size: PosInt = 1
     timing_model: TimingModelArgs = TimingModelArgs()
     kv_cache_bytes_per_token: PosInt | None = None
     preemption_mode: Literal["lifo", "fifo"] = "lifo"

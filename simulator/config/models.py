@@ -171,6 +171,8 @@ class Capacity(Strict):
         if self.type == "fixed":
             if (self.blocks is None) == (self.bytes is None):
                 raise ValueError("type fixed needs exactly one of blocks or bytes")
+            if self.memory_fraction is not None or self.cuda_graph_reserved_bytes:
+                raise ValueError("memory_fraction and cuda_graph_reserved_bytes are only allowed with type default")
         elif self.blocks is not None or self.bytes is not None:
             raise ValueError("blocks and bytes are only allowed with type fixed")
         return self

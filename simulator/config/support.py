@@ -30,25 +30,8 @@ def check_supported(cfg: m.PredictConfig) -> None:
             raise _no(base, "the encoder role", "remove workers.encoder")
         if w.kv_cache.host_offload is not None:
             raise _no(f"{base}.kv_cache.host_offload", "host (G2) KV offload", "remove kv_cache.host_offload")
-        if w.timing.type == "default":
-            raise _no(
-                f"{base}.timing.type",
-                "timing.type default (measured kernel data)",
-                "set timing.type to polynomial, fixed (prefill_ms/decode_ms) or roofline",
-            )
         if w.timing.forward_model != "op_level":
             raise _no(f"{base}.timing.forward_model", "forward_model fpm", "remove timing.forward_model")
-        cap = w.kv_cache.capacity
-        if cap.type == "default":
-            raise _no(
-                f"{base}.kv_cache.capacity.type",
-                "capacity type default (memory estimate)",
-                "set kv_cache.capacity: {type: fixed, blocks: N} (blocks per rank) or {type: fixed, bytes: N}",
-            )
-        if cap.memory_fraction is not None or cap.cuda_graph_reserved_bytes:
-            raise NotSupportedError(
-                f"{base}.kv_cache.capacity", "memory_fraction and cuda_graph_reserved_bytes apply only to capacity type default"
-            )
         if w.scheduler.prefill_decode_interval:
             raise NotSupportedError(f"{base}.scheduler.prefill_decode_interval", "prefill_decode_interval is SGLang-only; "
                                                                                  "remove it with backend vllm")

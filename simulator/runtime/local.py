@@ -11,7 +11,8 @@ from actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, Roofl
 from actors.engine.worker import EngineWorker
 from actors.router.policies import RoundRobinRouter
 from simulator.catalog.hardware import get_hardware
-from simulator.catalog.models import load_geometry
+from simulator.catalog.measured import measured_timing
+from simulator.catalog.models import load_geometry, resolve_model
 from simulator.config.engine_args import EngineArgs
 from simulator.errors import InputError, NotSupportedError
 
@@ -57,8 +58,13 @@ def build_timing(args: EngineArgs, field: str = "timing_model") -> TimingModel:
         )
         model = RooflineTiming(load_geometry(args.model), get_hardware(args.hardware), args.tensor_parallel_size, factors)
     else:
-        raise NotSupportedError(field, "timing type default (measured kernel data) is not supported yet; "
-                                       "use polynomial, fixed or roofline")
+        if not args.model or not args.hardware:
+            raise InputError(field, "timing type default needs the model and hardware (engine.model, engine.hardware)")
+        model = measured_timing(
+            resolve_model(args.model), args.hardware, args.engine_type, args.backend_version,
+            tensor=args.tensor_parallel_size, pipeline=args.pipeline_parallel_size, attention_data=args.dp_size,
+            moe_tensor=args.moe_tensor_parallel_size, moe_expert=args.moe_expert_parallel_size, field=field,
+        )
     if args.speedup_ratio != 1.0 or args.decode_speedup_ratio != 1.0:
         model = ScaledTiming(model, args.speedup_ratio, args.decode_speedup_ratio)
     return model

@@ -22,6 +22,9 @@ CASES = {
     "closed loop": dict(extra_engine_args={"num_gpu_blocks": 3000, "max_num_seqs": 6}, replay_concurrency=12),
     "roofline": dict(extra_engine_args={"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h100_sxm",
                                         "timing_model": {"type": "roofline"}, "num_gpu_blocks": 4000}, num_workers=2),
+    "measured (default) timing": dict(extra_engine_args={"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h200_sxm",
+                                                         "timing_model": {"type": "default"}, "num_gpu_blocks": 3000},
+                                      num_workers=2),
 }
 
 
@@ -33,6 +36,8 @@ def trace(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_fast_forward_equals_stepping(trace, name):
+    if "default" in name:
+        pytest.importorskip("aiconfigurator_core")
     kw = dict(CASES[name], capture_per_request=True, sla_ttft_ms=2000, sla_itl_ms=40)
     fast = run_trace_replay(str(trace), fast_forward=True, **kw)
     step = run_trace_replay(str(trace), fast_forward=False, **kw)

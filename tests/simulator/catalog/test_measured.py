@@ -1,0 +1,90 @@
+"""timing.type default: measured kernel data (aiconfigurator-core) as interpolated tables."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from actors.engine.timing import PassShape
+from simulator.catalog.models import resolve_model
+from simulator.errors import NotSupportedError
+
+aic = pytest.importorskip("aiconfigurator_core")
+from simulator.catalog.measured import measured_timing  # noqa: E402
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", None)
+
+
+def prefill(n, new, prefix=0):
+    return PassShape(num_prefill=n, prefill_new_tokens=n * new, prefill_sum_isl=n * (new + prefix), prefill_sum_prefix=n * prefix)
+
+
+def test_monotonic_in_batch_size_and_prompt_length(llama):
+    pre = [llama.pass_ms(prefill(1, t)) for t in (64, 256, 1024, 4096, 8192)]
+    assert pre == sorted(pre) and len(set(pre)) == len(pre)
+    dec = [llama.decode_ms(b, b * 3000, 10**7) for b in (1, 4, 16, 64, 256)]
+    assert dec == sorted(dec)
+    ctx = [llama.decode_ms(32, 32 * c, 10**7) for c in (500, 2000, 8000, 32000)]
+    assert ctx == sorted(ctx)
+    assert llama.pass_ms(prefill(1, 2048, 6000)) > llama.pass_ms(prefill(1, 2048))  # attention over the cached prefix
+
+
+def test_plausible_range_for_llama_8b_on_h200(llama):
+    assert 3.0 < llama.decode_ms(1, 2000, 10**7) < 8.0  # weight-bound step of a 16 GB model
+    assert 15.0 < llama.decode_ms(256, 256 * 2000, 10**7) < 40.0
+    assert 30.0 < llama.pass_ms(prefill(1, 2048)) < 80.0
+    assert 120.0 < llama.pass_ms(prefill(1, 8192)) < 300.0
+    assert llama.describe()["data_version"].startswith("h200_sxm/vllm/")
+    assert llama.describe()["estimator"] == "aiconfigurator"
+
+
+def test_interpolation_stays_close_to_direct_library_calls(llama):
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    eng = EngineHandle.compile(_model_dir(), "h200_sxm", "vllm", backend_version="current", tp_size=1)
+    rnd = random.Random(1)
+    for _ in range(40):
+        b, ctx = rnd.randint(1, 256), rnd.randint(100, 60_000)
+        direct = eng.mixed_step_breakdown(0, b, ctx - 1, 1, 0)[0]
+        assert llama.decode_ms(b, b * ctx, 10**7) == pytest.approx(direct, rel=0.04)
+        new, pre = rnd.randint(16, 8000), rnd.choice([0, rnd.randint(1, 30_000)])
+        direct = eng.mixed_step_breakdown(new + pre, 0, new + pre, 1, pre)[0]
+        assert llama.pass_ms(prefill(1, new, pre)) == pytest.approx(direct, rel=0.06)
+
+
+def _model_dir():
+    from simulator.catalog.models import BUNDLED_DIR
+
+    return str(BUNDLED_DIR / "meta-llama__Llama-3.1-8B-Instruct")
+
+
+def test_decode_run_equals_stepping(llama):
+    for b, kv0 in ((1, 1999), (7, 7 * 1500 + 3), (64, 64 * 800), (100, 123_457)):
+        run = llama.decode_run_ms(b, kv0, 10**7, 300)
+        step = [llama.pass_ms(PassShape(num_decode=b, decode_kv_tokens=kv0 + j * b, total_kv_tokens=10**7)) for j in range(300)]
+        assert run.tolist() == step
+
+
+def test_tables_are_cached_on_disk_and_identical(llama):
+    t = time.perf_counter()
+    again = measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", None)
+    assert time.perf_counter() - t < 0.5
+    for name in ("shared_ms", "decode_attn_ms", "prefill_attn_ms"):
+        assert np.array_equal(getattr(again.tables, name), getattr(llama.tables, name))
+
+
+def test_unsupported_combination_fails_clearly_and_suggests_roofline():
+    with pytest.raises(NotSupportedError) as info:
+        measured_timing(resolve_model("Qwen/Qwen3-32B-FP8"), "a100_sxm", "vllm", None)  # no FP8 units on A100
+    msg = str(info.value)
+    assert "no measured timing data for Qwen/Qwen3-32B-FP8 on a100_sxm" in msg and "roofline" in msg and "\n" not in msg
+    with pytest.raises(NotSupportedError, match="roofline"):
+        measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", "0.1.0")
