@@ -101,11 +101,19 @@ def measured_timing(
     what = (f"{src.model_id} on {hardware} with {backend} {alias} (tensor {tensor}, pipeline {pipeline}, "
             f"attention_data {attention_data}, moe_tensor {moe_tensor}, moe_expert {moe_expert})")
     try:
-        from aiconfigurator_core.sdk.perf_database import resolve_query_version
+        from aiconfigurator_core.sdk.perf_database import get_supported_databases, resolve_query_version
 
-        data_version = str(resolve_query_version(hardware, backend, alias))
-    except Exception as exc:  # noqa: BLE001 - any failure here means no data for this system/backend
+        versions = list(get_supported_databases().get(hardware, {}).get(backend, []))
+    except Exception as exc:  # noqa: BLE001 - the data catalogue itself is unreadable
         raise _unsupported(field, what, exc) from None
+    if not versions:
+        raise NotSupportedError(field, f"no measured timing data for {backend} on {hardware}; "
+                                       "use timing.type: roofline (or polynomial)")
+    try:
+        data_version = str(resolve_query_version(hardware, backend, alias))
+    except Exception:  # noqa: BLE001 - an unknown version or alias
+        raise InputError("engine.backend_version", f"no measured data for {backend} {alias!r} on {hardware}; "
+                                                   f"use current, next or one of {', '.join(versions)}") from None
     key_doc = {
         "grid": GRID_VERSION, "aiconfigurator_core": pkg, "data_version": data_version, "hardware": hardware,
         "backend": backend, "config": src.config, "quant": src.quant_config,

@@ -87,4 +87,14 @@ def test_unsupported_combination_fails_clearly_and_suggests_roofline():
     msg = str(info.value)
     assert "no measured timing data for Qwen/Qwen3-32B-FP8 on a100_sxm" in msg and "roofline" in msg and "\n" not in msg
     with pytest.raises(NotSupportedError, match="roofline"):
+        measured_timing(resolve_model(LLAMA), "l4", "vllm", None)  # aiconfigurator ships no L4 data
+
+
+def test_unknown_backend_version_lists_the_available_ones():
+    from simulator.errors import InputError
+
+    with pytest.raises(InputError) as info:
         measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", "0.1.0")
+    assert info.value.where == "engine.backend_version" and "0.24.0" in str(info.value)
+    assert measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", "next").describe()["data_version"] != \
+        measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", "current").describe()["data_version"]
