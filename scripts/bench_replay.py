@@ -32,17 +32,35 @@ traffic:
   source: {{type: trace, format: mooncake, paths: [{trace}], block_size: 512}}
   load: {{type: trace_timestamps}}
 engine:
-  mode: aggregated
+  mode: {mode}
   model: meta-llama/Llama-3.1-8B-Instruct
   hardware: h200_sxm
-  workers:
-    aggregated:
-      parallelism: {{replicas: {workers}}}
-      scheduler: {{max_batched_tokens: 8192, max_sequences: 256}}
+{transfer}  workers:
+{workers}
+router: {{policy: {router}}}
+"""
+
+ROLE = """    {role}:
+      parallelism: {{replicas: {replicas}}}
+      scheduler: {{max_batched_tokens: 8192, max_sequences: {seqs}}}
       kv_cache: {{block_size: 64, capacity: {{type: fixed, blocks: {blocks}}}}}
       timing: {{type: {timing}}}
-router: {{policy: round_robin}}
 """
+
+
+def render_config(args) -> str:
+    common = dict(blocks=args.blocks, timing=args.timing)
+    if args.disaggregated:
+        p, d = args.disaggregated
+        workers = ROLE.format(role="prefill", replicas=p, seqs=1, **common) + ROLE.format(
+            role="decode", replicas=d, seqs=256, **common)
+        transfer = f"  kv_transfer: {{bandwidth_gb_per_second: {args.transfer_gb_s}}}\n"
+        mode = "disaggregated"
+    else:
+        workers = ROLE.format(role="aggregated", replicas=args.workers, seqs=256, **common)
+        transfer, mode = "", "aggregated"
+    return CONFIG.format(trace=json.dumps(str(args.trace.resolve())), mode=mode, transfer=transfer,
+                         workers=workers.rstrip("\n"), router=args.router)
 
 
 def run_once(config: Path, env: dict) -> dict:
@@ -67,6 +85,10 @@ def main() -> int:
     ap.add_argument("--timing", default="polynomial", choices=("polynomial", "default", "roofline"),
                     help="default = measured kernel data; its first run builds the timing tables (cold), "
                          "later runs load them from the cache (warm)")
+    ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
+    ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
+                    help="disaggregated with this many prefill and decode workers (instead of --workers)")
+    ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
     if not args.trace.is_file():
@@ -77,8 +99,7 @@ def main() -> int:
     env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     config = home / "bench.yaml"
-    config.write_text(CONFIG.format(trace=json.dumps(str(args.trace.resolve())), workers=args.workers,
-                                    blocks=args.blocks, timing=args.timing))
+    config.write_text(render_config(args))
 
     runs = []
     for i in range(args.repeat):
@@ -94,8 +115,8 @@ def main() -> int:
     warm = walls[1:] if args.timing == "default" and len(walls) > 1 else walls
     s = runs[0]["summary"]
     result = {
-        "scenario": f"conversation trace, {args.workers} aggregated workers, {args.timing}, block 64, "
-                    f"{args.blocks} blocks/worker, round robin",
+        "scenario": (f"conversation trace, {'%dP%dD disaggregated' % tuple(args.disaggregated) if args.disaggregated else '%d aggregated workers' % args.workers}, "
+                     f"{args.timing}, block 64, {args.blocks} blocks/worker, {args.router}"),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
         "requests": s["num_requests"],
@@ -109,6 +130,7 @@ def main() -> int:
         "mean_itl_ms": s["mean_itl_ms"],
         "prefix_cache_reused_ratio": s["prefix_cache_reused_ratio"],
         "gpu_hours": s["gpu_hours"],
+        "p90_ttft_ms": s["p90_ttft_ms"],
     }
     if args.json:
         print(json.dumps(result, indent=2))

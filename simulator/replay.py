@@ -23,11 +23,11 @@ from simulator.config import models as m
 from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from simulator.config.loading import format_validation_error
 from simulator.config.support import check_supported
-from simulator.coordinator import Coordinator
+from simulator.coordinator import Coordinator, KvTransferModel, Pool
 from simulator.errors import InputError, NotSupportedError
 from simulator.metrics.collector import RequestLog
 from simulator.metrics.summary import PoolAccounting, RunCounters, summarize
-from simulator.runtime.local import build_router, build_timing, build_workers
+from simulator.runtime.local import RouterSpec, build_decode_router, build_router, build_timing, build_workers
 from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
 from simulator.traffic.build import TrafficPlan, open_loop, build_traffic, synthetic_workload
 from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
@@ -61,11 +61,13 @@ class PoolPlan:
 @dataclass
 class ReplayPlan:
     traffic: TrafficPlan
-    pools: list[PoolPlan]
-    router_policy: str = "round_robin"
+    pools: list[PoolPlan]  # [aggregated] or [prefill, decode]
+    router: RouterSpec = RouterSpec()
     sla: m.Sla | None = None
     capture_per_request: bool = False
     fast_forward: bool = True  # False steps every pass (same results, slower; for verification)
+    transfer: KvTransferModel | None = None  # disaggregated only
+    seed: int = 42  # root of the actors' random streams
 
 
 # -- running ------------------------------------------------------------------------
@@ -76,9 +78,19 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     workers = []
     provenance: dict[str, Any] = {}
     accounting = []
+    entry_plan = plan.pools[0]
+    decode_plan = plan.pools[1] if len(plan.pools) > 1 else None
+    entry_router = build_router(plan.router, entry_plan.args.block_size, plan.seed, entry_plan.role)
+    decode_router = build_decode_router(decode_plan.args.block_size, plan.seed) if decode_plan else None
+    pools: list[Pool] = []
     for pool in plan.pools:
         timing = build_timing(pool.args, f"engine.workers.{pool.role}.timing")
-        workers.extend(build_workers(pool.args, pool.replicas, len(workers), timing, plan.fast_forward))
+        router = decode_router if pool.role == "decode" else entry_router
+        first = len(workers)
+        workers.extend(build_workers(pool.args, pool.replicas, first, timing, plan.fast_forward,
+                                     record_kv_events=pool.role != "decode" and router.needs_kv_events,
+                                     pool_label="decode" if pool.role == "decode" else None))
+        pools.append(Pool(pool.role, list(range(first, len(workers))), router, pool.args.block_size))
         a = pool.args
         provenance[pool.role] = {
             **timing.describe(),
@@ -96,11 +108,10 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             "hardware": a.hardware,
             "kv_sizing": pool.kv_sizing,
         }
-    router = build_router(plan.router_policy)
-    pool_name = "agg" if plan.pools[0].role == "aggregated" else plan.pools[0].role
-    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid, pool=pool_name)
-    coord = Coordinator(w, store, plan.traffic.arrivals, workers, router, log, plan.traffic.stop_ms,
-                        resource_guard=resource_guard)
+    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
+    coord = Coordinator(w, store, plan.traffic.arrivals, workers, pools[0], log,
+                        decode=pools[1] if decode_plan else None, transfer=plan.transfer,
+                        stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard)
     stats = coord.run()
 
     for pool in plan.pools:
@@ -117,6 +128,17 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     )
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
     summary = summarize(log, [wk.gaps for wk in workers], accounting, counters, plan.sla, wall_ms)
+    summary["deployment"] = {
+        "mode": "disaggregated" if decode_plan else "aggregated",
+        "router": entry_router.describe(),
+        "decode_router": decode_router.describe() if decode_router else None,
+        "workers": {p.role: p.replicas for p in plan.pools},
+        "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
+        "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
+                         "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
+                        if decode_plan and plan.transfer else None),
+        "seed": plan.seed,
+    }
     per_request = None
     if log.records is not None:
         per_request = sorted(log.records, key=lambda r: (r["arrival_time_ms"], r["uuid"]))
@@ -130,6 +152,7 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
         "num_passes": counters.num_passes,
         "num_fast_forward_runs": sum(wk.num_runs for wk in workers),
         "num_workers": len(workers),
+        "num_transfers": stats.num_transfers,
         "traffic": plan.traffic.description,
     }
     return ReplayReport(summary, per_request, coverage, None, diagnostics)
@@ -201,8 +224,22 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
             prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
         )
         pools.append(PoolPlan(role, par.replicas, args, sizings[role]))
+    pools.sort(key=lambda p: ("prefill", "aggregated", "decode").index(p.role))
+    transfer = None
+    if e.mode == "disaggregated":
+        kt = e.kv_transfer or m.KvTransfer()
+        bpt = pools[0].args.kv_cache_bytes_per_token if kt.bytes_per_token == "auto" else kt.bytes_per_token
+        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+    r = cfg.router
+    router = RouterSpec(
+        r.policy,
+        1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
+        1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
+        0.0 if r.temperature is None else r.temperature,
+    )
     traffic = build_traffic(cfg.traffic, config_dir)
-    return ReplayPlan(traffic, pools, cfg.router.policy, cfg.evaluation.sla, capture_per_request, fast_forward)
+    return ReplayPlan(traffic, pools, router, cfg.evaluation.sla, capture_per_request, fast_forward, transfer,
+                      cfg.execution.seed)
 
 
 def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
@@ -231,21 +268,51 @@ def _sla(ttft, itl, e2e) -> m.Sla | None:
         raise InputError(f"sla_{err.where}", err.message) from None
 
 
-def _common_checks(router_mode: str, router_config, planner_config, prefill_args, decode_args) -> None:
-    if router_mode != "round_robin" or router_config:
-        raise NotSupportedError("router_mode", f"router {router_mode!r} is not supported yet; use round_robin")
+def _router_spec(router_mode: str, router_config: dict | None) -> RouterSpec:
+    cfg = dict(router_config or {})
+    if "router_temperature" in cfg:
+        cfg["temperature"] = cfg.pop("router_temperature")
+    unknown = set(cfg) - {"overlap_score_credit", "prefill_load_scale", "temperature"}
+    if unknown:
+        raise InputError(f"router_config.{sorted(unknown)[0]}", "unknown router knob; use overlap_score_credit, "
+                                                               "prefill_load_scale or temperature")
+    try:
+        r = m.Router(policy=router_mode, **cfg)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"router_config.{err.where}" if err.where != "policy" else "router_mode", err.message) from None
+    return RouterSpec(r.policy, 1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
+                      1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
+                      0.0 if r.temperature is None else r.temperature)
+
+
+def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_workers: int, num_prefill: int,
+             num_decode: int, router_mode: str, router_config, planner_config, sla: tuple, capture_per_request: bool,
+             fast_forward: bool, seed: int) -> ReplayReport:
     if planner_config is not None:
         raise NotSupportedError("planner_config", "the Planner is not supported yet; pass planner_config=None")
+    router = _router_spec(router_mode, router_config)
+    transfer = None
     if prefill_args is not None or decode_args is not None:
-        raise NotSupportedError("prefill_engine_args", "disaggregated replay is not supported yet; use extra_engine_args")
-
-
-def _run_api(traffic: TrafficPlan, args: EngineArgs, num_workers: int, router_mode: str, sla: tuple,
-             capture_per_request: bool, fast_forward: bool) -> ReplayReport:
-    if num_workers < 1:
-        raise InputError("num_workers", f"must be >= 1, got {num_workers}")
-    pools = [PoolPlan(args.worker_type, num_workers, args)]
-    return run_plan(ReplayPlan(traffic, pools, router_mode, _sla(*sla), capture_per_request, fast_forward))
+        if prefill_args is None or decode_args is None or extra_args is not None:
+            raise InputError("prefill_engine_args", "disaggregated replay needs prefill_engine_args and "
+                                                    "decode_engine_args (and no extra_engine_args)")
+        pa = _engine_args({"worker_type": "prefill", "max_num_seqs": 1, **prefill_args}, "prefill_engine_args")
+        da = _engine_args({"worker_type": "decode", **decode_args}, "decode_engine_args")
+        for name, n in (("num_prefill_workers", num_prefill), ("num_decode_workers", num_decode)):
+            if n < 1:
+                raise InputError(name, f"must be >= 1, got {n}")
+        pools = [PoolPlan("prefill", num_prefill, pa), PoolPlan("decode", num_decode, da)]
+        bpt = pa.kv_transfer_bytes_per_token or pa.kv_cache_bytes_per_token
+        if bpt is None and pa.model:
+            bpt = kv_bytes_per_token(load_geometry(pa.model), pa.tensor_parallel_size, pa.pipeline_parallel_size)
+        transfer = KvTransferModel(pa.kv_transfer_bandwidth, bpt, pa.kv_transfer_timing_mode)
+    else:
+        if num_workers < 1:
+            raise InputError("num_workers", f"must be >= 1, got {num_workers}")
+        args = _engine_args(extra_args)
+        pools = [PoolPlan(args.worker_type, num_workers, args)]
+    return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed))
 
 
 def run_trace_replay(
@@ -255,6 +322,8 @@ def run_trace_replay(
     prefill_engine_args: dict | None = None,
     decode_engine_args: dict | None = None,
     num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
     router_mode: str = "round_robin",
     router_config: dict | None = None,
     replay_concurrency: int | None = None,
@@ -269,14 +338,17 @@ def run_trace_replay(
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
     fast_forward: bool = True,
+    seed: int = 42,
 ) -> ReplayReport:
-    """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers.
+    """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers, or through
+    ``num_prefill_workers`` + ``num_decode_workers`` given ``prefill_engine_args`` and
+    ``decode_engine_args`` (KV transfer: ``kv_transfer_bandwidth`` GB/s, ``kv_transfer_bytes_per_token``,
+    ``kv_transfer_timing_mode`` in the prefill arguments). ``router_mode``: round_robin, random or
+    kv_router with ``router_config`` {overlap_score_credit, prefill_load_scale, temperature}.
 
     ``replay_concurrency=None`` paces arrivals by the trace timestamps (divided by
     ``arrival_speedup_ratio``); an int runs a closed loop with that many requests in flight.
     """
-    _common_checks(router_mode, router_config, planner_config, prefill_engine_args, decode_engine_args)
-    args = _engine_args(extra_engine_args)
     paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
     resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
     if trace_format == "dynamo":
@@ -294,8 +366,9 @@ def run_trace_replay(
         arrivals = ArrivalProcess(w, trace_times(w, arrival_speedup_ratio), delay_scale=arrival_speedup_ratio)
         desc = f"trace timestamps x{arrival_speedup_ratio}"
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", f"{w.description}, {desc}")
-    return _run_api(traffic, args, num_workers, router_mode, (sla_ttft_ms, sla_itl_ms, sla_e2e_ms),
-                    capture_per_request, fast_forward)
+    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
+                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed)
 
 
 def run_synthetic_trace_replay(
@@ -307,6 +380,8 @@ def run_synthetic_trace_replay(
     prefill_engine_args: dict | None = None,
     decode_engine_args: dict | None = None,
     num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
     router_mode: str = "round_robin",
     router_config: dict | None = None,
     replay_concurrency: int | None = None,
@@ -322,11 +397,10 @@ def run_synthetic_trace_replay(
     capture_per_request: bool = False,
     capture_planner_details: bool = True,
     fast_forward: bool = True,
+    seed: int = 42,
 ) -> ReplayReport:
     """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
     ``request_rate`` (Poisson, first at t = 0, seeded by ``arrival_seed``) or ``arrival_interval_ms``."""
-    _common_checks(router_mode, router_config, planner_config, prefill_engine_args, decode_engine_args)
-    args = _engine_args(extra_engine_args)
     given = [x is not None for x in (replay_concurrency, request_rate, arrival_interval_ms)]
     if sum(given) != 1:
         raise InputError("replay_concurrency", "give exactly one of replay_concurrency, request_rate or arrival_interval_ms")
@@ -347,5 +421,6 @@ def run_synthetic_trace_replay(
             raise InputError("arrival_interval_ms", f"must be > 0, got {arrival_interval_ms}")
         arrivals = open_loop(w, constant_times(request_count, 1000.0 / arrival_interval_ms))
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", w.description)
-    return _run_api(traffic, args, num_workers, router_mode, (sla_ttft_ms, sla_itl_ms, sla_e2e_ms),
-                    capture_per_request, fast_forward)
+    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
+                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed)

@@ -15,6 +15,7 @@ WAITING = 0
 RUNNING = 1
 COMPLETED = 2
 REJECTED = 3
+HANDED_OFF = 4  # prefill done on a prefill worker; its KV is held there until transferred
 
 
 class HashSource(Protocol):
@@ -55,6 +56,10 @@ class Request:
         "terminal_ms",
         # cache / admissions
         "admissions",
+        # disaggregation: the decode side receives the prompt's KV already computed
+        "materialized",
+        "handoff",
+        "routing",
     )
 
     def __init__(
@@ -91,8 +96,11 @@ class Request:
         self.second_token_ms: float | None = None
         self.last_token_ms: float | None = None
         self.terminal_ms: float | None = None
-        # (at_ms, reused_tokens) per admission, first one first
-        self.admissions: list[tuple[float, int]] = []
+        # (at_ms, reused_tokens, pool) per admission, first one first
+        self.admissions: list[tuple[float, int, str]] = []
+        self.routing: list[dict] = []  # one entry per routing decision (when captured)
+        self.materialized = False
+        self.handoff: dict | None = None  # disaggregated timestamps and placement
 
     @property
     def num_known(self) -> int:

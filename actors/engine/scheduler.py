@@ -19,11 +19,12 @@ The output is a plain ``RankPass``; effects are applied at pass end by ``finish`
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
 from actors.engine.kv_cache import KVCache
-from actors.engine.request import COMPLETED, REJECTED, RUNNING, WAITING, Request
+from actors.engine.request import COMPLETED, HANDED_OFF, REJECTED, RUNNING, WAITING, Request
 from actors.engine.timing import PassShape, TimingModel
 
 
@@ -52,15 +53,17 @@ class RankPass:
 
 
 class GapSink:
-    """Collects inter-token gaps: pooled (one value shared by many tokens) and individual."""
+    """Collects inter-token gaps: pooled (one value shared by many tokens) and individual.
+
+    Compact buffers (8 bytes a value): a replay has about one pooled gap per pass."""
 
     __slots__ = ("pooled_values", "pooled_weights", "run_chunks", "individual")
 
     def __init__(self) -> None:
-        self.pooled_values: list[float] = []
-        self.pooled_weights: list[int] = []
+        self.pooled_values = array("d")
+        self.pooled_weights = array("q")
         self.run_chunks: list = []  # (ndarray of gaps, weight)
-        self.individual: list[float] = []
+        self.individual = array("d")
 
 
 class RankScheduler:
@@ -77,6 +80,9 @@ class RankScheduler:
         self.committed_prefill_tokens = 0
         self.num_generated_tokens = 0
         self.rejected: list[Request] = []
+        self.handoffs: list[Request] = []  # prefill role: prompts done, KV held for the transfer
+        self.first_tokens: list[Request] | None = None  # set to a list to be told of first tokens
+        self.pool_label = "prefill" if config.prefill_only else "agg"  # "decode" for a decode pool
         cl = config.context_length
         self.context_limit = cl if cl is not None else 1 << 62  # prompts >= it are rejected; generation stops at it
         self._lifo = config.preemption_mode == "lifo"
@@ -165,21 +171,26 @@ class RankScheduler:
                 if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
                     break
                 reused = len(hits) * bs
-                n = known - reused
-                if n > budget:
-                    if not chunked:
-                        break
-                    n = budget
+                if req.materialized:
+                    # transferred KV: the prompt is computed but its last token, whose decode
+                    # step emits the client-visible first token
+                    start, n = known - 1, 1
+                else:
+                    start, n = reused, known - reused
+                    if n > budget:
+                        if not chunked:
+                            break
+                        n = budget
                 waiting.popleft()
                 kv.acquire(req, hits)
-                req.num_computed = reused
-                if not kv.grow(req, reused + n, hashes):  # cannot happen after the test above
+                req.num_computed = start
+                if not kv.grow(req, start + n, hashes):  # cannot happen after the test above
                     kv.release(req)
                     req.num_computed = 0
                     waiting.appendleft(req)
                     break
                 req.status = RUNNING
-                req.admissions.append((now_ms, reused))
+                req.admissions.append((now_ms, reused, self.pool_label))
                 if req.first_admit_ms is None:
                     req.first_admit_ms = now_ms
                 running.append(req)
@@ -244,7 +255,11 @@ class RankScheduler:
             elif c == req.prompt_len + req.num_generated:
                 req.prefill_done = True
                 self.committed_prefill_tokens += n
-                if req.max_output <= 0 and not prefill_only:  # nothing to generate: done without a token
+                if prefill_only:  # the hidden token: hand the request (and its KV) to a decode worker
+                    req.status = HANDED_OFF
+                    any_done = True
+                    continue
+                if req.max_output <= 0:  # nothing to generate: done without a token
                     req.status = COMPLETED
                     req.terminal_ms = end_ms
                     any_done = True
@@ -258,6 +273,8 @@ class RankScheduler:
             last = req.last_token_ms
             if g == 1:
                 req.first_token_ms = end_ms
+                if self.first_tokens is not None:
+                    self.first_tokens.append(req)
             else:
                 if g == 2:
                     req.second_token_ms = end_ms
@@ -267,7 +284,7 @@ class RankScheduler:
                     gaps.individual.append(end_ms - last)
             req.last_token_ms = end_ms
             self.num_generated_tokens += 1
-            if g >= req.max_output or req.prompt_len + g >= limit or prefill_only:
+            if g >= req.max_output or req.prompt_len + g >= limit:
                 req.status = COMPLETED
                 req.terminal_ms = end_ms
                 any_done = True
@@ -278,17 +295,24 @@ class RankScheduler:
             self.reap_completed(completed)
 
     def reap_completed(self, completed: list) -> None:
-        """Release completed requests' blocks and drop them from the running list (in order)."""
+        """Drop finished requests from the running list (in order): completed ones release
+        their blocks, handed-off ones keep them until their transfer completes."""
         kv = self.kv
         keep = []
         for req in self.running:
-            if req.status == COMPLETED:
+            if req.status == RUNNING:
+                keep.append(req)
+            elif req.status == COMPLETED:
                 kv.release(req)
                 req.hashes = None
                 completed.append(req)
-            else:
-                keep.append(req)
+            else:  # HANDED_OFF
+                self.handoffs.append(req)
         self.running = keep
+
+    def release_source(self, req: Request) -> None:
+        """The transfer of a handed-off request completed: free its blocks here."""
+        self.kv.release(req)
 
     # -- fast-forward support -----------------------------------------------------------
     def plan_decode_run(self, max_passes: int):

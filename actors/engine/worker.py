@@ -24,7 +24,7 @@ MAX_RUN_PASSES = 4096
 class DecodeRun:
     """k planned decode passes of fixed batches (one batch per busy rank)."""
 
-    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size")
+    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size", "held_events")
 
     def __init__(self, start_ms: float, ends: np.ndarray, ranks: list) -> None:
         self.start_ms = start_ms
@@ -35,6 +35,7 @@ class DecodeRun:
         # per busy rank: (rank, batch, computed at start, generated at start)
         self.ranks = ranks
         self.batch_size = sum(len(b) for _, b, _, _ in ranks)
+        self.held_events: list | None = None  # KV events of the scheduled pass still in progress
 
     @property
     def end_ms(self) -> float:
@@ -48,6 +49,9 @@ class EngineWorker:
                  max_run_passes: int = MAX_RUN_PASSES) -> None:
         self.worker_id = worker_id
         self.ranks = ranks
+        # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
+        self.kv_events: list[tuple[int, int, list[int]]] = []
+        self._records_events = ranks[0].kv.events is not None
         self.fast_forward = fast_forward
         self.max_run_passes = max_run_passes
         self.gaps = GapSink()
@@ -95,6 +99,40 @@ class EngineWorker:
         end = run.end_ms
         self.pass_end_ms = end
         return end
+
+    def take_handoffs(self) -> list[Request]:
+        """Prefill role: requests whose prompt finished (their KV stays here until released)."""
+        out: list[Request] = []
+        for r in self.ranks:
+            if r.handoffs:
+                out.extend(r.handoffs)
+                r.handoffs = []
+        return out
+
+    def take_first_tokens(self) -> list[Request]:
+        """Requests that emitted their first token since the last call (if ranks track them)."""
+        out: list[Request] = []
+        for r in self.ranks:
+            if r.first_tokens:
+                out.extend(r.first_tokens)
+                r.first_tokens.clear()
+        return out
+
+    def take_kv_events(self) -> list[tuple[int, int, list[int]]]:
+        out, self.kv_events = self.kv_events, []
+        return out
+
+    def release_source(self, req: Request) -> None:
+        self.ranks[req.rank].release_source(req)
+
+    def _publish(self) -> list:
+        """Move the ranks' recorded KV events to the published list (called at pass ends)."""
+        if self._records_events:
+            for i, r in enumerate(self.ranks):
+                ev = r.kv.events
+                if ev:
+                    self.kv_events.extend((i, kind, hashes) for kind, hashes in ev)
+                    ev.clear()
 
     def take_rejected(self) -> list[Request]:
         """Requests the ranks rejected at admission since the last call (they never run)."""
@@ -146,6 +184,7 @@ class EngineWorker:
                 if plan is not None:
                     rank.finish(plan, start, now_ms, self.gaps, completed)
             self._plans = None
+            self._publish()
             self.num_passes += 1
         self.busy_ms += now_ms - self.pass_start_ms
         self.busy = False
@@ -202,7 +241,22 @@ class EngineWorker:
                         raise AssertionError("fast-forward run ran out of KV blocks")
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int, completed: list | None) -> None:
-        if sched_upto > run.n_sched:
+        # schedule-time effects (blocks) of started passes; their KV events publish when they end
+        if self._records_events:
+            if run.held_events is not None and done_upto >= run.n_sched:
+                self.kv_events.extend(run.held_events)
+                run.held_events = None
+            if done_upto > run.n_sched:
+                self._schedule_run_passes(run, done_upto)
+                run.n_sched = done_upto
+                self._publish()
+            if sched_upto > run.n_sched:
+                self._schedule_run_passes(run, sched_upto)
+                run.n_sched = sched_upto
+                held, self.kv_events = self.kv_events, []
+                self._publish()
+                run.held_events, self.kv_events = self.kv_events, held
+        elif sched_upto > run.n_sched:
             self._schedule_run_passes(run, sched_upto)
             run.n_sched = sched_upto
         a, b = run.n_done, done_upto

@@ -1,39 +1,257 @@
 """Routing policies: pick the (worker, rank) that serves a request.
 
-A policy sees only eligible workers (ready and not draining), given in ascending id order,
-and each worker's rank count. ``needs_worker_state`` tells the coordinator whether the policy
-reads worker state (KV events, load) and so needs every worker synced to ``now`` first.
+Every policy implements the same small interface (tested by one contract suite):
+
+- ``route(req, now_ms, eligible, ranks_of) -> (worker, rank, info)``: ``eligible`` are the
+  workers that may take new work (ready, not draining), ascending; ``info`` describes the
+  decision for the per-request record (or None);
+- ``on_first_token(req)`` / ``on_release(req)``: the request produced its first token in this
+  pool / left it (completed, rejected, or handed off to decode);
+- ``on_kv_events(worker, rank, kind, hashes)``: blocks stored/removed on a worker, as
+  published at pass end;
+- flags telling the coordinator what the policy reads: ``needs_worker_state`` (sync every
+  worker to ``now`` before routing), ``needs_kv_events``, ``tracks_first_tokens``.
 """
 
 from __future__ import annotations
 
-from actors.engine.request import Request
+import math
+from itertools import takewhile
 
+import numpy as np
+
+from actors.engine.kv_cache import REMOVED, STORED
+
+try:
+    from collections import _count_elements  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    def _count_elements(mapping, iterable):
+        get = mapping.get
+        for elem in iterable:
+            mapping[elem] = get(elem, 0) + 1
 
 class RoundRobinRouter:
     """Cycle over eligible workers, then over the chosen worker's ranks; ignores cache and load."""
 
     name = "round_robin"
     needs_worker_state = False
+    needs_kv_events = False
+    tracks_first_tokens = False
 
     def __init__(self) -> None:
         self._next_worker = 0
         self._next_rank: dict[int, int] = {}
 
-    def route(self, req: Request, now_ms: float, eligible: list[int], ranks_of: list[int]) -> tuple[int, int]:
+    def _rank(self, w: int, nranks: int) -> int:
+        if nranks <= 1:
+            return 0
+        r = self._next_rank.get(w, 0)
+        self._next_rank[w] = (r + 1) % nranks
+        return r
+
+    def route(self, req, now_ms: float, eligible: list[int], ranks_of: list[int]):
         if not eligible:
             raise RuntimeError("no eligible worker to route to")
         w = eligible[self._next_worker % len(eligible)]
         self._next_worker += 1
-        nranks = ranks_of[w]
-        r = 0
-        if nranks > 1:
-            r = self._next_rank.get(w, 0)
-            self._next_rank[w] = (r + 1) % nranks
-        return w, r
+        return w, self._rank(w, ranks_of[w]), None
 
-    def on_terminal(self, req: Request) -> None:
+    def on_first_token(self, req) -> None:
+        pass
+
+    def on_release(self, req) -> None:
+        pass
+
+    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
         pass
 
     def describe(self) -> dict:
         return {"policy": self.name}
+
+
+class RandomRouter(RoundRobinRouter):
+    """Uniform choice among eligible workers from a seeded generator; ranks in round robin."""
+
+    name = "random"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def route(self, req, now_ms: float, eligible: list[int], ranks_of: list[int]):
+        if not eligible:
+            raise RuntimeError("no eligible worker to route to")
+        w = eligible[int(self.rng.integers(len(eligible)))]
+        return w, self._rank(w, ranks_of[w]), None
+
+
+class _Candidate:
+    """The router's view of one (worker, rank).
+
+    Active decode blocks are a set; blocks held by more than one in-flight request are also
+    counted in ``shared`` (holders - 1). Two chains share a block only together with all the
+    blocks before it, so the blocks a request shares with others are a prefix of its chain.
+    """
+
+    __slots__ = ("prefill_tokens", "active", "shared", "requests", "cached")
+
+    def __init__(self) -> None:
+        self.prefill_tokens = 0
+        self.active: set[int] = set()
+        self.shared: dict[int, int] = {}
+        self.requests = 0
+        self.cached: set[int] = set()  # the router's view of the rank's cached blocks
+
+
+class KvRouter:
+    """Cost-based routing over (worker, rank) candidates (Dynamo's KV router).
+
+    cost = prefill_load_scale x max(0, (active_prefill_tokens + ISL) / B - credit x overlap)
+           + active_decode_blocks + (request_blocks - active_overlap_depth)
+
+    ``overlap``: leading request blocks cached on the candidate (the router's prefix index);
+    ``active_decode_blocks``: distinct blocks of the candidate's in-flight requests;
+    ``active_overlap_depth``: leading request blocks already among them. Temperature 0 takes
+    the lowest cost (ties: a seeded uniform pick); T > 0 samples a softmax of min-max
+    normalised costs. ``track_prefill_tokens=False`` drops the prefill term (decode pools),
+    ``track_active_blocks=False`` the decode term (disaggregated prefill pools).
+    """
+
+    needs_worker_state = True
+    tracks_first_tokens = True
+
+    def __init__(
+        self,
+        block_size: int,
+        rng: np.random.Generator,
+        overlap_score_credit: float = 1.0,
+        prefill_load_scale: float = 1.0,
+        temperature: float = 0.0,
+        track_prefill_tokens: bool = True,
+        track_active_blocks: bool = True,
+        name: str = "kv_router",
+    ) -> None:
+        self.block_size = block_size
+        self.rng = rng
+        self.credit = overlap_score_credit
+        self.scale = prefill_load_scale
+        self.temperature = temperature
+        self.track_prefill_tokens = track_prefill_tokens
+        self.track_active_blocks = track_active_blocks
+        self.name = name
+        self.needs_kv_events = overlap_score_credit > 0 and track_prefill_tokens
+        self._cands: dict[tuple[int, int], _Candidate] = {}
+        self._routed: dict[int, tuple[tuple[int, int], int, list[int]]] = {}
+
+    def _cand(self, key: tuple[int, int]) -> _Candidate:
+        c = self._cands.get(key)
+        if c is None:
+            c = self._cands[key] = _Candidate()
+        return c
+
+    def route(self, req, now_ms: float, eligible: list[int], ranks_of: list[int]):
+        if not eligible:
+            raise RuntimeError("no eligible worker to route to")
+        bs = self.block_size
+        isl = req.prompt_len
+        hashes = req.block_hashes(bs)[: isl // bs]
+        keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
+        costs = []
+        overlaps = []
+        for key in keys:
+            c = self._cand(key)
+            overlap = len(list(takewhile(c.cached.__contains__, hashes))) if self.needs_kv_events and c.cached else 0
+            cost = 0.0
+            if self.track_prefill_tokens:
+                raw = (c.prefill_tokens + isl) / bs
+                cost = self.scale * max(0.0, raw - self.credit * overlap)
+            if self.track_active_blocks:
+                depth = len(list(takewhile(c.active.__contains__, hashes))) if c.active else 0
+                cost += len(c.active) + (len(hashes) - depth)
+            costs.append(cost)
+            overlaps.append(overlap)
+        i = self._select(costs)
+        key = keys[i]
+        c = self._cands[key]
+        added = isl - overlaps[i] * bs if self.track_prefill_tokens else 0
+        c.prefill_tokens += added
+        if self.track_active_blocks:
+            depth = len(list(takewhile(c.active.__contains__, hashes))) if c.active else 0
+            if depth:
+                _count_elements(c.shared, hashes[:depth])
+            c.active.update(hashes)
+        c.requests += 1
+        self._routed[req.index] = (key, added, hashes if self.track_active_blocks else [])
+        best = max(overlaps)
+        info = {
+            "selected_overlap_blocks": overlaps[i],
+            "best_available_overlap_blocks": best,
+            "overlap_regret_blocks": best - overlaps[i],
+            "reported_overlap_tokens": overlaps[i] * bs,
+            "cost": costs[i],
+        }
+        return key[0], key[1], info
+
+    def _select(self, costs: list[float]) -> int:
+        lo = min(costs)
+        hi = max(costs)
+        if self.temperature <= 0.0 or hi == lo:
+            ties = [i for i, c in enumerate(costs) if c == lo]
+            return ties[0] if len(ties) == 1 else ties[int(self.rng.integers(len(ties)))]
+        span = (hi - lo) * self.temperature
+        weights = [math.exp(-(c - lo) / span) for c in costs]
+        u = float(self.rng.random()) * sum(weights)
+        acc = 0.0
+        for i, w in enumerate(weights):
+            acc += w
+            if u < acc:
+                return i
+        return len(costs) - 1
+
+    def on_first_token(self, req) -> None:
+        st = self._routed.get(req.index)
+        if st is not None and st[1]:
+            self._cands[st[0]].prefill_tokens -= st[1]
+            self._routed[req.index] = (st[0], 0, st[2])
+
+    def on_release(self, req) -> None:
+        st = self._routed.pop(req.index, None)
+        if st is None:
+            return
+        key, added, hashes = st
+        c = self._cands[key]
+        c.prefill_tokens -= added
+        c.requests -= 1
+        if hashes:
+            shared = c.shared
+            k = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
+            for h in hashes[:k]:
+                n = shared[h] - 1
+                if n:
+                    shared[h] = n
+                else:
+                    del shared[h]
+            c.active.difference_update(hashes[k:] if k else hashes)
+
+    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
+        c = self._cand((worker, rank))
+        if kind == STORED:
+            c.cached.update(hashes)
+        elif kind == REMOVED:
+            c.cached.difference_update(hashes)
+
+    def load_view(self, worker: int, rank: int = 0) -> dict:
+        """The router's view of one candidate (tests, diagnostics)."""
+        c = self._cand((worker, rank))
+        return {"prefill_tokens": c.prefill_tokens, "active_blocks": len(c.active), "requests": c.requests,
+                "cached_blocks": len(c.cached)}
+
+    def describe(self) -> dict:
+        return {
+            "policy": self.name,
+            "overlap_score_credit": self.credit,
+            "prefill_load_scale": self.scale,
+            "temperature": self.temperature,
+            "track_prefill_tokens": self.track_prefill_tokens,
+            "track_active_blocks": self.track_active_blocks,
+        }

@@ -57,6 +57,10 @@ class EngineArgs(Strict):
     speedup_ratio: float = 1.0
     decode_speedup_ratio: float = 1.0
     prefill_schedule_interval: PosInt = 1
+    # disaggregated KV transfer (read from the prefill role's arguments)
+    kv_transfer_bandwidth: Annotated[float, Field(gt=0)] | None = None  # GB/s
+    kv_transfer_bytes_per_token: PosInt | None = None  # None: the prefill role's KV bytes per token
+    kv_transfer_timing_mode: Literal["destination_missing", "full_prompt"] = "full_prompt"
 
     @model_validator(mode="after")
     def _block(self):

@@ -270,12 +270,33 @@ class PrefillLoadModel(Strict):
     type: Literal["none", "aic"] = "none"
 
 
+# Router knobs the reference accepts but replay does not model: (reason, fix)
+ROUTER_RESERVED = {
+    "host_cache_hit_weight": "the replay simulates only the device (GPU) KV tier, so host-tier hits never occur",
+    "disk_cache_hit_weight": "the replay simulates only the device (GPU) KV tier, so disk-tier hits never occur",
+    "shared_cache_multiplier": "no shared (cross-worker) KV cache is simulated",
+    "active_decode_blocks_threshold": "router admission control (busy filtering) is not modelled",
+    "active_prefill_tokens_threshold": "router admission control (busy filtering) is not modelled",
+    "active_prefill_tokens_threshold_frac": "router admission control (busy filtering) is not modelled",
+    "router_queue_threshold": "the router-side request queue is not modelled",
+    "router_queue_policy": "the router-side request queue is not modelled",
+}
+
+
 class Router(Strict):
     policy: Literal["round_robin", "random", "kv_router"] = "round_robin"
     prefill_load_model: PrefillLoadModel = PrefillLoadModel()
-    overlap_score_credit: Annotated[float, Field(ge=0, le=1)] | None = None
-    prefill_load_scale: NonNegFloat | None = None
-    temperature: NonNegFloat | None = None
+    overlap_score_credit: Annotated[float, Field(ge=0, le=1)] | None = None  # 1.0 with kv_router
+    prefill_load_scale: NonNegFloat | None = None  # 1.0 with kv_router
+    temperature: NonNegFloat | None = None  # 0.0 with kv_router
+    host_cache_hit_weight: NonNegFloat | None = None
+    disk_cache_hit_weight: NonNegFloat | None = None
+    shared_cache_multiplier: NonNegFloat | None = None
+    active_decode_blocks_threshold: NonNegFloat | None = None
+    active_prefill_tokens_threshold: NonNegInt | None = None
+    active_prefill_tokens_threshold_frac: NonNegFloat | None = None
+    router_queue_threshold: NonNegFloat | None = None
+    router_queue_policy: Literal["fcfs", "lcfs", "wspt"] | None = None
 
     @model_validator(mode="after")
     def _kv_only(self):
@@ -322,6 +343,7 @@ class Resources(Strict):
 
 class Execution(Strict):
     resources: Resources = Resources()
+    seed: int = 42  # aisim: root of every actor's random stream (the random and KV routers)
 
 
 # -- planner (keys validated now; the Planner itself arrives with its issue) -----------

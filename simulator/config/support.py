@@ -6,6 +6,7 @@ Each rule names the key and what to use instead. Rules are removed as features l
 from __future__ import annotations
 
 from simulator.config import models as m
+from simulator.config.models import ROUTER_RESERVED
 from simulator.errors import NotSupportedError
 
 
@@ -15,8 +16,8 @@ def _no(path: str, what: str, instead: str) -> NotSupportedError:
 
 def check_supported(cfg: m.PredictConfig) -> None:
     e = cfg.engine
-    if e.mode != "aggregated":
-        raise _no("engine.mode", f"mode {e.mode}", "use mode: aggregated")
+    if e.mode == "afd":
+        raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
     if e.backend != "vllm":
         raise _no("engine.backend", f"backend {e.backend} scheduling", "use backend: vllm")
     for key in ("speculation", "nextn_accepted", "tokenization"):
@@ -44,7 +45,11 @@ def check_supported(cfg: m.PredictConfig) -> None:
     if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
         raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
     r = cfg.router
-    if r.policy != "round_robin":
-        raise _no("router.policy", f"router policy {r.policy}", "use policy: round_robin")
+    for key, reason in ROUTER_RESERVED.items():
+        if getattr(r, key) is not None:
+            raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
+    if r.prefill_load_model.type != "none":
+        raise NotSupportedError("router.prefill_load_model.type", "aic (time-decaying prefill backlog) is not supported "
+                                                                 "yet; use none (prefill tokens count until the first token)")
     if cfg.planner.policy != "disabled":
         raise _no("planner.policy", "the Planner (policy: enabled)", "set planner.policy: disabled or remove the planner section")

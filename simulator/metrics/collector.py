@@ -23,13 +23,19 @@ def _f(x: float | None) -> float:
     return NAN if x is None else x
 
 
+def _overlap(routing: list[dict], pool: str):
+    for e in routing:
+        if e["pool"] == pool:
+            return e["reported_overlap_tokens"]
+    return None
+
+
 class RequestLog:
     """Terminal (or final) state of every offered request, in the order they ended."""
 
-    def __init__(self, capture: bool = False, uuid_of=None, pool: str = "agg") -> None:
+    def __init__(self, capture: bool = False, uuid_of=None) -> None:
         self.capture = capture
         self.uuid_of = uuid_of
-        self.pool = pool
         self.index = array("q")
         self.status = array("b")
         self.arrival = array("d")
@@ -42,6 +48,7 @@ class RequestLog:
         self.requested = array("q")
         self.reused = array("q")
         self.first_reused = array("q")
+        self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
         self.records: list[dict] | None = [] if capture else None
 
     def __len__(self) -> int:
@@ -62,10 +69,11 @@ class RequestLog:
         self.input_len.append(req.prompt_len)
         self.output_len.append(req.num_generated)
         self.requested.append(req.max_output)
-        adm = req.admissions
-        reused = max((r for _, r in adm), default=0)
+        prompt_adm = [r for _, r, pool in req.admissions if pool != "decode"]
+        reused = max(prompt_adm, default=0)
         self.reused.append(reused)
-        self.first_reused.append(adm[0][1] if adm else 0)
+        self.first_reused.append(prompt_adm[0] if prompt_adm else 0)
+        self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
             self.records.append(self._record(req, final_status, reused))
 
@@ -80,30 +88,22 @@ class RequestLog:
         itl = (last - first) / (n - 1) if n >= 2 and first is not None and last is not None else None
         e2e = last - arrival if (status == STATUS_COMPLETED and last is not None) else None
         history = []
-        for k, (at, r) in enumerate(req.admissions):
+        per_pool: dict[str, int] = {}
+        for k, (at, r, pool) in enumerate(req.admissions):
             history.append(
                 {
                     "admission_ordinal": k,
                     "at_ms": at,
-                    "is_readmission": k > 0,
-                    "pool": self.pool,
-                    "pool_admission_ordinal": k,
+                    "is_readmission": k > 0 and pool == req.admissions[k - 1][2],
+                    "pool": pool,
+                    "pool_admission_ordinal": per_pool.get(pool, 0),
                     "reused_input_tokens": r,
                 }
             )
-        routing = [
-            {
-                "pool": self.pool,
-                "outcome": "immediate",
-                "queue_entered_at_ms": None,
-                "queue_wait_ms": 0.0,
-                "released_at_ms": req.dispatched_ms,
-                "selected_overlap_blocks": None,
-                "best_available_overlap_blocks": None,
-                "overlap_regret_blocks": None,
-                "reported_overlap_tokens": None,
-            }
-        ] if req.dispatched_ms is not None else []
+            per_pool[pool] = per_pool.get(pool, 0) + 1
+        h = req.handoff or {}
+        decode_adm = [(at, r) for at, r, pool in req.admissions if pool == "decode"]
+        prefill_adm = [at for at, _, pool in req.admissions if pool == "prefill"]
         return {
             "uuid": self.uuid_of(req.index) if self.uuid_of else str(req.index),
             "session_id": req.session_id,
@@ -124,20 +124,22 @@ class RequestLog:
             "requested_output_length": req.max_output,
             "reused_input_tokens": reused,
             "first_admission_reused_input_tokens": req.admissions[0][1] if req.admissions else 0,
-            "decode_reused_input_tokens": None,
+            "decode_reused_input_tokens": max((r for _, r in decode_adm), default=None) if h else None,
             "admission_count": len(req.admissions),
-            "readmission_count": max(0, len(req.admissions) - 1),
+            "readmission_count": sum(1 for e in history if e["is_readmission"]),
             "admission_history": history,
-            "routing_history": routing,
-            "prefill_route_overlap_tokens": None,
-            "decode_route_overlap_tokens": None,
-            "prefill_worker_idx": None,
-            "decode_worker_idx": req.worker if req.worker >= 0 else None,
+            "routing_history": req.routing,
+            "prefill_route_overlap_tokens": _overlap(req.routing, "prefill" if h else "agg"),
+            "decode_route_overlap_tokens": _overlap(req.routing, "decode") if h else None,
+            "prefill_worker_idx": h.get("prefill_worker") if h else None,
+            "decode_worker_idx": (h.get("decode_worker") if h else req.worker) if req.worker >= 0 else None,
             "dp_rank": req.rank if req.rank >= 0 else None,
-            "prefill_admit_ms": None,
-            "decode_admit_ms": req.first_admit_ms,
-            "source_held_ms": None,
-            "source_released_ms": None,
-            "destination_reserved_ms": None,
-            "destination_activated_ms": None,
+            "prefill_admit_ms": prefill_adm[0] if prefill_adm else None,
+            "decode_admit_ms": (decode_adm[0][0] if decode_adm else None) if h else req.first_admit_ms,
+            "source_held_ms": h.get("source_held_ms"),
+            "source_released_ms": h.get("source_released_ms"),
+            "destination_reserved_ms": h.get("destination_reserved_ms"),
+            "destination_activated_ms": h.get("destination_activated_ms"),
+            "kv_transfer_tokens": h.get("transfer_tokens"),
+            "kv_transfer_ms": h.get("transfer_ms"),
         }

@@ -26,19 +26,28 @@ def empty_stats() -> dict[str, float | None]:
     return {k: None for k in STAT_NAMES}
 
 
-def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
-    """Statistics of the sample in which ``values[i]`` occurs ``weights[i]`` times."""
+def distinct_sorted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ascending distinct values, their total weights): a canonical form of the multiset."""
     values = np.asarray(values, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.int64)
     keep = weights > 0
     values, weights = values[keep], weights[keep]
     if len(values) == 0:
-        return empty_stats()
+        return values, weights
     order = np.argsort(values)
     v = values[order]
+    w = weights[order]
+    del order
     starts = np.concatenate(([0], np.flatnonzero(v[1:] != v[:-1]) + 1))
-    uniq = v[starts]  # one entry per distinct value: every sum below depends only on the multiset
-    w = np.add.reduceat(weights[order], starts)
+    return v[starts], np.add.reduceat(w, starts)
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray, presorted: bool = False) -> dict[str, float | None]:
+    """Statistics of the sample in which ``values[i]`` occurs ``weights[i]`` times
+    (``presorted``: already the output of ``distinct_sorted``)."""
+    uniq, w = (values, weights) if presorted else distinct_sorted(values, weights)
+    if len(uniq) == 0:
+        return empty_stats()
     n = int(w.sum())
     cum = np.cumsum(w)
     mean = float(np.dot(uniq, w.astype(np.float64)) / n)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_REJECTED, RequestLog
-from simulator.metrics.stats import STAT_NAMES, empty_stats, plain_stats, weighted_stats
+from simulator.metrics.stats import STAT_NAMES, distinct_sorted, plain_stats, weighted_stats
 
 #: fields that depend on the host's wall clock (excluded from determinism checks)
 WALL_TIME_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
@@ -43,21 +43,25 @@ def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
 
 
 def _pooled_gaps(gap_sinks) -> tuple[np.ndarray, np.ndarray]:
-    values: list[np.ndarray] = []
-    weights: list[np.ndarray] = []
+    """Every gap of every worker as (value, weight) arrays, filled in place (no per-chunk copies)."""
+    total = sum(len(g.pooled_values) + len(g.individual) + sum(len(a) for a, _ in g.run_chunks) for g in gap_sinks)
+    values = np.empty(total, dtype=np.float64)
+    weights = np.empty(total, dtype=np.int64)
+    i = 0
     for g in gap_sinks:
-        if g.pooled_values:
-            values.append(np.asarray(g.pooled_values, dtype=np.float64))
-            weights.append(np.asarray(g.pooled_weights, dtype=np.int64))
+        n = len(g.pooled_values)
+        values[i : i + n] = np.frombuffer(g.pooled_values, dtype=np.float64) if n else ()
+        weights[i : i + n] = np.frombuffer(g.pooled_weights, dtype=np.int64) if n else ()
+        i += n
         for arr, w in g.run_chunks:
-            values.append(arr)
-            weights.append(np.full(len(arr), w, dtype=np.int64))
-        if g.individual:
-            values.append(np.asarray(g.individual, dtype=np.float64))
-            weights.append(np.ones(len(g.individual), dtype=np.int64))
-    if not values:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    return np.concatenate(values), np.concatenate(weights)
+            values[i : i + len(arr)] = arr
+            weights[i : i + len(arr)] = w
+            i += len(arr)
+        n = len(g.individual)
+        values[i : i + n] = np.frombuffer(g.individual, dtype=np.float64) if n else ()
+        weights[i : i + n] = 1
+        i += n
+    return values, weights
 
 
 def summarize(
@@ -159,17 +163,17 @@ def summarize(
     _family(s, "ttft", plain_stats(ttft))
     _family(s, "ttst", plain_stats(ttst))
     _family(s, "tpot", plain_stats(tpot))
-    values, weights = _pooled_gaps(gap_sinks)
-    _family(s, "itl", weighted_stats(values, weights))
-    pos = values > 0
-    _family(
-        s,
-        "output_token_throughput_per_user",
-        weighted_stats(1000.0 / values[pos], weights[pos]) if pos.any() else empty_stats(),
-        unit="",
-    )
+    gaps, weights = distinct_sorted(*_pooled_gaps(gap_sinks))
+    _family(s, "itl", weighted_stats(gaps, weights, presorted=True))
+    pos = gaps > 0  # 1000/gap reverses the order of distinct positive gaps: still sorted, distinct
+    per_user = weighted_stats((1000.0 / gaps[pos])[::-1], weights[pos][::-1], presorted=True)
+    _family(s, "output_token_throughput_per_user", per_user, unit="")
     s["num_itl_samples"] = int(weights.sum())
     _family(s, "e2e_latency", plain_stats(e2e))
+    activated = np.frombuffer(log.activated, dtype=np.float64) if len(log) else np.zeros(0)
+    handed = done & ~np.isnan(activated) & ~np.isnan(first)
+    if handed.any():
+        s["mean_handoff_to_first_token_ms"] = float(np.mean(np.sort((first - activated)[handed])))
     s["prediction_provenance"] = counters.provenance
     s["power_w"] = None
     s["power_coverage"] = None

@@ -48,6 +48,10 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics") -> str:
     lines = [title.center(total).rstrip(), line("┏", "┳", "┓", "━"), row(header, "┃"), line("┡", "╇", "┩", "━")]
     lines += [row(r, "│") for r in body]
     lines.append(line("└", "┴", "┘", "─"))
+    dep = summary.get("deployment")
+    if dep:
+        pools = ", ".join(f"{n} {role}" for role, n in dep["workers"].items())
+        lines.append(f"Deployment: {dep['mode']}, {pools} workers ({dep['gpus']} GPUs), router {dep['router']['policy']}")
     lines.append(f"Wall Time (ms): {_fmt(summary.get('wall_time_ms'))}")
     lines.append(f"Simulated Duration (ms): {_fmt(summary.get('duration_ms'))}")
     lines.append(f"GPU Hours: {summary.get('gpu_hours', 0):.4f}")

@@ -6,15 +6,19 @@ objects driven directly by the coordinator (the fastest form).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from actors.engine.scheduler import RankScheduler, SchedulerConfig
 from actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
 from actors.engine.worker import EngineWorker
-from actors.router.policies import RoundRobinRouter
+from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
 from simulator.catalog.hardware import get_hardware
 from simulator.catalog.measured import measured_timing
 from simulator.catalog.models import load_geometry, resolve_model
 from simulator.config.engine_args import EngineArgs
-from simulator.errors import InputError, NotSupportedError
+from simulator.errors import InputError
 
 
 class ScaledTiming(TimingModel):
@@ -85,15 +89,52 @@ def scheduler_config(args: EngineArgs) -> SchedulerConfig:
     )
 
 
-def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: TimingModel, fast_forward: bool = True) -> list[EngineWorker]:
+def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: TimingModel, fast_forward: bool = True,
+                  record_kv_events: bool = False, pool_label: str | None = None) -> list[EngineWorker]:
     cfg = scheduler_config(args)
-    return [
-        EngineWorker(first_id + i, [RankScheduler(cfg, timing) for _ in range(args.dp_size)], fast_forward=fast_forward)
-        for i in range(replicas)
-    ]
+    workers = []
+    for i in range(replicas):
+        ranks = [RankScheduler(cfg, timing, record_kv_events) for _ in range(args.dp_size)]
+        if pool_label:
+            for r in ranks:
+                r.pool_label = pool_label
+        workers.append(EngineWorker(first_id + i, ranks, fast_forward=fast_forward))
+    return workers
 
 
-def build_router(policy: str):
-    if policy == "round_robin":
+@dataclass(frozen=True)
+class RouterSpec:
+    """The configured router of the entry pool (aggregated or prefill workers)."""
+
+    policy: str = "round_robin"  # round_robin | random | kv_router
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
+    temperature: float = 0.0
+
+
+# one random stream per actor, derived from the root seed
+STREAM_ENTRY_ROUTER = 1
+STREAM_DECODE_ROUTER = 2
+
+
+def actor_rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+
+
+def build_router(spec: RouterSpec, block_size: int, seed: int, role: str):
+    """Router of the entry pool; a disaggregated prefill pool's KV router tracks no decode blocks."""
+    if spec.policy == "round_robin":
         return RoundRobinRouter()
-    raise NotSupportedError("router_mode", f"router policy {policy} is not supported yet; use round_robin")
+    if spec.policy == "random":
+        return RandomRouter(actor_rng(seed, STREAM_ENTRY_ROUTER))
+    if spec.policy == "kv_router":
+        return KvRouter(block_size, actor_rng(seed, STREAM_ENTRY_ROUTER), spec.overlap_score_credit,
+                        spec.prefill_load_scale, spec.temperature, track_prefill_tokens=True,
+                        track_active_blocks=role == "aggregated")
+    raise InputError("router.policy", f"unknown router policy {spec.policy!r}; use round_robin, random or kv_router")
+
+
+def build_decode_router(block_size: int, seed: int) -> KvRouter:
+    """Decode placement is load-only: active decode blocks, no overlap credit, no prefill tokens."""
+    return KvRouter(block_size, actor_rng(seed, STREAM_DECODE_ROUTER), overlap_score_credit=0.0,
+                    track_prefill_tokens=False, track_active_blocks=True, name="decode_load")

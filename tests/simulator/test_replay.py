@@ -89,6 +89,12 @@ def test_api_errors_name_the_argument(tmp_path):
         run_trace_replay(str(SLICE), extra_engine_args={"num_gpu_block": 5})
     assert info.value.where == "extra_engine_args.num_gpu_block"
     with pytest.raises(NotSupportedError):
-        run_trace_replay(str(SLICE), router_mode="kv_router")
+        run_trace_replay(str(SLICE), planner_config={"optimization_target": "sla"})
+    with pytest.raises(InputError) as info:
+        run_trace_replay(str(SLICE), router_mode="kv_router", router_config={"overlap_credit": 1})
+    assert info.value.where == "router_config.overlap_credit"
+    with pytest.raises(InputError) as info:
+        run_trace_replay(str(SLICE), router_mode="least_loaded")
+    assert info.value.where == "router_mode"
     with pytest.raises(InputError, match="exactly one"):
         run_synthetic_trace_replay(10, 1, 1)

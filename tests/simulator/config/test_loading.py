@@ -83,8 +83,9 @@ def test_cross_field_rules():
 @pytest.mark.parametrize(
     "path,value,key",
     [
-        (("engine", "mode"), "disaggregated", "engine.mode"),
-        (("router", "policy"), "kv_router", "router.policy"),
+        (("engine", "mode"), "afd", "engine.mode"),
+        (("router", "active_prefill_tokens_threshold"), 4096, "router.active_prefill_tokens_threshold"),
+        (("router", "prefill_load_model"), {"type": "aic"}, "router.prefill_load_model.type"),
         (("planner",), {"policy": "enabled"}, "planner.policy"),
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
@@ -97,12 +98,12 @@ def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value
     node = d
     for p in path[:-1]:
         node = node.setdefault(p, {})
-    if path == ("engine", "mode"):
-        d["engine"]["workers"] = {"prefill": {}, "decode": {}}
+    if path[-1] == "prefill_load_model":
+        d["router"]["policy"] = "kv_router"
     node[path[-1]] = value
     with pytest.raises(NotSupportedError) as info:
         check_supported(validate_config(d))
-    assert info.value.where == key and "not supported" in str(info.value)
+    assert info.value.where == key and "not supported" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_set_values_are_yaml_and_may_replace_whole_mappings():

@@ -1,0 +1,144 @@
+"""Router contract suite (every policy) and the KV router's cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actors.engine.kv_cache import REMOVED, STORED
+from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
+
+
+class Req:
+    def __init__(self, index: int, hashes: list[int], prompt_len: int | None = None, bs: int = 4):
+        self.index = index
+        self._hashes = hashes
+        self.prompt_len = prompt_len if prompt_len is not None else len(hashes) * bs
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        return self._hashes
+
+
+def rng(seed=7):
+    return np.random.default_rng(seed)
+
+
+POLICIES = {
+    "round_robin": lambda seed: RoundRobinRouter(),
+    "random": lambda seed: RandomRouter(rng(seed)),
+    "kv_router": lambda seed: KvRouter(4, rng(seed)),
+    "kv_router warm": lambda seed: KvRouter(4, rng(seed), temperature=0.7),
+    "decode_load": lambda seed: KvRouter(4, rng(seed), overlap_score_credit=0.0, track_prefill_tokens=False),
+}
+
+
+def drive(router, eligible, ranks_of, n=60, seed=0):
+    """Route n requests (some sharing prefixes), completing some; return the decisions."""
+    r = np.random.default_rng(seed)
+    out = []
+    live = []
+    for i in range(n):
+        fam = int(r.integers(3))
+        hashes = [1000 * fam + j for j in range(int(r.integers(1, 8)))] + [10**6 + i]
+        req = Req(i, hashes)
+        w, k, _ = router.route(req, float(i), eligible, ranks_of)
+        out.append((w, k))
+        live.append(req)
+        if router.needs_kv_events:
+            router.on_kv_events(w, k, STORED, hashes)
+        if i % 3 == 2:
+            done = live.pop(0)
+            router.on_first_token(done)
+            router.on_release(done)
+    return out
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_chooses_a_valid_eligible_worker_and_rank(name):
+    ranks_of = [1, 2, 1, 4]
+    eligible = [0, 1, 3]  # worker 2 is draining
+    for w, k in drive(POLICIES[name](1), eligible, ranks_of):
+        assert w in eligible and 0 <= k < ranks_of[w]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_deterministic_under_a_seed(name):
+    ranks_of = [2, 2, 2]
+    a = drive(POLICIES[name](5), [0, 1, 2], ranks_of)
+    b = drive(POLICIES[name](5), [0, 1, 2], ranks_of)
+    assert a == b
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_respects_draining_workers(name):
+    router = POLICIES[name](3)
+    first = drive(router, [0, 1, 2], [1, 1, 1], n=30)
+    later = drive(router, [0, 2], [1, 1, 1], n=30, seed=1)  # worker 1 starts draining
+    assert {w for w, _ in first} >= {0, 2} and 1 not in {w for w, _ in later}
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_no_eligible_worker_is_an_error(name):
+    with pytest.raises(RuntimeError):
+        POLICIES[name](1).route(Req(0, [1]), 0.0, [], [1])
+
+
+def test_round_robin_cycles_workers_then_ranks():
+    router = RoundRobinRouter()
+    picks = [router.route(Req(i, [i]), 0.0, [0, 1], [2, 1])[:2] for i in range(6)]
+    assert picks == [(0, 0), (1, 0), (0, 1), (1, 0), (0, 0), (1, 0)]
+
+
+def test_kv_router_prefers_the_worker_holding_the_prefix_and_tracks_load():
+    router = KvRouter(4, rng())
+    prefix = [11, 12, 13, 14]
+    router.on_kv_events(1, 0, STORED, prefix)
+    req = Req(0, prefix + [99], prompt_len=20)
+    w, k, info = router.route(req, 0.0, [0, 1], [1, 1])
+    # worker 0: 20/4 = 5 prefill blocks + 5 new decode blocks = 10; worker 1: max(0, 5 - 4) + 5 = 6
+    assert (w, k) == (1, 0) and info["cost"] == 6.0
+    assert info["selected_overlap_blocks"] == 4 and info["overlap_regret_blocks"] == 0
+    assert router.load_view(1) == {"prefill_tokens": 4, "active_blocks": 5, "requests": 1, "cached_blocks": 4}
+    router.on_first_token(req)
+    assert router.load_view(1)["prefill_tokens"] == 0
+    router.on_release(req)
+    assert router.load_view(1) == {"prefill_tokens": 0, "active_blocks": 0, "requests": 0, "cached_blocks": 4}
+    router.on_kv_events(1, 0, REMOVED, [13, 14])
+    assert router.load_view(1)["cached_blocks"] == 2
+
+
+def test_kv_router_prefill_load_scale_and_credit():
+    # a long queue of prefill work on the prefix holder outweighs the cache with a large scale
+    router = KvRouter(4, rng(), prefill_load_scale=4.0, overlap_score_credit=0.5, track_active_blocks=False)
+    router.on_kv_events(0, 0, STORED, [1, 2, 3, 4])
+    busy = Req(0, [50, 51, 52, 53], prompt_len=16)
+    assert router.route(busy, 0.0, [0], [1])[0] == 0  # worker 0 now has 16 prefill tokens queued
+    w, _, info = router.route(Req(1, [1, 2, 3, 4], prompt_len=16), 0.0, [0, 1], [1, 1])
+    # worker 0: 4 x max(0, (16 + 16)/4 - 0.5 x 4) = 24; worker 1: 4 x 16/4 = 16
+    assert w == 1 and info["cost"] == 16.0
+
+
+def test_kv_router_dedups_active_blocks_of_shared_prefixes():
+    router = KvRouter(4, rng(), track_prefill_tokens=False)
+    a = Req(0, [1, 2, 3])
+    router.route(a, 0.0, [0], [1])
+    w, _, info = router.route(Req(1, [1, 2, 9]), 0.0, [0], [1])
+    assert info["cost"] == 3 + 1  # three active blocks, only block 9 is new
+    router.on_release(a)
+    assert router.load_view(0)["active_blocks"] == 3  # 1 and 2 still held by the second request
+
+
+def test_zero_temperature_ties_are_seeded_and_uniform():
+    picks = [KvRouter(4, rng(s)).route(Req(0, [1]), 0.0, [0, 1, 2, 3], [1] * 4)[0] for s in range(400)]
+    counts = np.bincount(picks, minlength=4)
+    assert counts.min() > 60  # each of four tied workers is picked about 100 times
+
+
+def test_temperature_samples_cheaper_workers_more_often():
+    picks = []
+    for s in range(300):
+        router = KvRouter(4, rng(s), temperature=0.5, track_prefill_tokens=False)
+        router.route(Req(100, [7, 8, 9, 10]), 0.0, [0], [1, 1])  # worker 0 busy: 4 active blocks
+        picks.append(router.route(Req(0, [1]), 0.0, [0, 1], [1, 1])[0])
+    ones = sum(picks)
+    assert 200 < ones < 300  # costs 5 vs 1: softmax of normalised costs favours worker 1 ~ e^2:1
