@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,13 @@ from simulator.config import models as m
 from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from simulator.config.loading import format_validation_error
 from simulator.config.support import check_supported
+from simulator.config.planner_config import PlannerConfig, from_replay_section, parse_planner_config
 from simulator.coordinator import Coordinator, KvTransferModel, Pool
+from simulator.metrics.planner_html import write_planner_html
+from simulator.planning import build_planner, capabilities, planner_report
 from simulator.errors import InputError, NotSupportedError
 from simulator.metrics.collector import RequestLog
-from simulator.metrics.summary import PoolAccounting, RunCounters, summarize
+from simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
 from simulator.runtime.local import RouterSpec, build_decode_router, build_router, build_timing, build_workers
 from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
 from simulator.traffic.build import TrafficPlan, open_loop, build_traffic, synthetic_workload
@@ -68,6 +72,10 @@ class ReplayPlan:
     fast_forward: bool = True  # False steps every pass (same results, slower; for verification)
     transfer: KvTransferModel | None = None  # disaggregated only
     seed: int = 42  # root of the actors' random streams
+    planner: PlannerConfig | None = None
+    capture_planner_details: bool = True
+    write_html_report: bool = False  # the Python API's diagnostics page (never from aisim predict)
+    planner_field: str = "planner"  # how errors name the Planner's configuration
 
 
 # -- running ------------------------------------------------------------------------
@@ -83,15 +91,22 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     entry_router = build_router(plan.router, entry_plan.args.block_size, plan.seed, entry_plan.role)
     decode_router = build_decode_router(decode_plan.args.block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
+    timings = {}
     for pool in plan.pools:
         timing = build_timing(pool.args, f"engine.workers.{pool.role}.timing")
+        timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
         first = len(workers)
-        workers.extend(build_workers(pool.args, pool.replicas, first, timing, plan.fast_forward,
-                                     record_kv_events=pool.role != "decode" and router.needs_kv_events,
-                                     pool_label="decode" if pool.role == "decode" else None))
-        pools.append(Pool(pool.role, list(range(first, len(workers))), router, pool.args.block_size))
+        make = partial(build_workers, pool.args, 1, timing=timing, fast_forward=plan.fast_forward,
+                       record_kv_events=pool.role != "decode" and router.needs_kv_events,
+                       pool_label="decode" if pool.role == "decode" else None)
+        for i in range(pool.replicas):
+            workers.extend(make(first_id=first + i))
         a = pool.args
+        pools.append(Pool(pool.role, list(range(first, len(workers))), router, a.block_size,
+                          caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
+                          startup_ms=(a.startup_time or 0.0) * 1000.0,
+                          spawn=lambda wid, make=make: make(first_id=wid)[0]))
         provenance[pool.role] = {
             **timing.describe(),
             "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
@@ -108,31 +123,45 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             "hardware": a.hardware,
             "kv_sizing": pool.kv_sizing,
         }
+    planner = None
+    if plan.planner is not None:
+        planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details, plan.planner_field)
     log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
     coord = Coordinator(w, store, plan.traffic.arrivals, workers, pools[0], log,
                         decode=pools[1] if decode_plan else None, transfer=plan.transfer,
-                        stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard)
+                        stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard, planner=planner)
+    planner_wall = [0.0, 0.0]
+    if planner is not None:
+        def hook(entering: bool) -> None:  # wall time spent in Planner ticks (outside the model)
+            if entering:
+                planner_wall[1] = time.perf_counter()
+            else:
+                planner_wall[0] += time.perf_counter() - planner_wall[1]
+        coord.planner_hook = hook
     stats = coord.run()
 
+    provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
     for pool in plan.pools:
         role = "prefill" if pool.role == "prefill" else "decode"
-        accounting.append(PoolAccounting(role, pool.args.gpus_per_worker, replicas=pool.replicas))
-    ranks = [r for wk in workers for r in wk.ranks]
+        accounting.append(PoolAccounting(role, pool.args.gpus_per_worker, replicas=pool.replicas,
+                                         worker_seconds=provisioned.get(pool.role) if planner is not None else None))
+    ranks = [r for wk in coord.workers for r in wk.ranks]
     counters = RunCounters(
         committed_prefill_tokens=sum(r.committed_prefill_tokens for r in ranks),
         generated_tokens=sum(r.num_generated_tokens for r in ranks),
         num_preemptions=sum(r.num_preemptions for r in ranks),
-        num_passes=sum(wk.num_passes for wk in workers),
+        num_passes=sum(wk.num_passes for wk in coord.workers),
         num_offered=coord.num_offered,
         provenance=provenance,
     )
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
-    summary = summarize(log, [wk.gaps for wk in workers], accounting, counters, plan.sla, wall_ms)
+    summary = summarize(log, [wk.gaps for wk in coord.workers], accounting, counters, plan.sla, wall_ms,
+                        planner_total_ticks=planner.total_ticks if planner is not None else None)
     summary["deployment"] = {
         "mode": "disaggregated" if decode_plan else "aggregated",
         "router": entry_router.describe(),
         "decode_router": decode_router.describe() if decode_router else None,
-        "workers": {p.role: p.replicas for p in plan.pools},
+        "workers": {p.role: p.replicas for p in plan.pools},  # at the start
         "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
         "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
                          "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
@@ -144,18 +173,24 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
         per_request = sorted(log.records, key=lambda r: (r["arrival_time_ms"], r["uuid"]))
     coverage = {
         "capture_per_request": plan.capture_per_request,
-        "capture_planner_details": False,
+        "capture_planner_details": planner is not None and plan.capture_planner_details,
         "per_request_records": len(per_request) if per_request is not None else 0,
     }
+    planner_obj = None
+    if planner is not None:
+        planner_obj = planner_report(planner, plan.planner, coord.lifecycle_operations, plan.capture_planner_details)
+        if plan.write_html_report and plan.capture_planner_details:
+            planner_obj["html_report_path"] = write_planner_html(planner_obj, summary)
     diagnostics = {
         "num_events": stats.num_events,
         "num_passes": counters.num_passes,
-        "num_fast_forward_runs": sum(wk.num_runs for wk in workers),
-        "num_workers": len(workers),
+        "num_fast_forward_runs": sum(wk.num_runs for wk in coord.workers),
+        "num_workers": len(coord.workers),
         "num_transfers": stats.num_transfers,
+        "planner_wall_s": planner_wall[0] if planner is not None else None,
         "traffic": plan.traffic.description,
     }
-    return ReplayReport(summary, per_request, coverage, None, diagnostics)
+    return ReplayReport(summary, per_request, coverage, planner_obj, diagnostics)
 
 
 # -- from a predict config ------------------------------------------------------------
@@ -238,8 +273,9 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         0.0 if r.temperature is None else r.temperature,
     )
     traffic = build_traffic(cfg.traffic, config_dir)
+    planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
     return ReplayPlan(traffic, pools, router, cfg.evaluation.sla, capture_per_request, fast_forward, transfer,
-                      cfg.execution.seed)
+                      cfg.execution.seed, planner)
 
 
 def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
@@ -288,9 +324,10 @@ def _router_spec(router_mode: str, router_config: dict | None) -> RouterSpec:
 
 def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_workers: int, num_prefill: int,
              num_decode: int, router_mode: str, router_config, planner_config, sla: tuple, capture_per_request: bool,
-             fast_forward: bool, seed: int) -> ReplayReport:
-    if planner_config is not None:
-        raise NotSupportedError("planner_config", "the Planner is not supported yet; pass planner_config=None")
+             fast_forward: bool, seed: int, capture_planner_details: bool = True) -> ReplayReport:
+    planner = parse_planner_config(planner_config) if planner_config is not None else None
+    if planner is not None and planner.retune is not None:
+        raise NotSupportedError("planner_config.retune", "retune is not supported yet; remove it")
     router = _router_spec(router_mode, router_config)
     transfer = None
     if prefill_args is not None or decode_args is not None:
@@ -312,7 +349,9 @@ def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_wo
             raise InputError("num_workers", f"must be >= 1, got {num_workers}")
         args = _engine_args(extra_args)
         pools = [PoolPlan(args.worker_type, num_workers, args)]
-    return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed))
+    html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
+    return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed,
+                               planner, capture_planner_details, html, "planner_config"))
 
 
 def run_trace_replay(
@@ -368,7 +407,8 @@ def run_trace_replay(
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", f"{w.description}, {desc}")
     return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
                     num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
-                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed)
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
+                    capture_planner_details)
 
 
 def run_synthetic_trace_replay(
@@ -423,4 +463,5 @@ def run_synthetic_trace_replay(
     traffic = TrafficPlan(w, arrivals, max_sim_time_ms, "requests", w.description)
     return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
                     num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
-                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed)
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
+                    capture_planner_details)

@@ -50,6 +50,8 @@ class RankPass:
     shape: PassShape
     duration_ms: float
     num_preempted: int
+    var_prefill_length: float = 0.0  # of the chunks computed this pass
+    var_decode_kv_tokens: float = 0.0  # of the decoding requests' sequence lengths
 
 
 class GapSink:
@@ -83,6 +85,10 @@ class RankScheduler:
         self.handoffs: list[Request] = []  # prefill role: prompts done, KV held for the transfer
         self.first_tokens: list[Request] | None = None  # set to a list to be told of first tokens
         self.pool_label = "prefill" if config.prefill_only else "agg"  # "decode" for a decode pool
+        # forward-pass metrics of the last pass: (wall_ms, prefill reqs, prefill tokens, prefill KV read,
+        # var prefill length, decode reqs, decode KV tokens, var decode KV)
+        self.last_pass: tuple | None = None
+        self.pass_count = 0
         cl = config.context_length
         self.context_limit = cl if cl is not None else 1 << 62  # prompts >= it are rejected; generation stops at it
         self._lifo = config.preemption_mode == "lifo"
@@ -201,14 +207,17 @@ class RankScheduler:
             if num_preempted:
                 self.num_preemptions += num_preempted
             return None
-        num_prefill = new_tokens = sum_prefix = num_decode = decode_kv = 0
+        num_prefill = new_tokens = sum_prefix = num_decode = decode_kv = sq_new = sq_kv = 0
         for req, n in items:
             if req.prefill_done:
                 num_decode += 1
-                decode_kv += req.prompt_len + req.num_generated
+                kv = req.prompt_len + req.num_generated
+                decode_kv += kv
+                sq_kv += kv * kv
             else:
                 num_prefill += 1
                 new_tokens += n
+                sq_new += n * n
                 sum_prefix += req.num_computed
         if cfg.prefill_only:
             num_decode = decode_kv = 0
@@ -216,7 +225,9 @@ class RankScheduler:
                           self.total_kv_tokens)
         duration = self.timing.pass_ms(shape)
         self.num_preemptions += num_preempted
-        return RankPass(items, shape, duration, num_preempted)
+        var_p = sq_new / num_prefill - (new_tokens / num_prefill) ** 2 if num_prefill else 0.0
+        var_d = sq_kv / num_decode - (decode_kv / num_decode) ** 2 if num_decode else 0.0
+        return RankPass(items, shape, duration, num_preempted, var_p, var_d)
 
     def _never_fits(self, req: Request) -> bool:
         cfg = self.config
@@ -247,6 +258,10 @@ class RankScheduler:
         pooled = 0
         any_done = False
         prefill_only = self.config.prefill_only
+        sh = rp.shape
+        self.last_pass = (end_ms - start_ms, sh.num_prefill, sh.prefill_new_tokens, sh.prefill_sum_prefix,
+                          rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
+        self.pass_count += 1
         for req, n in rp.items:
             c = req.num_computed + n
             req.num_computed = c
@@ -310,6 +325,25 @@ class RankScheduler:
                 self.handoffs.append(req)
         self.running = keep
 
+    def queue_stats(self) -> tuple:
+        """(prefill requests, their prompt tokens, variance; decode requests, their KV tokens, variance)
+        of the waiting queue: fresh prompts queue for prefill; preempted and transferred requests
+        wait to resume decoding."""
+        np_ = tok = sq_t = nd = kv = sq_kv = 0
+        for req in self.waiting:
+            if req.num_generated == 0 and not req.materialized:
+                np_ += 1
+                tok += req.prompt_len
+                sq_t += req.prompt_len * req.prompt_len
+            else:
+                k = req.prompt_len + req.num_generated
+                nd += 1
+                kv += k
+                sq_kv += k * k
+        var_t = sq_t / np_ - (tok / np_) ** 2 if np_ else 0.0
+        var_kv = sq_kv / nd - (kv / nd) ** 2 if nd else 0.0
+        return np_, tok, var_t, nd, kv, var_kv
+
     def release_source(self, req: Request) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
         self.kv.release(req)
@@ -328,7 +362,7 @@ class RankScheduler:
             return None  # (the newest request is the one most likely still prefilling)
         limit = self.context_limit
         k = max_passes
-        kv0 = 0
+        kv0 = sq = 0
         c0 = []
         g0 = []
         for req in running:
@@ -342,6 +376,7 @@ class RankScheduler:
             if left < k:
                 k = left
             kv0 += known
+            sq += known * known
             c0.append(req.num_computed)
             g0.append(g)
         if k <= 0 or not self._admission_blocked(n):
@@ -358,7 +393,7 @@ class RankScheduler:
             k = sorted(j for a in firsts for j in range(a, k, bs))[avail]
             if k <= 0:
                 return None
-        return k, list(running), c0, g0, kv0
+        return k, list(running), c0, g0, kv0, sq / n - (kv0 / n) ** 2
 
     def _admission_blocked(self, num_running: int) -> bool:
         """No waiting request can be admitted (and none rejected) while the batch decodes.

@@ -24,9 +24,9 @@ MAX_RUN_PASSES = 4096
 class DecodeRun:
     """k planned decode passes of fixed batches (one batch per busy rank)."""
 
-    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size", "held_events")
+    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size", "held_events", "kv")
 
-    def __init__(self, start_ms: float, ends: np.ndarray, ranks: list) -> None:
+    def __init__(self, start_ms: float, ends: np.ndarray, ranks: list, kv: dict | None = None) -> None:
         self.start_ms = start_ms
         self.ends = ends
         self.num_passes = len(ends)
@@ -36,6 +36,7 @@ class DecodeRun:
         self.ranks = ranks
         self.batch_size = sum(len(b) for _, b, _, _ in ranks)
         self.held_events: list | None = None  # KV events of the scheduled pass still in progress
+        self.kv = kv or {}  # rank -> (KV tokens of the batch at the run start, variance of sequence lengths)
 
     @property
     def end_ms(self) -> float:
@@ -118,6 +119,31 @@ class EngineWorker:
                 r.first_tokens.clear()
         return out
 
+    def _run_pass_metrics(self, run: DecodeRun, j: int) -> dict:
+        """Scheduled-batch metrics of pass j of a run, per busy rank (keyed by id(rank))."""
+        ends = run.ends
+        wall = float(ends[j] - (ends[j - 1] if j else run.start_ms))
+        out = {}
+        for rank, batch, _, _ in run.ranks:
+            kv0, var0 = run.kv[id(rank)]
+            n = len(batch)
+            out[id(rank)] = (wall, 0, 0, 0, 0.0, n, kv0 + j * n, var0)
+        return out
+
+    def forward_pass_metrics(self) -> list[tuple]:
+        """Per rank: (rank, pass ordinal, last pass metrics or None, queue stats). Call after sync()."""
+        run = self._run
+        run_last = self._run_pass_metrics(run, run.n_done - 1) if run is not None and run.n_done else {}
+        out = []
+        for i, rank in enumerate(self.ranks):
+            if run is not None and run.n_done:
+                last = run_last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
+                ordinal = rank.pass_count + run.n_done
+            else:
+                last, ordinal = rank.last_pass, rank.pass_count
+            out.append((i, ordinal, last, rank.queue_stats()))
+        return out
+
     def take_kv_events(self) -> list[tuple[int, int, list[int]]]:
         out, self.kv_events = self.kv_events, []
         return out
@@ -176,6 +202,10 @@ class EngineWorker:
         run = self._run
         if run is not None:
             self._apply_run(run, run.num_passes, run.num_passes, completed)
+            last = self._run_pass_metrics(run, run.num_passes - 1)
+            for rank in self.ranks:
+                rank.pass_count += run.num_passes
+                rank.last_pass = last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
             self._run = None
             self.num_passes += run.num_passes
         else:
@@ -218,14 +248,16 @@ class EngineWorker:
             return None
         durations = None
         entries = []
-        for rank, (_, batch, c0, g0, kv0) in plans:
+        kv = {}
+        for rank, (_, batch, c0, g0, kv0, var0) in plans:
             d = rank.timing.decode_run_ms(len(batch), kv0, rank.total_kv_tokens, k)
             durations = d if durations is None else np.maximum(durations, d)
             entries.append((rank, batch, c0, g0))
+            kv[id(rank)] = (kv0, var0)
         if durations.base is not None or not durations.flags.writeable:
             durations = durations.copy()
         durations[0] += now_ms
-        return DecodeRun(now_ms, np.cumsum(durations), entries)  # sequential sums: end = start + duration
+        return DecodeRun(now_ms, np.cumsum(durations), entries, kv)  # sequential sums: end = start + duration
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""

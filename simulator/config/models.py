@@ -346,14 +346,10 @@ class Execution(Strict):
     seed: int = 42  # aisim: root of every actor's random stream (the random and KV routers)
 
 
-# -- planner (keys validated now; the Planner itself arrives with its issue) -----------
-class Planner(Strict):
-    policy: Literal["enabled", "disabled"] = "disabled"
-    target: Literal["throughput", "latency", "load", "sla"] = "throughput"
-    enable_throughput_scaling: bool | None = None
-    enable_load_scaling: bool | None = None
-    throughput_adjustment_interval_seconds: PosInt | None = None
-    load_adjustment_interval_seconds: PosFloat | None = None
+# -- planner ---------------------------------------------------------------------------
+class PlannerKnobs(Strict):
+    """The Planner knobs that the YAML ``planner`` section and the API PlannerConfig share,
+    under the same names."""
     max_throughput_scaling_replicas: PosInt = 8
     max_num_fpm_samples: PosInt = 64
     fpm_sample_bucket_size: PosInt = 16
@@ -368,11 +364,6 @@ class Planner(Strict):
     kalman_min_points: PosInt = 5
     load_predictor_warmup_trace: str | None = None
     advisory: bool = False
-    max_num_gpus: int = 8
-    min_workers: NonNegInt = 1
-    prefill_min_workers: PosInt | None = None
-    decode_min_workers: PosInt | None = None
-    retune: dict[str, Any] | None = None
 
     @field_validator("fpm_sample_bucket_size")
     @classmethod
@@ -381,6 +372,20 @@ class Planner(Strict):
         if r * r != v:
             raise ValueError("fpm_sample_bucket_size must be a perfect square")
         return v
+
+
+class Planner(PlannerKnobs):
+    policy: Literal["enabled", "disabled"] = "disabled"
+    target: Literal["throughput", "latency", "load", "sla"] = "throughput"
+    enable_throughput_scaling: bool | None = None
+    enable_load_scaling: bool | None = None
+    throughput_adjustment_interval_seconds: PosInt | None = None
+    load_adjustment_interval_seconds: PosFloat | None = None
+    max_num_gpus: int = 8
+    min_workers: NonNegInt = 1
+    prefill_min_workers: PosInt | None = None
+    decode_min_workers: PosInt | None = None
+    retune: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _advisory(self):

@@ -51,5 +51,3 @@ def check_supported(cfg: m.PredictConfig) -> None:
     if r.prefill_load_model.type != "none":
         raise NotSupportedError("router.prefill_load_model.type", "aic (time-decaying prefill backlog) is not supported "
                                                                  "yet; use none (prefill tokens count until the first token)")
-    if cfg.planner.policy != "disabled":
-        raise _no("planner.policy", "the Planner (policy: enabled)", "set planner.policy: disabled or remove the planner section")

@@ -37,6 +37,15 @@ class RunCounters:
     provenance: dict = field(default_factory=dict)
 
 
+def completed_duration_ms(log: RequestLog) -> float:
+    """Terminal time of the last completed request (0 when none completed)."""
+    if not len(log):
+        return 0.0
+    status = np.frombuffer(log.status, dtype=np.int8)
+    done = status == STATUS_COMPLETED
+    return float(np.frombuffer(log.terminal, dtype=np.float64)[done].max()) if done.any() else 0.0
+
+
 def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
     for s in STAT_NAMES:
         out[f"{s}_{name}{unit}"] = stats[s]

@@ -89,7 +89,10 @@ def test_api_errors_name_the_argument(tmp_path):
         run_trace_replay(str(SLICE), extra_engine_args={"num_gpu_block": 5})
     assert info.value.where == "extra_engine_args.num_gpu_block"
     with pytest.raises(NotSupportedError):
-        run_trace_replay(str(SLICE), planner_config={"optimization_target": "sla"})
+        run_trace_replay(str(SLICE), planner_config={"mode": "agg", "retune": {"interval_seconds": 600}})
+    with pytest.raises(InputError) as info:
+        run_trace_replay(str(SLICE), planner_config={"mode": "agg", "optimization_targt": "sla"})
+    assert info.value.where == "planner_config.optimization_targt"
     with pytest.raises(InputError) as info:
         run_trace_replay(str(SLICE), router_mode="kv_router", router_config={"overlap_credit": 1})
     assert info.value.where == "router_config.overlap_credit"

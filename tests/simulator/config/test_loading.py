@@ -9,6 +9,7 @@ import pytest
 from simulator.config.loading import apply_overrides, load_config, parse_override, validate_config
 from simulator.config.support import check_supported
 from simulator.errors import InputError, NotSupportedError
+from simulator.replay import plan_from_config
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -86,7 +87,7 @@ def test_cross_field_rules():
         (("engine", "mode"), "afd", "engine.mode"),
         (("router", "active_prefill_tokens_threshold"), 4096, "router.active_prefill_tokens_threshold"),
         (("router", "prefill_load_model"), {"type": "aic"}, "router.prefill_load_model.type"),
-        (("planner",), {"policy": "enabled"}, "planner.policy"),
+        (("planner",), {"policy": "enabled", "retune": {"interval_seconds": 600}}, "planner.retune"),
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
         (("engine", "speculation"), {"draft": 3}, "engine.speculation"),
@@ -102,7 +103,7 @@ def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value
         d["router"]["policy"] = "kv_router"
     node[path[-1]] = value
     with pytest.raises(NotSupportedError) as info:
-        check_supported(validate_config(d))
+        plan_from_config(validate_config(d))
     assert info.value.where == key and "not supported" in str(info.value) and "\n" not in str(info.value)
 
 

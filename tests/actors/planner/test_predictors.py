@@ -1,0 +1,83 @@
+"""Load predictors and the perf model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from actors.messages import Capabilities
+from actors.planner.perf_model import PerfModel, bootstrap_samples
+from actors.planner.predictors import PREDICTOR_PRESETS, Predictor, PredictorSpec, PredictorUnavailable, check_available
+
+
+def run(spec, values):
+    p = Predictor(spec)
+    for v in values:
+        p.add(v)
+    return p.predict()
+
+
+def test_eleven_named_presets():
+    assert len(PREDICTOR_PRESETS) == 11
+    assert PREDICTOR_PRESETS["kalman_reactive_log1p"] == PredictorSpec("kalman", True, 50, 10.0, 1.0, 5.0, 3)
+
+
+def test_constant_and_common_rules():
+    assert run(PredictorSpec("constant"), [0, 0, 3, 5]) == 5
+    p = Predictor(PredictorSpec("constant"))
+    p.add(0)
+    p.add(0)
+    assert p.history == []  # leading zeros are skipped
+    assert run(PredictorSpec("constant"), [4, float("nan")]) == 0.0  # NaN counts as 0
+
+
+def test_kalman_follows_a_linear_trend():
+    assert run(PredictorSpec("kalman"), [10, 20, 30, 40, 50, 60, 70]) == pytest.approx(80, rel=0.05)
+    assert run(PredictorSpec("kalman", kalman_min_points=5), [10, 20]) == 20  # before min points: last value
+
+
+def test_arima_constant_history_and_trend():
+    assert run(PredictorSpec("arima"), [7] * 8) == 7
+    pred = run(PredictorSpec("arima"), [100, 110, 120, 130, 140, 150, 160, 170])
+    assert 150 < pred < 200
+    assert run(PredictorSpec("arima"), [5, 6]) == 6  # fewer than 5 points: last value
+
+
+def test_log1p_variant_and_nonnegative_output():
+    grow = [1, 2, 4, 8, 16, 32, 64]
+    raw = run(PredictorSpec("kalman"), grow)
+    logged = run(PredictorSpec("kalman", log1p=True), grow)
+    assert raw < 64 < logged  # the linear trend lags a doubling series; log1p extrapolates it
+    assert run(PredictorSpec("kalman"), [100, 50, 20, 5, 1, 0.5]) == 0.0  # a falling trend is clamped at 0
+
+
+def test_prophet_missing_names_the_extra():
+    try:
+        import prophet  # noqa: F401
+    except ImportError:
+        with pytest.raises(PredictorUnavailable, match=r"aisim\[prophet\]"):
+            check_available(PredictorSpec("prophet"))
+
+
+def test_perf_model_recovers_a_linear_pass_time_and_keeps_bucketed_samples():
+    caps = Capabilities(8192, 256, 32768, 1_000_000)
+    m = PerfModel("agg", caps, max_samples=16, bucket_size=16, min_observations=5)
+    assert not m.ready()
+    for t in range(200, 8001, 200):
+        m.add(t, 0, 0, 0, 3 + 0.02 * t)
+    for b in range(1, 200, 7):
+        m.add(0, 0, b, b * 2000, 4 + 0.05 * b + 2e-5 * b * 2000)
+    assert m.ready() and m.num_samples <= 16 and m.num_observed > 16
+    assert m.forward_ms(4000) == pytest.approx(83, rel=0.05)
+    assert m.chunked_ms(16384) == pytest.approx(2 * m.forward_ms(8192), rel=0.1)
+
+
+def test_bootstrap_grid_matches_the_reference_spacing():
+    caps = Capabilities(8192, 256, 32768, 1_000_000)
+    s = bootstrap_samples(lambda t, b, kv: 1.0 + t + b, caps, "agg")
+    assert [isl for isl, _ in s.prefill] == list(range(100, 8193, (8192 - 100) // 8))
+    assert {ctx for _, ctx, _ in s.decode} == {500, 2000, 4000, 8000}
+    assert all(b * ctx <= caps.max_kv_tokens for b, ctx, _ in s.decode)
+    assert len(s.sha256) == 64 and s.sha256 == bootstrap_samples(lambda t, b, kv: 1.0 + t + b, caps, "agg").sha256
+    assert math.isclose(s.prefill[0][1], 101.0)
