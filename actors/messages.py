@@ -108,3 +108,38 @@ class Decision:
     next_tick_ms: float | None
 
 
+
+
+# -- wire forms (msgpack-ready lists) for actors hosted elsewhere ----------------------------
+def _fpm_to_wire(f: Fpm) -> list:
+    return [getattr(f, name) for name in Fpm.__dataclass_fields__]
+
+
+def snapshot_to_wire(snap: Snapshot) -> list:
+    """The snapshot without its traffic window (sent separately, see actors.planner.host)."""
+    roles = {role: [st.active, st.starting, st.draining, [_fpm_to_wire(f) for f in st.fpms],
+                    [getattr(st.caps, n) for n in Capabilities.__dataclass_fields__]]
+             for role, st in snap.roles.items()}
+    return [snap.now_ms, roles]
+
+
+def snapshot_from_wire(data) -> Snapshot:
+    now_ms, roles = data
+    return Snapshot(now_ms, {role: RoleState(list(a), list(s), list(d), [Fpm(*f) for f in fpms], Capabilities(*caps))
+                             for role, (a, s, d, fpms, caps) in roles.items()})
+
+
+def traffic_to_wire(w: TrafficWindow | None) -> list | None:
+    return None if w is None else [getattr(w, n) for n in TrafficWindow.__dataclass_fields__]
+
+
+def traffic_from_wire(data) -> TrafficWindow | None:
+    return None if data is None else TrafficWindow(*data)
+
+
+def decision_to_wire(d: Decision) -> list:
+    return [d.target_prefill, d.target_decode, d.next_tick_ms]
+
+
+def decision_from_wire(data) -> Decision:
+    return Decision(*data)

@@ -42,7 +42,24 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
     pr.add_argument("--capture-per-request", action="store_true",
                     help="fill prediction.json per_request and write requests.jsonl (needs --output-dir)")
+    pr.add_argument("--backend", choices=("local", "ray"), default=None,
+                    help="where the simulated workers, router and Planner live (overrides execution.backend)")
+    pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
+                    help="join a running Ray cluster instead of starting a local one (implies --backend ray)")
     return p
+
+
+def _execution_overrides(args) -> list[str]:
+    """--backend and --ray-address as config overrides (validated with the config)."""
+    import json
+
+    out = []
+    backend = args.backend or ("ray" if args.ray_address is not None else None)
+    if backend is not None:
+        out.append(f"execution.backend={backend}")
+    if args.ray_address is not None:
+        out.append(f"execution.ray_address={json.dumps(args.ray_address)}")
+    return out
 
 
 def _predict(args) -> int:
@@ -61,7 +78,7 @@ def _predict(args) -> int:
 
     if args.capture_per_request and args.output_dir is None:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
-    cfg, config_dir = load_config(args.config, args.overrides, default_path=QUICKSTART)
+    cfg, config_dir = load_config(args.config, args.overrides + _execution_overrides(args), default_path=QUICKSTART)
     plan = plan_from_config(cfg, config_dir, args.capture_per_request)  # every input checked before any output
     out_dir = prepare_output_dir(args.output_dir, args.overwrite) if args.output_dir is not None else None
     res = cfg.execution.resources
@@ -88,7 +105,7 @@ def _predict(args) -> int:
     if args.format == "json":
         print(canonical_json(report.summary, indent=None))
     else:
-        print(render_table(report.summary))
+        print(render_table(report.summary, runtime=report.diagnostics.get("runtime")))
         if out_dir is not None:
             print(f"Saved full report to: {out_dir / 'prediction.json'}")
     return 0

@@ -2,11 +2,13 @@
 
 Events are keyed ``(time_ms, phase, stable_id)``. Same-time order is one written policy:
 
-    pass completion -> worker ready -> transfer completion -> arrivals/admission
-    -> telemetry -> planner tick
+    pass completion -> handoff placement -> worker ready -> transfer completion
+    -> arrivals/admission -> telemetry -> planner tick
 
 ties inside a phase broken by stable identity (worker id, handoff ordinal, request index),
-never by insertion order. After every event at a time has settled, each idle worker with
+never by insertion order. A prompt finished on a prefill worker is placed on a decode worker
+only after every pass ending at that time has ended, so placement sees the decode pool as
+of that time whatever the worker ids. After every event at a time has settled, each idle worker with
 work starts its next pass, in ascending worker id. Model code never reads a wall clock; it
 is handed ``now_ms``.
 
@@ -27,16 +29,18 @@ from typing import Callable
 from actors.engine.request import WAITING, Request
 from actors.engine.worker import EngineWorker
 from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow
+from simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
 from simulator.traffic.arrivals import ArrivalProcess
 from simulator.traffic.workload import BlockHashStore, Workload
 
 PH_PASS_END = 0
-PH_WORKER_READY = 1
-PH_TRANSFER = 2
-PH_ARRIVAL = 3
-PH_TELEMETRY = 4
-PH_PLANNER = 5
+PH_HANDOFF = 1
+PH_WORKER_READY = 2
+PH_TRANSFER = 3
+PH_ARRIVAL = 4
+PH_TELEMETRY = 5
+PH_PLANNER = 6
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Pool:
     gpus_per_worker: int = 1
     startup_ms: float = 0.0  # delay before a worker added during the run is ready
     spawn: Callable[[int], EngineWorker] | None = None  # builds a new worker with the given id
+    num_ranks: int = 1  # attention-data ranks per worker
 
     def __post_init__(self) -> None:
         if not self.eligible:
@@ -118,8 +123,14 @@ class TrafficAccumulator:
             self.inputs += req.prompt_len
 
     def take(self, now_ms: float) -> TrafficWindow:
+        w = self.peek(now_ms)
+        self.reset(now_ms)
+        return w
+
+    def peek(self, now_ms: float) -> TrafficWindow:
+        """The window so far (it stays open)."""
         n = self.arrivals
-        w = TrafficWindow(
+        return TrafficWindow(
             duration_s=(now_ms - self.start_ms) / 1000.0,
             num_req=n,
             avg_isl=self.isl / n if n else 0.0,
@@ -128,8 +139,6 @@ class TrafficAccumulator:
             avg_itl_ms=self.itl / self.itl_n if self.itl_n else None,
             avg_kv_hit_rate=self.reused / self.inputs if self.inputs else 0.0,
         )
-        self.reset(now_ms)
-        return w
 
 
 @dataclass
@@ -141,8 +150,135 @@ class CoordinatorStats:
     stopped_at_ms: float | None = None
 
 
-class Coordinator:
-    """Runs one replay: arrivals -> routers -> workers (-> transfers -> decode workers)."""
+def routing_entry(pool_label: str, now_ms: float, info: dict | None) -> dict:
+    """One routing decision as the per-request record shows it."""
+    entry = {"pool": pool_label, "outcome": "immediate", "queue_entered_at_ms": None, "queue_wait_ms": 0.0,
+             "released_at_ms": now_ms, "selected_overlap_blocks": None, "best_available_overlap_blocks": None,
+             "overlap_regret_blocks": None, "reported_overlap_tokens": None}
+    if info:
+        entry.update({k: v for k, v in info.items() if k in entry})
+    return entry
+
+
+def handoff_record(src: int, src_rank: int, held_ms: float, reserved_ms: float, dst: int, tokens: int,
+                   delay_ms: float) -> dict:
+    return {"prefill_worker": src, "prefill_rank": src_rank, "source_held_ms": held_ms,
+            "destination_reserved_ms": reserved_ms, "decode_worker": dst, "transfer_tokens": tokens,
+            "transfer_ms": delay_ms}
+
+
+class PoolCoordinator:
+    """What both coordinators share: the pools, the lifecycle books, and carrying out the
+    Planner's decisions (add workers, cancel startups, drain, settle drains)."""
+
+    def _init_run(self, workload: Workload, hash_store: BlockHashStore, arrivals: ArrivalProcess, log: RequestLog,
+                  transfer: KvTransferModel | None, stop_ms: float | None, resource_guard) -> None:
+        self.workload = workload
+        self.hash_store = hash_store
+        self.arrivals = arrivals
+        self.transfer = transfer or KvTransferModel()
+        self.log = log
+        self.stop_ms = stop_ms
+        self.resource_guard = resource_guard
+        self.stats = CoordinatorStats()
+        self.num_offered = 0
+
+    def _init_pools(self, num_workers: int, entry: Pool, decode: Pool | None, planner) -> None:
+        self.entry = entry
+        self.decode = decode
+        self.planner = planner
+        self._pool_of: list[Pool] = [entry] * num_workers
+        if decode is not None:
+            for wid in decode.worker_ids:
+                self._pool_of[wid] = decode
+        self.lifecycle = Lifecycle(num_workers, [p.role for p in self._pool_of])
+        self._traffic = TrafficAccumulator()
+        self.planner_hook = lambda entering: None  # the runtime may time the Planner's ticks
+
+    @property
+    def lifecycle_operations(self) -> list[dict]:
+        return self.lifecycle.operations
+
+    def worker_seconds(self, until_ms: float) -> dict[str, float]:
+        return self.lifecycle.worker_seconds(until_ms)
+
+    def _pools(self) -> list[Pool]:
+        return [p for p in (self.entry, self.decode) if p is not None]
+
+    # hooks of the runtime
+    def _spawn(self, pool: Pool, wid: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _drain_blocked(self, wid: int) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _on_ready(self, wid: int, now_ms: float) -> None:
+        """A worker added with a startup delay becomes ready at ``now_ms + startup_ms``."""
+        raise NotImplementedError  # pragma: no cover
+
+    def _record(self, pool: Pool, now_ms: float, cause: str, transitions: list[dict], tick: int | None) -> None:
+        self.lifecycle.record(pool.planner_role, pool.worker_ids, now_ms, cause, transitions, tick)
+
+    def _apply_decision(self, decision, now_ms: float, tick: int) -> None:
+        for pool, target in ((self.entry if self.decode else None, decision.target_prefill),
+                             (self.decode or self.entry, decision.target_decode)):
+            if pool is not None and target is not None:
+                self._scale(pool, target, now_ms, tick)
+
+    def _scale(self, pool: Pool, target: int, now_ms: float, tick: int) -> None:
+        counts = self.lifecycle.counts(pool.worker_ids)
+        current = counts[STARTING] + counts[ACTIVE]
+        transitions: list[dict] = []
+        if target > current:
+            for _ in range(target - current):
+                transitions.append(self._add_worker(pool, now_ms))
+        elif target < current:
+            transitions = self.lifecycle.scale_down(pool.worker_ids, current - target, now_ms)
+            for t in transitions:
+                if t["state"] == DRAINING:
+                    pool.eligible.remove(t["worker_id"])
+        if transitions:
+            self._record(pool, now_ms, "planner_scale", transitions, tick)
+            for t in transitions:
+                if t["state"] == DRAINING:
+                    self._settle_drain(t["worker_id"], now_ms)
+
+    def _add_worker(self, pool: Pool, now_ms: float) -> dict:
+        starting = pool.startup_ms > 0
+        wid = self.lifecycle.add(pool.role, now_ms, starting)
+        self._pool_of.append(pool)
+        pool.worker_ids.append(wid)
+        self._spawn(pool, wid)
+        if starting:
+            self._on_ready(wid, now_ms + pool.startup_ms)
+        else:
+            pool.eligible.append(wid)
+        return Lifecycle.added(wid, starting)
+
+    def _worker_ready(self, wid: int, now_ms: float) -> None:
+        t = self.lifecycle.ready(wid)
+        if t is None:
+            return  # its start was canceled
+        pool = self._pool_of[wid]
+        pool.eligible.append(wid)
+        pool.eligible.sort()
+        self._record(pool, now_ms, "worker_ready_event", [t], None)
+
+    def _drain_later(self, wid: int) -> None:
+        """A draining worker could not leave yet (the runtime watches it)."""
+
+    def _settle_drain(self, wid: int, now_ms: float) -> None:
+        """A draining worker leaves once it has finished all its work and no KV transfer
+        from or to it is in flight."""
+        if self._drain_blocked(wid):
+            self._drain_later(wid)
+            return
+        self._record(self._pool_of[wid], now_ms, "drain_settlement", [self.lifecycle.remove(wid, now_ms)], None)
+
+
+class Coordinator(PoolCoordinator):
+    """Runs one replay in process, in exact lockstep: arrivals -> routers -> workers
+    (-> transfers -> decode workers)."""
 
     def __init__(
         self,
@@ -158,37 +294,19 @@ class Coordinator:
         resource_guard=None,
         planner=None,
     ) -> None:
-        self.workload = workload
-        self.hash_store = hash_store
-        self.arrivals = arrivals
+        self._init_run(workload, hash_store, arrivals, log, transfer, stop_ms, resource_guard)
         self.workers = workers
-        self.entry = entry
-        self.decode = decode
-        self.transfer = transfer or KvTransferModel()
-        self.log = log
-        self.stop_ms = stop_ms
-        self.resource_guard = resource_guard
-        self.stats = CoordinatorStats()
-        self.num_offered = 0
         self._versions = [0] * len(workers)
         self._heap: list = []
         self._dirty: set[int] = set()
         self._ranks_of = [len(w.ranks) for w in workers]
-        self._pool_of: list[Pool] = [entry] * len(workers)
-        if decode is not None:
-            for wid in decode.worker_ids:
-                self._pool_of[wid] = decode
+        self._init_pools(len(workers), entry, decode, planner)
         self._transfers: dict[int, tuple[Request, int, int, int]] = {}
         self._next_transfer = 0
-        # lifecycle (the Planner adds and removes workers)
-        self.planner = planner
-        self._state = ["active"] * len(workers)  # starting | active | draining | removed
-        self._provisioned = [[0.0, None] for _ in workers]  # [since, until]
-        self.lifecycle_operations: list[dict] = []
-        self._traffic = TrafficAccumulator()
+        self._handoffs: dict[int, tuple[Request, int]] = {}
+        self._next_handoff = 0
         self._ptr = 0
         self._n_init = 0
-        self.planner_hook = lambda entering: None  # the runtime may time the Planner's ticks
         for pool in (entry, decode):
             if pool is not None and pool.router.tracks_first_tokens and pool.role == "aggregated":
                 for wid in pool.worker_ids:
@@ -227,28 +345,13 @@ class Coordinator:
         if router.needs_worker_state:
             self._sync_pool(pool, now_ms)
         wid, rank, info = router.route(req, now_ms, pool.eligible, self._ranks_of)
-        entry = {"pool": pool.label, "outcome": "immediate", "queue_entered_at_ms": None, "queue_wait_ms": 0.0,
-                 "released_at_ms": now_ms, "selected_overlap_blocks": None, "best_available_overlap_blocks": None,
-                 "overlap_regret_blocks": None, "reported_overlap_tokens": None}
-        if info:
-            entry.update({k: v for k, v in info.items() if k in entry})
         if self.log.capture:
-            req.routing.append(entry)
+            req.routing.append(routing_entry(pool.label, now_ms, info))
         return wid, rank
 
     # -- event handlers -------------------------------------------------------------------
     def _make_request(self, index: int, now_ms: float) -> Request:
-        w = self.workload
-        req = Request(
-            index=index,
-            source=self.hash_store,
-            arrival_ms=now_ms,
-            prompt_len=int(w.input_len[index]),
-            max_output=int(w.output_len[index]),
-            session_id=w.session_name(index),
-            turn_index=int(w.turn_index[index]) if w.turn_index is not None else 0,
-        )
-        return req
+        return make_request(self.workload, self.hash_store, index, now_ms)
 
     def _arrive(self, index: int, now_ms: float) -> None:
         req = self._make_request(index, now_ms)
@@ -278,15 +381,19 @@ class Coordinator:
             router.on_release(req)
             self._terminal(req, now_ms)
         if pool.role == "prefill":
-            for req in worker.take_handoffs():
-                self._handoff(req, wid, now_ms)
+            for req in worker.take_handoffs():  # placed once every pass ending now has ended
+                seq = self._next_handoff
+                self._next_handoff += 1
+                self._handoffs[seq] = (req, wid)
+                heapq.heappush(self._heap, (now_ms, PH_HANDOFF, seq, 0))
         self._forward_kv_events(wid)
         self._dirty.add(wid)
-        if self._state[wid] == "draining":
+        if self.lifecycle.state[wid] == DRAINING:
             self._settle_drain(wid, now_ms)
 
-    def _handoff(self, req: Request, src: int, now_ms: float) -> None:
+    def _handoff(self, seq: int, now_ms: float) -> None:
         """Prefill done on ``src``: place the request on a decode worker and start its KV transfer."""
+        req, src = self._handoffs.pop(seq)
         prefill_router = self.entry.router
         prefill_router.on_first_token(req)
         prefill_router.on_release(req)
@@ -303,15 +410,7 @@ class Coordinator:
                 hits, _ = kv.match_prefix(req.block_hashes(bs), (req.prompt_len - 1) // bs)
                 tokens -= len(hits) * bs
         delay = self.transfer.delay_ms(tokens)
-        req.handoff = {
-            "prefill_worker": src,
-            "prefill_rank": req.rank,
-            "source_held_ms": now_ms,
-            "destination_reserved_ms": now_ms,
-            "decode_worker": wid,
-            "transfer_tokens": tokens,
-            "transfer_ms": delay,
-        }
+        req.handoff = handoff_record(src, req.rank, now_ms, now_ms, wid, tokens, delay)
         seq = self._next_transfer
         self._next_transfer += 1
         self._transfers[seq] = (req, src, wid, rank)
@@ -322,32 +421,26 @@ class Coordinator:
         req, src, wid, rank = self._transfers.pop(seq)
         self.workers[src].release_source(req)
         self._dirty.add(src)
-        if self._state[src] == "draining":
-            self._settle_drain(src, now_ms)
         req.handoff["source_released_ms"] = now_ms
         req.handoff["destination_activated_ms"] = now_ms
         req.materialized = True
         req.num_computed = 0
         req.status = WAITING
         self._enqueue(req, wid, rank, now_ms)
+        if self.lifecycle.state[src] == DRAINING:
+            self._settle_drain(src, now_ms)
 
     def _settle(self, now_ms: float) -> None:
         self.stats.num_settles += 1
         dirty = sorted(self._dirty)
         self._dirty.clear()
         for wid in dirty:
-            worker = self.workers[wid]
-            if worker.busy or not worker.has_work:
-                continue
-            end = worker.start(now_ms)
+            end, rejected = self.workers[wid].start_if_idle(now_ms)
             if end is not None:
                 self._schedule_end(wid, end)
-            rejected = worker.take_rejected()
-            if rejected:
-                router = self._pool_of[wid].router
-                for req in rejected:
-                    router.on_release(req)
-                    self._terminal(req, now_ms)
+            for req in rejected:
+                self._pool_of[wid].router.on_release(req)
+                self._terminal(req, now_ms)
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> CoordinatorStats:
@@ -399,6 +492,8 @@ class Coordinator:
                     self._pass_end(sid, now)
             elif phase == PH_ARRIVAL:
                 self._arrive(sid, now)
+            elif phase == PH_HANDOFF:
+                self._handoff(sid, now)
             elif phase == PH_TRANSFER:
                 self._transfer_done(sid, now)
             elif phase == PH_WORKER_READY:
@@ -425,34 +520,41 @@ class Coordinator:
             self.log.add(req, STATUS_INCOMPLETE)
 
     # -- the Planner and the worker lifecycle -------------------------------------------------
-    def _pools(self) -> list[Pool]:
-        return [p for p in (self.entry, self.decode) if p is not None]
+    def _spawn(self, pool: Pool, wid: int) -> None:
+        worker = pool.spawn(wid)
+        self.workers.append(worker)
+        self._versions.append(0)
+        self._ranks_of.append(len(worker.ranks))
+        if pool.router.tracks_first_tokens and pool.role == "aggregated":
+            for rank in worker.ranks:
+                rank.first_tokens = []
+
+    def _on_ready(self, wid: int, at_ms: float) -> None:
+        heapq.heappush(self._heap, (at_ms, PH_WORKER_READY, wid, 0))
+
+    def _drain_blocked(self, wid: int) -> bool:
+        w = self.workers[wid]
+        return (w.busy or w.has_work or any(src == wid for _, src in self._handoffs.values())
+                or any(src == wid or dst == wid for _, src, dst, _ in self._transfers.values()))
 
     def _work_remains(self) -> bool:
-        if self._ptr < self._n_init or self._transfers:
+        if self._ptr < self._n_init or self._transfers or self._handoffs:
             return True
-        if any(ev[1] != PH_PLANNER for ev in self._heap):
-            return True
+        versions = self._versions
+        for t, phase, sid, ver in self._heap:
+            if phase != PH_PLANNER and (phase != PH_PASS_END or ver == versions[sid]):
+                return True  # a live event (a superseded pass end is not work)
         return any(w.busy or w.has_work for w in self.workers)
 
     def _snapshot(self, now_ms: float) -> Snapshot:
         roles = {}
         for pool in self._pools():
             self._sync_pool(pool, now_ms)
-            by_state = {"active": [], "starting": [], "draining": []}
-            for wid in pool.worker_ids:
-                st = self._state[wid]
-                if st in by_state:
-                    by_state[st].append(wid)
-            fpms = []
-            for wid in by_state["active"]:
-                for rank, ordinal, last, q in self.workers[wid].forward_pass_metrics():
-                    if last is None:
-                        continue  # never ran a pass: no metrics yet
-                    wall, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d = last
-                    fpms.append(Fpm(wid, rank, ordinal, wall / 1000.0, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d, *q))
-            roles[pool.planner_role] = RoleState(by_state["active"], by_state["starting"], by_state["draining"], fpms,
-                                                 pool.caps)
+            lc = self.lifecycle
+            active = lc.in_state(pool.worker_ids, ACTIVE)
+            fpms = [f for wid in active for f in fpms_of(wid, self.workers[wid].forward_pass_metrics())]
+            roles[pool.planner_role] = RoleState(active, lc.in_state(pool.worker_ids, STARTING),
+                                                 lc.in_state(pool.worker_ids, DRAINING), fpms, pool.caps)
         traffic = self._traffic.take(now_ms) if self.planner.needs_traffic(now_ms) else None
         return Snapshot(now_ms, roles, traffic)
 
@@ -463,107 +565,31 @@ class Coordinator:
         snap = self._snapshot(now_ms)
         decision = self.planner.on_tick(snap)
         self.planner_hook(False)
-        tick = self.planner.total_ticks - 1
-        for pool, target in ((self.entry if self.decode else None, decision.target_prefill),
-                             (self.decode or self.entry, decision.target_decode)):
-            if pool is not None and target is not None:
-                self._scale(pool, target, now_ms, tick)
+        self._apply_decision(decision, now_ms, self.planner.total_ticks - 1)
         if decision.next_tick_ms is not None:
             heapq.heappush(self._heap, (decision.next_tick_ms, PH_PLANNER, 0, 0))
 
-    def _counts(self, pool: Pool) -> dict:
-        out = {"active": 0, "starting": 0, "draining": 0}
-        for wid in pool.worker_ids:
-            st = self._state[wid]
-            if st in out:
-                out[st] += 1
-        return out
 
-    def _record(self, pool: Pool, now_ms: float, cause: str, transitions: list[dict], tick: int | None) -> None:
-        self.lifecycle_operations.append({
-            "operation_ordinal": len(self.lifecycle_operations),
-            "at_ms": now_ms,
-            "pool": pool.planner_role if self.decode is not None else "decode",
-            "cause": cause,
-            "planner_tick_ordinal": tick,
-            "transitions": transitions,
-            "state_after_batch": self._counts(pool),
-            "topology_released_request_uuids": [],
-        })
+def make_request(workload: Workload, hash_store, index: int, now_ms: float) -> Request:
+    w = workload
+    return Request(
+        index=index,
+        source=hash_store,
+        arrival_ms=now_ms,
+        prompt_len=int(w.input_len[index]),
+        max_output=int(w.output_len[index]),
+        session_id=w.session_name(index),
+        turn_index=int(w.turn_index[index]) if w.turn_index is not None else 0,
+    )
 
-    def _scale(self, pool: Pool, target: int, now_ms: float, tick: int) -> None:
-        starting = [w for w in pool.worker_ids if self._state[w] == "starting"]
-        active = [w for w in pool.worker_ids if self._state[w] == "active"]
-        current = len(starting) + len(active)
-        transitions: list[dict] = []
-        if target > current:
-            for _ in range(target - current):
-                transitions.append(self._add_worker(pool, now_ms))
-        elif target < current:
-            drop = current - target
-            for wid in sorted(starting, reverse=True)[:drop]:  # cancel pending startups first
-                self._state[wid] = "removed"
-                self._provisioned[wid][1] = now_ms
-                transitions.append({"worker_id": wid, "transition": "worker_start_canceled", "prior_state": "starting",
-                                    "state": "removed"})
-                drop -= 1
-            for wid in sorted(active, reverse=True)[:drop]:  # then drain the highest ids
-                self._state[wid] = "draining"
-                pool.eligible.remove(wid)
-                transitions.append({"worker_id": wid, "transition": "worker_draining", "prior_state": "active",
-                                    "state": "draining"})
-        if transitions:
-            self._record(pool, now_ms, "planner_scale", transitions, tick)
-            for t in transitions:
-                if t["transition"] == "worker_draining":
-                    self._settle_drain(t["worker_id"], now_ms)
 
-    def _add_worker(self, pool: Pool, now_ms: float) -> dict:
-        wid = len(self.workers)
-        worker = pool.spawn(wid)
-        self.workers.append(worker)
-        self._versions.append(0)
-        self._ranks_of.append(len(worker.ranks))
-        self._pool_of.append(pool)
-        self._provisioned.append([now_ms, None])
-        pool.worker_ids.append(wid)
-        if pool.router.tracks_first_tokens and pool.role == "aggregated":
-            for rank in worker.ranks:
-                rank.first_tokens = []
-        if pool.startup_ms > 0:
-            self._state.append("starting")
-            heapq.heappush(self._heap, (now_ms + pool.startup_ms, PH_WORKER_READY, wid, 0))
-            return {"worker_id": wid, "transition": "worker_starting", "prior_state": None, "state": "starting"}
-        self._state.append("active")
-        pool.eligible.append(wid)
-        return {"worker_id": wid, "transition": "worker_ready", "prior_state": None, "state": "active"}
-
-    def _worker_ready(self, wid: int, now_ms: float) -> None:
-        if self._state[wid] != "starting":
-            return  # its start was canceled
-        pool = self._pool_of[wid]
-        self._state[wid] = "active"
-        pool.eligible.append(wid)
-        pool.eligible.sort()
-        self._record(pool, now_ms, "worker_ready_event",
-                     [{"worker_id": wid, "transition": "worker_ready", "prior_state": "starting", "state": "active"}], None)
-
-    def _settle_drain(self, wid: int, now_ms: float) -> None:
-        """A draining worker leaves once it has finished all its work (and its KV is handed off)."""
-        w = self.workers[wid]
-        if w.busy or w.has_work or any(src == wid for _, src, _, _ in self._transfers.values()):
-            return
-        self._state[wid] = "removed"
-        self._provisioned[wid][1] = now_ms
-        self._record(self._pool_of[wid], now_ms, "drain_settlement",
-                     [{"worker_id": wid, "transition": "worker_removed", "prior_state": "draining", "state": "removed"}],
-                     None)
-
-    def worker_seconds(self, until_ms: float) -> dict[str, float]:
-        """Provisioned worker time per pool role up to ``until_ms`` (starting and draining count)."""
-        out: dict[str, float] = {}
-        for wid, (since, until) in enumerate(self._provisioned):
-            end = min(until if until is not None else until_ms, until_ms)
-            role = self._pool_of[wid].role
-            out[role] = out.get(role, 0.0) + max(0.0, end - since) / 1000.0
-        return out
+def fpms_of(wid: int, metrics) -> list[Fpm]:
+    """Forward-pass metrics (``EngineWorker.forward_pass_metrics()``, after sync) of the ranks
+    of a worker that have run a pass."""
+    out = []
+    for rank, ordinal, last, q in metrics:
+        if last is None:
+            continue  # never ran a pass: no metrics yet
+        wall, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d = last
+        out.append(Fpm(wid, rank, ordinal, wall / 1000.0, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d, *q))
+    return out

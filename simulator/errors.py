@@ -34,3 +34,7 @@ class InitTimeoutError(AisimError):
     """Initialisation took longer than execution.resources.initialization_timeout_seconds."""
 
     exit_code = 124
+
+
+class RuntimeFailure(AisimError):
+    """The actor runtime failed (Ray could not start, an actor died, a call timed out): exit 1."""

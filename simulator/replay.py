@@ -25,7 +25,10 @@ from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingM
 from simulator.config.loading import format_validation_error
 from simulator.config.support import check_supported
 from simulator.config.planner_config import PlannerConfig, from_replay_section, parse_planner_config
+from actors.engine.host import HostPool
 from simulator.coordinator import Coordinator, KvTransferModel, Pool
+from simulator.runtime.hosts import LocalRuntime
+from simulator.windowed import WindowedCoordinator
 from simulator.metrics.planner_html import write_planner_html
 from simulator.planning import build_planner, capabilities, planner_report
 from simulator.errors import InputError, NotSupportedError
@@ -37,7 +40,8 @@ from simulator.traffic.build import TrafficPlan, open_loop, build_traffic, synth
 from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
 from simulator.traffic.workload import BlockHashStore
 
-__all__ = ["ReplayReport", "run_trace_replay", "run_synthetic_trace_replay", "run_config", "ReplayPlan", "PoolPlan"]
+__all__ = ["ReplayReport", "run_trace_replay", "run_synthetic_trace_replay", "run_config", "ReplayPlan", "PoolPlan",
+           "ExecutionPlan"]
 
 
 @dataclass
@@ -62,6 +66,18 @@ class PoolPlan:
     kv_sizing: dict | None = None  # how num_gpu_blocks was resolved (reported in provenance)
 
 
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Where the actors live and how the clock synchronises them."""
+
+    backend: str = "local"  # local | ray
+    router_sync_ms: float = 0.0  # 0: exact lockstep; W > 0: the router sees worker state up to W old
+    engine_actors: int | None = None  # engine hosts (Ray actors); None: one per CPU, at most one per worker
+    ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join that cluster
+    windowed: bool = False  # run the windowed coordinator in process even when lockstep could (verification)
+    wire: bool = False  # in process: round-trip every message through msgpack (verification)
+
+
 @dataclass
 class ReplayPlan:
     traffic: TrafficPlan
@@ -76,6 +92,7 @@ class ReplayPlan:
     capture_planner_details: bool = True
     write_html_report: bool = False  # the Python API's diagnostics page (never from aisim predict)
     planner_field: str = "planner"  # how errors name the Planner's configuration
+    execution: ExecutionPlan = ExecutionPlan()
 
 
 # -- running ------------------------------------------------------------------------
@@ -83,7 +100,6 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     t_wall = time.perf_counter()
     w = plan.traffic.workload
     store = BlockHashStore(w)
-    workers = []
     provenance: dict[str, Any] = {}
     accounting = []
     entry_plan = plan.pools[0]
@@ -92,21 +108,19 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     decode_router = build_decode_router(decode_plan.args.block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
     timings = {}
+    num_workers = 0
     for pool in plan.pools:
         timing = build_timing(pool.args, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
-        first = len(workers)
         make = partial(build_workers, pool.args, 1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None)
-        for i in range(pool.replicas):
-            workers.extend(make(first_id=first + i))
         a = pool.args
-        pools.append(Pool(pool.role, list(range(first, len(workers))), router, a.block_size,
+        pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, a.block_size,
                           caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
-                          startup_ms=(a.startup_time or 0.0) * 1000.0,
-                          spawn=lambda wid, make=make: make(first_id=wid)[0]))
+                          startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))
+        num_workers += pool.replicas
         provenance[pool.role] = {
             **timing.describe(),
             "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
@@ -127,35 +141,62 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     if plan.planner is not None:
         planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details, plan.planner_field)
     log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
-    coord = Coordinator(w, store, plan.traffic.arrivals, workers, pools[0], log,
-                        decode=pools[1] if decode_plan else None, transfer=plan.transfer,
-                        stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard, planner=planner)
+    decode_pool = pools[1] if decode_plan else None
     planner_wall = [0.0, 0.0]
-    if planner is not None:
-        def hook(entering: bool) -> None:  # wall time spent in Planner ticks (outside the model)
-            if entering:
-                planner_wall[1] = time.perf_counter()
-            else:
-                planner_wall[0] += time.perf_counter() - planner_wall[1]
-        coord.planner_hook = hook
-    stats = coord.run()
+
+    def hook(entering: bool) -> None:  # wall time spent in Planner ticks (outside the model)
+        if entering:
+            planner_wall[1] = time.perf_counter()
+        else:
+            planner_wall[0] += time.perf_counter() - planner_wall[1]
+
+    ex = plan.execution
+    runtime = None
+    if ex.backend == "local" and ex.router_sync_ms == 0 and not ex.windowed:
+        workers = [p.spawn(wid) for p in pools for wid in p.worker_ids]
+        coord = Coordinator(w, store, plan.traffic.arrivals, workers, pools[0], log, decode=decode_pool,
+                            transfer=plan.transfer, stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
+                            planner=planner)
+        if planner is not None:
+            coord.planner_hook = hook
+        stats = coord.run()
+        totals = [(sum(r.committed_prefill_tokens for r in wk.ranks), sum(r.num_generated_tokens for r in wk.ranks),
+                   sum(r.num_preemptions for r in wk.ranks), wk.num_passes, wk.num_runs) for wk in coord.workers]
+        gap_sinks = [wk.gaps for wk in coord.workers]
+        runtime_info = {"backend": "local", "coordinator": "lockstep"}
+    else:
+        runtime = make_runtime(ex, pools, w, store, entry_router, decode_router, planner)
+        try:
+            coord = WindowedCoordinator(w, store, plan.traffic.arrivals, runtime, pools[0], log, decode=decode_pool,
+                                        transfer=plan.transfer, stop_ms=plan.traffic.stop_ms,
+                                        resource_guard=resource_guard, has_planner=planner is not None,
+                                        window_ms=ex.router_sync_ms)
+            coord.planner_hook = hook
+            stats = coord.run()
+            if planner is not None:
+                planner = runtime.planner()
+        finally:
+            runtime.close()
+        totals = coord.worker_totals
+        gap_sinks = coord.gap_sinks
+        runtime_info = {"backend": runtime.name, "coordinator": "windowed", "num_hosts": runtime.num_hosts,
+                        "num_edges": coord.num_edges, **runtime.counters.as_dict()}
 
     provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
     for pool in plan.pools:
         role = "prefill" if pool.role == "prefill" else "decode"
         accounting.append(PoolAccounting(role, pool.args.gpus_per_worker, replicas=pool.replicas,
                                          worker_seconds=provisioned.get(pool.role) if planner is not None else None))
-    ranks = [r for wk in coord.workers for r in wk.ranks]
     counters = RunCounters(
-        committed_prefill_tokens=sum(r.committed_prefill_tokens for r in ranks),
-        generated_tokens=sum(r.num_generated_tokens for r in ranks),
-        num_preemptions=sum(r.num_preemptions for r in ranks),
-        num_passes=sum(wk.num_passes for wk in coord.workers),
+        committed_prefill_tokens=sum(t[0] for t in totals),
+        generated_tokens=sum(t[1] for t in totals),
+        num_preemptions=sum(t[2] for t in totals),
+        num_passes=sum(t[3] for t in totals),
         num_offered=coord.num_offered,
         provenance=provenance,
     )
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
-    summary = summarize(log, [wk.gaps for wk in coord.workers], accounting, counters, plan.sla, wall_ms,
+    summary = summarize(log, gap_sinks, accounting, counters, plan.sla, wall_ms,
                         planner_total_ticks=planner.total_ticks if planner is not None else None)
     summary["deployment"] = {
         "mode": "disaggregated" if decode_plan else "aggregated",
@@ -167,6 +208,7 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
                          "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
                         if decode_plan and plan.transfer else None),
         "seed": plan.seed,
+        "router_sync_ms": float(ex.router_sync_ms),
     }
     per_request = None
     if log.records is not None:
@@ -184,13 +226,39 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     diagnostics = {
         "num_events": stats.num_events,
         "num_passes": counters.num_passes,
-        "num_fast_forward_runs": sum(wk.num_runs for wk in coord.workers),
-        "num_workers": len(coord.workers),
+        "num_fast_forward_runs": sum(t[4] for t in totals),
+        "num_workers": len(totals),
         "num_transfers": stats.num_transfers,
         "planner_wall_s": planner_wall[0] if planner is not None else None,
         "traffic": plan.traffic.description,
+        "runtime": runtime_info,
     }
     return ReplayReport(summary, per_request, coverage, planner_obj, diagnostics)
+
+
+def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_router, decode_router, planner):
+    """The actors' home for the windowed coordinator: in process or on Ray."""
+    host_pools = {p.role: HostPool(p.spawn, p.router.tracks_first_tokens and p.role == "aggregated",
+                                   p.role == "prefill") for p in pools}
+    roles = [p.role for p in pools for _ in p.worker_ids]
+    routers = {pools[0].role: entry_router}
+    if decode_router is not None:
+        routers["decode"] = decode_router
+    if ex.backend == "ray":
+        from simulator.runtime.ray_runtime import RayRuntime
+
+        return RayRuntime(host_pools, workload, roles, ex.engine_actors, routers, planner, ex.ray_address)
+    return LocalRuntime(host_pools, store, roles, ex.engine_actors or 1, routers, planner, wire=ex.wire)
+
+
+class _Spawn:
+    """Builds worker ``wid`` of a pool (picklable, for hosts in other processes)."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def __call__(self, wid: int):
+        return self.make(first_id=wid)[0]
 
 
 # -- from a predict config ------------------------------------------------------------
@@ -274,8 +342,11 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
     )
     traffic = build_traffic(cfg.traffic, config_dir)
     planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
+    x = cfg.execution
+    execution = ExecutionPlan(x.backend, float(x.router_sync_ms), None if x.engine_actors == "auto" else x.engine_actors,
+                              x.ray_address)
     return ReplayPlan(traffic, pools, router, cfg.evaluation.sla, capture_per_request, fast_forward, transfer,
-                      cfg.execution.seed, planner)
+                      x.seed, planner, execution=execution)
 
 
 def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
@@ -322,9 +393,19 @@ def _router_spec(router_mode: str, router_config: dict | None) -> RouterSpec:
                       0.0 if r.temperature is None else r.temperature)
 
 
+def _execution(backend: str, router_sync_ms: float, ray_address: str | None, engine_actors: int | None) -> ExecutionPlan:
+    try:
+        x = m.Execution(backend=backend, router_sync_ms=router_sync_ms, ray_address=ray_address,
+                        engine_actors="auto" if engine_actors is None else engine_actors)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(err.where or "backend", err.message) from None
+    return ExecutionPlan(x.backend, float(x.router_sync_ms), engine_actors, x.ray_address)
+
+
 def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_workers: int, num_prefill: int,
              num_decode: int, router_mode: str, router_config, planner_config, sla: tuple, capture_per_request: bool,
-             fast_forward: bool, seed: int, capture_planner_details: bool = True) -> ReplayReport:
+             fast_forward: bool, seed: int, capture_planner_details: bool, execution: ExecutionPlan) -> ReplayReport:
     planner = parse_planner_config(planner_config) if planner_config is not None else None
     if planner is not None and planner.retune is not None:
         raise NotSupportedError("planner_config.retune", "retune is not supported yet; remove it")
@@ -351,7 +432,7 @@ def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_wo
         pools = [PoolPlan(args.worker_type, num_workers, args)]
     html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
     return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed,
-                               planner, capture_planner_details, html, "planner_config"))
+                               planner, capture_planner_details, html, "planner_config", execution))
 
 
 def run_trace_replay(
@@ -378,6 +459,10 @@ def run_trace_replay(
     capture_planner_details: bool = True,
     fast_forward: bool = True,
     seed: int = 42,
+    backend: str = "local",
+    router_sync_ms: float = 0.0,
+    ray_address: str | None = None,
+    engine_actors: int | None = None,
 ) -> ReplayReport:
     """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers, or through
     ``num_prefill_workers`` + ``num_decode_workers`` given ``prefill_engine_args`` and
@@ -387,6 +472,10 @@ def run_trace_replay(
 
     ``replay_concurrency=None`` paces arrivals by the trace timestamps (divided by
     ``arrival_speedup_ratio``); an int runs a closed loop with that many requests in flight.
+
+    ``backend="ray"`` hosts the workers, router and Planner as Ray actors (``ray_address``:
+    join a running cluster; ``engine_actors``: how many actors hold the workers);
+    ``router_sync_ms`` lets the router see worker state up to that old (0: exact lockstep).
     """
     paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
     resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
@@ -408,7 +497,7 @@ def run_trace_replay(
     return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
                     num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
                     (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
-                    capture_planner_details)
+                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))
 
 
 def run_synthetic_trace_replay(
@@ -438,6 +527,10 @@ def run_synthetic_trace_replay(
     capture_planner_details: bool = True,
     fast_forward: bool = True,
     seed: int = 42,
+    backend: str = "local",
+    router_sync_ms: float = 0.0,
+    ray_address: str | None = None,
+    engine_actors: int | None = None,
 ) -> ReplayReport:
     """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
     ``request_rate`` (Poisson, first at t = 0, seeded by ``arrival_seed``) or ``arrival_interval_ms``."""
@@ -464,4 +557,4 @@ def run_synthetic_trace_replay(
     return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
                     num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
                     (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
-                    capture_planner_details)
+                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))

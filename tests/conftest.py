@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -25,3 +27,15 @@ os.environ.setdefault("HF_HOME", str(_home / "hf"))
 
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 SLICE = ROOT / "configs" / "data" / "conversation_slice.jsonl"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (1 CPU, no dashboard, bound to 127.0.0.1). Runs with
+    ``execution.backend: ray`` join it instead of starting their own."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -118,3 +118,32 @@ class Request:
             f"Request(index={self.index}, prompt={self.prompt_len}, out={self.num_generated}/{self.max_output}, "
             f"computed={self.num_computed}, status={self.status})"
         )
+
+
+# -- wire form: a request's state as plain data, for actors hosted elsewhere ----------------
+#: identity fields (set once at arrival) then progress fields (the engine's view of the request)
+WIRE_IDENTITY = ("index", "arrival_ms", "prompt_len", "max_output", "session_id", "turn_index")
+WIRE_PROGRESS = ("num_computed", "num_generated", "prefill_done", "status", "worker", "rank", "first_admit_ms",
+                 "first_token_ms", "second_token_ms", "last_token_ms", "terminal_ms", "materialized")
+
+
+def request_to_wire(req: Request) -> list:
+    """Identity, progress and admission history as a msgpack-ready list (KV holdings stay behind)."""
+    out = [getattr(req, f) for f in WIRE_IDENTITY]
+    out.extend(getattr(req, f) for f in WIRE_PROGRESS)
+    out.append([list(a) for a in req.admissions])
+    return out
+
+
+def request_from_wire(state, source: HashSource) -> Request:
+    req = Request(state[0], source, state[1], state[2], state[3], state[4], state[5])
+    apply_wire_progress(req, state)
+    return req
+
+
+def apply_wire_progress(req: Request, state) -> None:
+    """Copy the progress part of a wire state onto ``req`` (identity and routing stay)."""
+    k = len(WIRE_IDENTITY)
+    for i, f in enumerate(WIRE_PROGRESS):
+        setattr(req, f, state[k + i])
+    req.admissions = [tuple(a) for a in state[k + len(WIRE_PROGRESS)]]

@@ -170,6 +170,13 @@ class EngineWorker:
         return out
 
     # -- passes ---------------------------------------------------------------------
+    def start_if_idle(self, now_ms: float) -> tuple[float | None, list[Request]]:
+        """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
+        if self.busy or not self.has_work:
+            return None, []
+        end = self.start(now_ms)
+        return end, self.take_rejected()
+
     def start(self, now_ms: float) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle."""
         assert not self.busy

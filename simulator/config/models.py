@@ -344,6 +344,17 @@ class Resources(Strict):
 class Execution(Strict):
     resources: Resources = Resources()
     seed: int = 42  # aisim: root of every actor's random stream (the random and KV routers)
+    # aisim: where the actors live and how they synchronise (see README, "Running on Ray")
+    backend: Literal["local", "ray"] = "local"
+    router_sync_ms: NonNegFloat = 0.0  # 0: exact lockstep; W: the router sees worker state up to W ms old
+    engine_actors: Literal["auto"] | PosInt = "auto"  # Ray actors hosting the engine workers
+    ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join a running cluster
+
+    @model_validator(mode="after")
+    def _ray_address_needs_ray(self):
+        if self.ray_address is not None and self.backend != "ray":
+            raise ValueError("ray_address needs backend: ray (or the --backend ray flag)")
+        return self
 
 
 # -- planner ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def _fmt(v) -> str:
     return f"{v:,.2f}"
 
 
-def render_table(summary: dict, title: str = "aisim | LLM Metrics") -> str:
+def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dict | None = None) -> str:
     body: list[list[str]] = []
     for label, key in ROWS:
         if summary.get(f"mean_{key}") is None:
@@ -52,6 +52,14 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics") -> str:
     if dep:
         pools = ", ".join(f"{n} {role}" for role, n in dep["workers"].items())
         lines.append(f"Deployment: {dep['mode']}, {pools} workers ({dep['gpus']} GPUs), router {dep['router']['policy']}")
+    if runtime:
+        sync = (dep or {}).get("router_sync_ms") or 0
+        text = f"Runtime: {runtime['backend']}"
+        if runtime.get("coordinator") == "windowed":
+            text += (f", {runtime['num_hosts']} engine host(s), {runtime['num_calls']:,} calls "
+                     f"({runtime['messages_per_call']:.1f} messages each)")
+        text += f", router sync {'exact lockstep' if not sync else f'{sync:g} ms window'}"
+        lines.append(text)
     lines.append(f"Wall Time (ms): {_fmt(summary.get('wall_time_ms'))}")
     lines.append(f"Simulated Duration (ms): {_fmt(summary.get('duration_ms'))}")
     lines.append(f"GPU Hours: {summary.get('gpu_hours', 0):.4f}")

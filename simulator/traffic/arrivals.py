@@ -38,6 +38,11 @@ class ArrivalProcess:
         self._starters = np.nonzero(starters)[0]
         self._first_times = first_turn_times_ms
 
+    @property
+    def follows_terminal(self) -> bool:
+        """Whether a request ending can trigger an arrival (session turns, closed loops)."""
+        return bool((self._next_turn >= 0).any())
+
     def initial(self) -> tuple[np.ndarray, np.ndarray]:
         """(times_ms, indices) of the arrivals known up front, sorted by (time, index)."""
         idx = self._starters
@@ -63,6 +68,10 @@ class ClosedLoop(ArrivalProcess):
         self.concurrency = concurrency
         self._queue = list(self._starters.tolist())
         self._pos = min(concurrency, len(self._queue))
+
+    @property
+    def follows_terminal(self) -> bool:
+        return True
 
     def initial(self) -> tuple[np.ndarray, np.ndarray]:
         idx = np.asarray(self._queue[: self._pos], dtype=np.int64)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from simulator.config.loading import validate_config
-from simulator.errors import InputError, NotSupportedError
+from simulator.errors import InputError
 from simulator.metrics.output import canonical_json
 from simulator.replay import plan_from_config, run_config, run_trace_replay
 from tests.conftest import SLICE

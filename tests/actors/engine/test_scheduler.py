@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.helpers import by_uuid, replay_rows
 
 FIXED = {"timing_model": {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}}

@@ -1,0 +1,303 @@
+"""An engine host: a group of engine workers that advance on their own between two edges of
+the coordinator's clock, exchanging only plain-data messages (msgpack-ready lists).
+
+The same class runs in process (the windowed runtime) and inside a Ray actor; the
+coordinator decides the edges and sends each host its timed inputs (requests to enqueue,
+KV sources to release) and control messages (spawn, drain). Between edges a host replays,
+for each of its workers, exactly what the lockstep coordinator would do at each instant:
+
+    pass ends (ascending worker id) -> timed inputs, in (time, phase, id, op) order -> settle
+
+A step from the current edge ``now`` to ``until`` first applies the inputs at ``now`` and
+starts passes at ``now``, then runs every instant in (now, until) fully, and ends at
+``until`` after its pass ends: inputs at ``until`` and the passes starting then belong to the
+next step, after the coordinator has routed what arrives at ``until``.
+
+Output events carry ``(time, phase, id, seq)`` so the coordinator can merge every host's
+events into the lockstep order: pass-end events (completions, first tokens, handoffs, drain
+settlements) at ``(t, PH_PASS_END, worker)``, release-triggered drain settlements at
+``(t, PH_TRANSFER, transfer)``, admission rejections at ``(t, PH_SETTLE, worker)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from actors.engine.request import Request, request_from_wire, request_to_wire
+from actors.engine.worker import EngineWorker
+
+# phases (same numbers as the coordinator's event phases)
+PH_PASS_END = 0
+PH_TRANSFER = 3
+PH_ARRIVAL = 4
+PH_SETTLE = 99
+
+# input operations (sort after (time, phase, id): a release precedes the matching enqueue)
+OP_RELEASE = 0
+OP_ENQUEUE = 1
+
+# output event kinds
+EV_FIRST_TOKEN = 0
+EV_TERMINAL = 1
+EV_HANDOFF = 2
+EV_DRAINED = 3
+
+
+class HostPool:
+    """How a host builds workers of one pool and what it reports about them."""
+
+    __slots__ = ("spawn", "track_first_tokens", "hands_off")
+
+    def __init__(self, spawn: Callable[[int], EngineWorker], track_first_tokens: bool, hands_off: bool) -> None:
+        self.spawn = spawn  # worker id -> a new EngineWorker
+        self.track_first_tokens = track_first_tokens  # report first tokens (the router tracks them)
+        self.hands_off = hands_off  # prefill pool: finished prompts leave through handoffs
+
+
+class WorkerHost:
+    def __init__(self, pools: dict[str, HostPool], hash_source, workers: list[tuple[int, str]]) -> None:
+        self.pools = pools
+        self.source = hash_source
+        self.now = 0.0
+        self.workers: dict[int, EngineWorker] = {}
+        self.pool_of: dict[int, str] = {}
+        self._ends: list = []  # (end_ms, worker id, version)
+        self._version: dict[int, int] = {}
+        self._pending: list = []  # timed inputs
+        self._pending_for: dict[int, int] = {}  # worker -> inputs not yet applied
+        self._dirty: set[int] = set()
+        self._held: dict[int, tuple[int, Request]] = {}  # handed-off request -> (source worker, request)
+        self._held_by: dict[int, int] = {}
+        self._draining: set[int] = set()
+        self._events: list = []
+        self._seq = 0
+        self._kv: list = []
+        self.num_calls = 0
+        for wid, key in workers:
+            self._add(wid, key)
+
+    # -- construction -------------------------------------------------------------------
+    def _add(self, wid: int, key: str) -> None:
+        pool = self.pools[key]
+        worker = pool.spawn(wid)
+        if pool.track_first_tokens:
+            for rank in worker.ranks:
+                rank.first_tokens = []
+        self.workers[wid] = worker
+        self.pool_of[wid] = key
+        self._version[wid] = 0
+        self._pending_for[wid] = 0
+        self._held_by[wid] = 0
+
+    def _control(self, control) -> None:
+        for op, wid, *rest in control:
+            if op == "spawn":
+                self._add(wid, rest[0])
+            elif op == "drain":
+                self._draining.add(wid)
+            else:  # pragma: no cover - a coordinator bug
+                raise ValueError(f"unknown control message {op!r}")
+
+    # -- events out ---------------------------------------------------------------------
+    def _emit(self, t: float, phase: int, sid: int, kind: int, payload) -> None:
+        self._events.append((t, phase, sid, self._seq, kind, payload))
+        self._seq += 1
+
+    def _take_kv(self, wid: int, worker: EngineWorker) -> None:
+        if worker.kv_events:
+            for rank, kind, hashes in worker.take_kv_events():
+                self._kv.append((wid, rank, kind, hashes))
+
+    def _check_drain(self, wid: int, t: float, phase: int, sid: int) -> None:
+        w = self.workers[wid]
+        if w.busy or w.has_work or self._held_by[wid] or self._pending_for[wid]:
+            return
+        self._draining.discard(wid)
+        self._emit(t, phase, sid, EV_DRAINED, wid)
+
+    # -- the worker-local event loop ----------------------------------------------------------
+    def _schedule_end(self, wid: int, end: float) -> None:
+        v = self._version[wid] + 1
+        self._version[wid] = v
+        heapq.heappush(self._ends, (end, wid, v))
+
+    def _pass_end(self, wid: int, t: float) -> None:
+        worker = self.workers[wid]
+        pool = self.pools[self.pool_of[wid]]
+        completed = worker.finish(t)
+        if pool.track_first_tokens:
+            for req in worker.take_first_tokens():
+                self._emit(t, PH_PASS_END, wid, EV_FIRST_TOKEN, req.index)
+        for req in completed:
+            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, request_to_wire(req))
+        if pool.hands_off:
+            for req in worker.take_handoffs():
+                self._held[req.index] = (wid, req)
+                self._held_by[wid] += 1
+                self._emit(t, PH_PASS_END, wid, EV_HANDOFF, request_to_wire(req))
+        self._take_kv(wid, worker)
+        self._dirty.add(wid)
+        if wid in self._draining:
+            self._check_drain(wid, t, PH_PASS_END, wid)
+
+    def _apply_input(self, item) -> None:
+        t, phase, sid, op, wid, payload = item
+        self._pending_for[wid] -= 1
+        worker = self.workers[wid]
+        if op == OP_ENQUEUE:
+            rank, state = payload
+            req = request_from_wire(state, self.source)
+            new_end = worker.enqueue(req, rank, t)
+            if new_end is not None:
+                self._schedule_end(wid, new_end)
+                self._take_kv(wid, worker)
+            if not worker.busy:
+                self._dirty.add(wid)
+        else:  # OP_RELEASE: the transfer of a handed-off request completed
+            src, req = self._held.pop(payload)
+            worker.release_source(req)
+            self._held_by[src] -= 1
+            self._dirty.add(src)
+        if wid in self._draining:
+            self._check_drain(wid, t, phase, sid)
+
+    def _inputs_at(self, t: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= t:
+            item = heapq.heappop(pending)
+            if item[0] < t:  # pragma: no cover - a coordinator bug
+                raise AssertionError(f"input at {item[0]} ms delivered after the host reached {t} ms")
+            self._apply_input(item)
+
+    def _settle(self, t: float) -> None:
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        for wid in dirty:
+            end, rejected = self.workers[wid].start_if_idle(t)
+            if end is not None:
+                self._schedule_end(wid, end)
+            for req in rejected:
+                self._emit(t, PH_SETTLE, wid, EV_TERMINAL, request_to_wire(req))
+
+    def _ends_at(self, t: float) -> None:
+        ends = self._ends
+        version = self._version
+        while ends and ends[0][0] <= t:
+            end, wid, v = heapq.heappop(ends)
+            if v == version[wid]:
+                self._pass_end(wid, end)
+
+    def _next_end(self) -> float | None:
+        ends = self._ends
+        version = self._version
+        while ends and ends[0][2] != version[ends[0][1]]:
+            heapq.heappop(ends)  # superseded by a cut-short run
+        return ends[0][0] if ends else None
+
+    # -- messages in ----------------------------------------------------------------------
+    def _receive(self, control, inputs) -> None:
+        if control:
+            self._control(control)
+        for item in inputs:
+            item = tuple(item)
+            heapq.heappush(self._pending, item)
+            self._pending_for[item[4]] += 1
+
+    def _sync_all(self, t: float) -> None:
+        for wid, worker in self.workers.items():
+            worker.sync(t)
+            self._take_kv(wid, worker)
+
+    def _output(self, with_fpm: bool = False) -> dict:
+        status = []
+        for wid, w in self.workers.items():
+            end = w.pass_end_ms if w.busy else None
+            status.append((wid, w.busy, w.has_work, end, self._held_by[wid], self._pending_for[wid]))
+        out = {"events": self._events, "kv": self._kv, "status": status}
+        if with_fpm:
+            out["fpm"] = [(wid, w.forward_pass_metrics()) for wid, w in self.workers.items()]
+        self._events = []
+        self._kv = []
+        return out
+
+    def _catch_up(self, start: float) -> None:
+        """The coordinator skips calling a host with nothing to do; it joins at ``start``."""
+        if start > self.now:
+            if self._next_end() is not None or (self._pending and self._pending[0][0] < start):
+                raise AssertionError(f"host skipped from {self.now} ms to {start} ms with work due")  # pragma: no cover
+            self.now = start
+
+    def step(self, control, inputs, start: float, until: float) -> dict:
+        """From the edge ``start``: apply the inputs then, start passes, run to ``until`` (see the
+        module doc)."""
+        self.num_calls += 1
+        self._catch_up(start)
+        self._receive(control, inputs)
+        t = self.now
+        self._inputs_at(t)
+        self._settle(t)
+        pending = self._pending
+        while True:
+            t_end = self._next_end()
+            t_in = pending[0][0] if pending else None
+            t_next = t_end if t_in is None or (t_end is not None and t_end <= t_in) else t_in
+            if t_next is None or t_next > until:
+                break
+            t = t_next
+            self._ends_at(t)
+            if t == until:
+                break
+            self._inputs_at(t)
+            self._settle(t)
+        self.now = until
+        self._sync_all(until)
+        return self._output()
+
+    def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
+        """Apply the inputs at the edge ``now`` without starting passes (the Planner's tick sees
+        them queued, as in lockstep) and report forward-pass metrics."""
+        self.num_calls += 1
+        self._catch_up(now)
+        self._receive(control, inputs)
+        self._inputs_at(self.now)
+        self._sync_all(self.now)
+        return self._output(with_fpm)
+
+    def match_prefix(self, queries) -> list[int]:
+        """Blocks each (worker, rank, hashes, limit) would reuse now (destination_missing)."""
+        self.num_calls += 1
+        out = []
+        for wid, rank, hashes, limit in queries:
+            worker = self.workers[wid]
+            kv = worker.ranks[rank].kv
+            if not kv.prefix_caching:
+                out.append(0)
+                continue
+            worker.sync(self.now)
+            self._take_kv(wid, worker)
+            hits, _ = kv.match_prefix(hashes, limit)
+            out.append(len(hits))
+        return out
+
+    def finish(self, end_ms: float) -> dict:
+        """End of the run: requests still in the workers (incomplete), then the totals."""
+        self.num_calls += 1
+        leftover = []
+        for wid in sorted(self.workers):
+            worker = self.workers[wid]
+            if worker.busy:
+                worker.sync(end_ms)
+            reqs = [request_to_wire(r) for rank in worker.ranks for r in list(rank.running) + list(rank.waiting)
+                    + rank.handoffs]
+            leftover.append((wid, reqs))
+        totals = []
+        for wid in sorted(self.workers):
+            w = self.workers[wid]
+            g = w.gaps
+            totals.append((wid, sum(r.committed_prefill_tokens for r in w.ranks),
+                           sum(r.num_generated_tokens for r in w.ranks), sum(r.num_preemptions for r in w.ranks),
+                           w.num_passes, w.num_runs,
+                           (g.pooled_values.tobytes(), g.pooled_weights.tobytes(),
+                            [(a.tobytes(), n) for a, n in g.run_chunks], g.individual.tobytes())))
+        return {"leftover": leftover, "totals": totals, "held": [r.index for _, r in self._held.values()]}

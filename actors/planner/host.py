@@ -1,0 +1,27 @@
+"""A planner host: the Planner behind a plain-data tick interface (in process or in a Ray actor).
+
+The coordinator sends the snapshot without traffic plus the traffic window it has
+accumulated so far; the host attaches the window only when the throughput loop is due and
+says whether it consumed it (the coordinator then starts a new window).
+"""
+
+from __future__ import annotations
+
+from actors.messages import decision_to_wire, snapshot_from_wire, traffic_from_wire
+
+
+class PlannerHost:
+    def __init__(self, planner) -> None:
+        self.planner = planner
+        self.num_calls = 0
+
+    def initial_tick_ms(self) -> float:
+        return self.planner.initial_tick_ms()
+
+    def tick(self, snapshot, traffic) -> tuple[list, bool]:
+        self.num_calls += 1
+        snap = snapshot_from_wire(snapshot)
+        consumed = self.planner.needs_traffic(snap.now_ms)
+        if consumed:
+            snap.traffic = traffic_from_wire(traffic)
+        return decision_to_wire(self.planner.on_tick(snap)), consumed

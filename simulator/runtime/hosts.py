@@ -1,0 +1,107 @@
+"""Where the windowed coordinator's actors live: in process (``LocalRuntime``).
+
+A runtime hosts the engine hosts, the router host and the planner host and carries the
+coordinator's plain-data messages to them. ``LocalRuntime`` calls them directly; with
+``wire=True`` it also round-trips every message through msgpack, exactly as the Ray
+runtime does, so the two can be compared without Ray.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from actors.engine.host import HostPool, WorkerHost
+from actors.planner.host import PlannerHost
+from actors.router.host import RouterHost
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes):
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def assign_workers(worker_roles: list[str], num_hosts: int) -> list[list[tuple[int, str]]]:
+    """Worker ``wid`` lives on host ``wid % num_hosts`` (workers added later too)."""
+    out: list[list[tuple[int, str]]] = [[] for _ in range(num_hosts)]
+    for wid, role in enumerate(worker_roles):
+        out[wid % num_hosts].append((wid, role))
+    return out
+
+
+class RuntimeCounters:
+    """Calls made and messages carried (events back, inputs out)."""
+
+    def __init__(self) -> None:
+        self.num_calls = 0
+        self.num_host_calls = 0
+        self.num_messages = 0
+
+    def as_dict(self) -> dict:
+        return {"num_calls": self.num_calls, "num_host_calls": self.num_host_calls,
+                "num_messages": self.num_messages,
+                "messages_per_call": self.num_messages / self.num_calls if self.num_calls else 0.0}
+
+
+def count_step(counters: RuntimeCounters, calls: dict, outs: list) -> None:
+    counters.num_calls += len(calls)
+    counters.num_host_calls += len(calls)
+    counters.num_messages += sum(len(inputs) + len(control) for control, inputs in calls.values())
+    counters.num_messages += sum(len(o["events"]) + len(o["kv"]) for o in outs)
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(self, pools: dict[str, HostPool], hash_source, worker_roles: list[str], num_hosts: int,
+                 routers: dict, planner=None, wire: bool = False) -> None:
+        self.num_hosts = num_hosts
+        self.hosts = [WorkerHost(pools, hash_source, ws) for ws in assign_workers(worker_roles, num_hosts)]
+        self.router = RouterHost(routers)
+        self.planner_host = PlannerHost(planner) if planner is not None else None
+        self.wire = wire
+        self.counters = RuntimeCounters()
+
+    def _w(self, obj):
+        return unpack(pack(obj)) if self.wire else obj
+
+    # the coordinator's calls; ``calls`` maps host -> (control, inputs)
+    def step(self, calls: dict, start: float, until: float) -> list[dict]:
+        outs = [self._w(self.hosts[h].step(*self._w([control, inputs, start, until])))
+                for h, (control, inputs) in calls.items()]
+        count_step(self.counters, calls, outs)
+        return outs
+
+    def deliver(self, calls: dict, now: float) -> list[dict]:
+        outs = [self._w(self.hosts[h].deliver(*self._w([control, inputs, now])))
+                for h, (control, inputs) in calls.items()]
+        count_step(self.counters, calls, outs)
+        return outs
+
+    def match_prefix(self, queries: dict) -> dict:
+        self.counters.num_calls += len(queries)
+        return {h: self._w(self.hosts[h].match_prefix(self._w(q))) for h, q in queries.items()}
+
+    def route(self, updates, requests, eligible, ranks_of) -> list:
+        self.counters.num_calls += 1
+        self.counters.num_messages += len(updates) + len(requests)
+        return self._w(self.router.step(*self._w([updates, requests, eligible, ranks_of])))
+
+    def initial_tick_ms(self) -> float:
+        return self.planner_host.initial_tick_ms()
+
+    def tick(self, snapshot, traffic):
+        self.counters.num_calls += 1
+        return self._w(self.planner_host.tick(*self._w([snapshot, traffic])))
+
+    def finish(self, end_ms: float) -> list[dict]:
+        self.counters.num_calls += self.num_hosts
+        return [self._w(h.finish(end_ms)) for h in self.hosts]
+
+    def planner(self):
+        return self.planner_host.planner if self.planner_host is not None else None
+
+    def close(self) -> None:
+        pass

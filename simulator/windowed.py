@@ -1,0 +1,490 @@
+"""The message-passing coordinator: the clock advances the engine hosts edge by edge.
+
+The engine workers live in *hosts* (``actors.engine.host``: in process, or Ray actors); the
+router and the Planner behind plain-data interfaces (``actors.router.host``,
+``actors.planner.host``). Only the coordinator owns time: it picks the next *edge*, sends
+each host its timed inputs, and the hosts run their workers to the edge in parallel; their
+events come back stamped ``(time, phase, id, seq)`` and are merged into the lockstep order.
+
+Edges with ``router_sync_ms = 0`` (exact lockstep; same results as ``Coordinator``):
+
+- every instant something outside a worker must react: a Planner tick, a worker becoming
+  ready, the stop time; every arrival when the router reads worker state (kv_router);
+- when one worker's pass end can cause work elsewhere (disaggregated handoffs; closed loops
+  and session turns, where a completion triggers an arrival), every pass end and every input
+  time, each edge in two calls (start the passes, then advance to the earliest end).
+
+Arrivals between edges are routed up front when the router ignores worker state (round
+robin, random): nothing it reads can change before the next edge.
+
+With a window ``W = router_sync_ms > 0`` the edges are the multiples of ``W`` (plus ticks,
+ready times and the stop). The arrivals inside a window are routed at its start against the
+router's view then, as a real router sees KV events and load late; everything the window's
+passes trigger elsewhere (handoffs to decode, follow-up arrivals, rejections' follow-ups)
+happens at the window's end. Windows in which nothing happens are skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from operator import itemgetter
+
+from actors.engine.host import (
+    EV_DRAINED,
+    EV_FIRST_TOKEN,
+    EV_HANDOFF,
+    EV_TERMINAL,
+    OP_ENQUEUE,
+    OP_RELEASE,
+    PH_ARRIVAL,
+    PH_TRANSFER,
+)
+from actors.engine.request import WAITING, Request, apply_wire_progress, request_to_wire
+from actors.engine.scheduler import GapSink
+from actors.messages import Snapshot, RoleState, decision_from_wire, snapshot_to_wire, traffic_to_wire
+from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_RELEASE
+from simulator.coordinator import (
+    CoordinatorStats,
+    KvTransferModel,
+    Pool,
+    PoolCoordinator,
+    fpms_of,
+    handoff_record,
+    make_request,
+    routing_entry,
+)
+from simulator.lifecycle import ACTIVE, DRAINING, STARTING
+from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
+from simulator.traffic.arrivals import ArrivalProcess
+from simulator.traffic.workload import BlockHashStore, Workload
+
+_EVENT_ORDER = itemgetter(0, 1, 2, 3)
+INF = math.inf
+
+
+class WindowedCoordinator(PoolCoordinator):
+    """Runs one replay over engine hosts (see the module doc). ``runtime`` hosts the actors:
+    ``simulator.runtime.hosts.LocalRuntime`` or ``simulator.runtime.ray_runtime.RayRuntime``."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        hash_store: BlockHashStore,
+        arrivals: ArrivalProcess,
+        runtime,
+        entry: Pool,
+        log: RequestLog,
+        decode: Pool | None = None,
+        transfer: KvTransferModel | None = None,
+        stop_ms: float | None = None,
+        resource_guard=None,
+        has_planner: bool = False,
+        window_ms: float = 0.0,
+    ) -> None:
+        self._init_run(workload, hash_store, arrivals, log, transfer, stop_ms, resource_guard)
+        self.rt = runtime
+        self.window_ms = float(window_ms)
+        num_workers = len(entry.worker_ids) + (len(decode.worker_ids) if decode is not None else 0)
+        self._init_pools(num_workers, entry, decode, has_planner or None)
+        self._ranks_of = [self._pool_of[w].num_ranks for w in range(num_workers)]
+        self._status: list[tuple] = [(False, False, None, 0, 0)] * num_workers  # busy, has_work, end, held, pending
+        self.requests: dict[int, Request] = {}  # in flight, by index
+        self._gen: list = []  # follow-up arrivals (time, index)
+        self._late: list = []  # routed ahead of their time: (time, request), for the Planner's traffic window
+        self._ready: list = []  # (time, worker)
+        self._handoffs: list = []  # (time, source worker, wire state), not placed yet
+        self._transfers: dict[int, list] = {}  # seq -> [request, src, dst, rank, done_ms]
+        self._transfer_times: list = []  # (done_ms, seq) not yet reached
+        self._next_transfer = 0
+        self._updates: list = []  # router updates not yet sent
+        self._inputs: list[list] = [[] for _ in range(runtime.num_hosts)]
+        self._control: list[list] = [[] for _ in range(runtime.num_hosts)]
+        self._tick_ms: float | None = None
+        self._tick_interval_ms = 0.0
+        self._num_ticks = 0
+        self._routes_state = entry.router.needs_worker_state
+        self._coupled = decode is not None or arrivals.follows_terminal
+        self.num_edges = 0
+
+    # -- small helpers ------------------------------------------------------------------------
+    def _host(self, wid: int) -> int:
+        return wid % self.rt.num_hosts
+
+    def _send(self, wid: int, item: tuple) -> None:
+        self._inputs[self._host(wid)].append(item)
+
+    def _next_arrival(self) -> float | None:
+        t = self._arr_t[self._ptr] if self._ptr < self._n_init else None
+        if self._gen and (t is None or self._gen[0][0] < t):
+            t = self._gen[0][0]
+        return t
+
+    def _pop_arrival(self) -> tuple[float, int]:
+        """The next arrival in (time, index) order, from the trace or the follow-ups."""
+        if self._ptr < self._n_init:
+            ta, ia = self._arr_t[self._ptr], self._arr_i[self._ptr]
+            if not self._gen or (ta, ia) < self._gen[0]:
+                self._ptr += 1
+                return ta, ia
+        return heapq.heappop(self._gen)
+
+    # -- calls to the hosts -------------------------------------------------------------------
+    def _take_calls(self, every_host: bool = False) -> dict:
+        """host -> (control, inputs) for the hosts that have something to do (or all)."""
+        control, inputs = self._control, self._inputs
+        self._control = [[] for _ in control]
+        self._inputs = [[] for _ in inputs]
+        busy = set()
+        if not every_host:
+            n = self.rt.num_hosts
+            for wid, st in enumerate(self._status):
+                if st[0] or st[1] or st[4]:
+                    busy.add(wid % n)
+        return {h: (control[h], inputs[h]) for h in range(len(control))
+                if every_host or control[h] or inputs[h] or h in busy}
+
+    def _step(self, start: float, until: float) -> None:
+        calls = self._take_calls()
+        if calls:
+            self._absorb(self.rt.step(calls, start, until))
+
+    def _absorb(self, outs: list[dict]) -> None:
+        """Merge the hosts' events into lockstep order and apply them."""
+        events = []
+        updates = self._updates
+        pool_of = self._pool_of
+        status = self._status
+        for out in outs:
+            for wid, rank, kind, hashes in out["kv"]:
+                updates.append((pool_of[wid].role, UP_KV, wid, rank, kind, hashes))
+            for st in out["status"]:
+                status[st[0]] = tuple(st[1:])
+            events.extend(out["events"])
+        if len(outs) > 1:
+            events.sort(key=_EVENT_ORDER)
+        for t, _phase, sid, _seq, kind, payload in events:
+            if kind == EV_TERMINAL:
+                self._terminal(payload, t)
+            elif kind == EV_FIRST_TOKEN:
+                updates.append((self.entry.role, UP_FIRST_TOKEN, payload))
+            elif kind == EV_HANDOFF:
+                self._handoffs.append((t, sid, payload))
+            elif kind == EV_DRAINED:
+                self._drained(payload, t)
+        self.stats.num_events += len(events)
+
+    def _terminal(self, state, t: float) -> None:
+        req = self.requests.pop(state[0])
+        apply_wire_progress(req, state)
+        self._updates.append((self._pool_of[req.worker].role, UP_RELEASE, req.index))
+        self.log.add(req)
+        if self.planner is not None:
+            self._traffic.complete(req)
+        for t2, idx in self.arrivals.on_terminal(req.index, t):
+            heapq.heappush(self._gen, (t2, idx))
+
+    def _drained(self, wid: int, t: float) -> None:
+        if self.lifecycle.state[wid] == DRAINING:
+            self._record(self._pool_of[wid], t, "drain_settlement", [self.lifecycle.remove(wid, t)], None)
+
+    # -- the lifecycle hooks ---------------------------------------------------------------------
+    def _spawn(self, pool: Pool, wid: int) -> None:
+        self._control[self._host(wid)].append(("spawn", wid, pool.role))
+        self._ranks_of.append(pool.num_ranks)
+        self._status.append((False, False, None, 0, 0))
+
+    def _on_ready(self, wid: int, at_ms: float) -> None:
+        heapq.heappush(self._ready, (at_ms, wid))
+
+    def _drain_blocked(self, wid: int) -> bool:
+        busy, has_work, _end, held, pending = self._status[wid]
+        if busy or has_work or held or pending:
+            return True
+        return any(src == wid or dst == wid for _, src, dst, _, _ in self._transfers.values())
+
+    def _drain_later(self, wid: int) -> None:
+        self._control[self._host(wid)].append(("drain", wid))
+
+    def _work_remains(self) -> bool:
+        if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
+            return True
+        return any(st[0] or st[1] or st[4] for st in self._status)
+
+    # -- one edge ---------------------------------------------------------------------------
+    def _edge(self, now: float, until: float | None) -> None:
+        """Everything the coordinator does at an edge, in the lockstep phase order: place
+        handoffs, ready workers, complete transfers (bookkeeping), route the arrivals at
+        ``now``, the Planner's tick; then, when routing ahead, the arrivals before ``until``."""
+        self.num_edges += 1
+        tick_now = self._tick_ms is not None and self._tick_ms <= now
+        requests = []
+        eligible = []
+        placing = []
+        if self._handoffs:
+            eligible.append(list(self.decode.eligible))
+            placing = self._handoffs
+            self._handoffs = []
+            for t_h, src, state in placing:
+                req = self.requests[state[0]]
+                apply_wire_progress(req, state)
+                self._updates.append((self.entry.role, UP_FIRST_TOKEN, req.index))
+                self._updates.append((self.entry.role, UP_RELEASE, req.index))
+                requests.append(("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req), now,
+                                 len(eligible) - 1))
+        while self._ready and self._ready[0][0] <= now:
+            _, wid = heapq.heappop(self._ready)
+            self._worker_ready(wid, now)
+        arriving = self._arrivals(now, None if tick_now else until, requests, eligible)
+        decisions = self._route(requests, eligible)
+        if placing:
+            self._place(placing, decisions[: len(placing)], now)
+        while self._transfer_times and self._transfer_times[0][0] <= now:
+            done_ms, seq = heapq.heappop(self._transfer_times)
+            h = self._transfers.pop(seq)[0].handoff
+            h["source_released_ms"] = done_ms
+            h["destination_activated_ms"] = done_ms
+        self._dispatch(arriving, decisions[len(placing):], now)
+        if tick_now:
+            self._tick(now)
+            if until is not None:  # arrivals after the tick see its scaling
+                requests, eligible = [], []
+                arriving = self._arrivals(now, until, requests, eligible)
+                self._dispatch(arriving, self._route(requests, eligible), now)
+
+    def _arrivals(self, now: float, until: float | None, requests: list, eligible: list) -> list[Request]:
+        """Pop the arrivals due by ``now`` (and before ``until``) and add their routing requests."""
+        arriving = []
+        ref = None
+        while True:
+            t = self._next_arrival()
+            if t is None or not (t <= now or (until is not None and t < until)):
+                return arriving
+            if ref is None:
+                eligible.append(list(self.entry.eligible))
+                ref = len(eligible) - 1
+            t, idx = self._pop_arrival()
+            req = make_request(self.workload, self.hash_store, idx, t)
+            self.requests[idx] = req
+            arriving.append(req)
+            requests.append((self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
+                             max(t, now), ref))
+
+    def _route(self, requests: list, eligible: list) -> list:
+        if not requests:
+            return []
+        updates, self._updates = self._updates, []
+        return self.rt.route(updates, requests, eligible, self._ranks_of)
+
+    def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
+        """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
+        for req, (wid, rank, info) in zip(arriving, decisions):
+            at = max(req.arrival_ms, now)
+            self.num_offered += 1
+            if self.log.capture:
+                req.routing.append(routing_entry(self.entry.label, at, info))
+            req.dispatched_ms = at
+            req.worker = wid
+            req.rank = rank
+            if self.planner is not None:
+                if req.arrival_ms <= now:
+                    self._traffic.arrive(req)
+                else:
+                    self._late.append(req)
+            self._send(wid, (at, PH_ARRIVAL, req.index, OP_ENQUEUE, wid, (rank, request_to_wire(req))))
+
+    def _route_hashes(self, pool: Pool, req: Request):
+        return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
+
+    def _place(self, placing: list, decisions: list, now: float) -> None:
+        """Handoffs placed at ``now``: decode worker chosen, KV transfer started."""
+        pool = self.decode
+        tokens_of = [self.requests[state[0]].prompt_len for _, _, state in placing]
+        if self.transfer.timing_mode == "destination_missing":
+            bs = pool.block_size
+            by_host: dict[int, list] = {}
+            for k, ((_, _, state), (wid, rank, _)) in enumerate(zip(placing, decisions)):
+                req = self.requests[state[0]]
+                q = (wid, rank, req.block_hashes(bs), (req.prompt_len - 1) // bs)
+                by_host.setdefault(self._host(wid), []).append((k, q))
+            hits = self.rt.match_prefix({h: [q for _, q in qs] for h, qs in by_host.items()})
+            for h, qs in by_host.items():
+                for (k, _), n in zip(qs, hits[h]):
+                    tokens_of[k] -= n * bs
+        for (t_h, src, state), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):
+            req = self.requests[state[0]]
+            if self.log.capture:
+                req.routing.append(routing_entry(pool.label, now, info))
+            delay = self.transfer.delay_ms(tokens)
+            req.handoff = handoff_record(src, req.rank, t_h, now, wid, tokens, delay)
+            seq = self._next_transfer
+            self._next_transfer += 1
+            done = now + delay
+            self._transfers[seq] = [req, src, wid, rank, done]
+            heapq.heappush(self._transfer_times, (done, seq))
+            self.stats.num_transfers += 1
+            req.materialized = True
+            req.num_computed = 0
+            req.status = WAITING
+            self._send(src, (done, PH_TRANSFER, seq, OP_RELEASE, src, req.index))
+            self._send(wid, (done, PH_TRANSFER, seq, OP_ENQUEUE, wid, (rank, request_to_wire(req))))
+
+    def _tick(self, now: float) -> None:
+        self._tick_ms = None
+        late = self._late
+        k = 0
+        while k < len(late) and late[k].arrival_ms <= now:
+            self._traffic.arrive(late[k])
+            k += 1
+        del late[:k]
+        outs = self.rt.deliver(self._take_calls(every_host=True), now)
+        self._absorb(outs)
+        if not self._work_remains():
+            return  # ticks continue only while work remains
+        self.planner_hook(True)
+        fpm = {}
+        for out in outs:
+            for wid, metrics in out["fpm"]:
+                fpm[wid] = metrics
+        roles = {}
+        lc = self.lifecycle
+        for pool in self._pools():
+            active = lc.in_state(pool.worker_ids, ACTIVE)
+            fpms = [f for wid in active for f in fpms_of(wid, fpm[wid])]
+            roles[pool.planner_role] = RoleState(active, lc.in_state(pool.worker_ids, STARTING),
+                                                 lc.in_state(pool.worker_ids, DRAINING), fpms, pool.caps)
+        wire, consumed = self.rt.tick(snapshot_to_wire(Snapshot(now, roles)), traffic_to_wire(self._traffic.peek(now)))
+        if consumed:
+            self._traffic.reset(now)
+        decision = decision_from_wire(wire)
+        self.planner_hook(False)
+        tick = self._num_ticks
+        self._num_ticks += 1
+        self._apply_decision(decision, now, tick)
+        self._tick_ms = decision.next_tick_ms
+
+    # -- choosing the next edge ------------------------------------------------------------
+    def _fixed_edges(self, now: float) -> list[float]:
+        """Ticks (one due now is followed by the next, an interval later), ready times, the stop."""
+        out = []
+        if self._tick_ms is not None:
+            out.append(self._tick_ms if self._tick_ms > now else now + self._tick_interval_ms)
+        for t, _ in self._ready:
+            if t > now:
+                out.append(t)
+        if self.stop_ms is not None and self.stop_ms > now:
+            out.append(self.stop_ms)
+        return out
+
+    def _earliest_activity(self) -> float | None:
+        """The earliest time anything is due: an arrival, a pass end, an input, a handoff."""
+        ts = [t for t in (self._next_arrival(),) if t is not None]
+        ends = [st[2] for st in self._status if st[2] is not None]
+        if ends:
+            ts.append(min(ends))
+        if self._transfer_times:
+            ts.append(self._transfer_times[0][0])
+        if self._handoffs:
+            ts.append(self._handoffs[0][0])
+        return min(ts) if ts else None
+
+    def _window_until(self, now: float) -> float | None:
+        """Next edge with a window: the end of the first window from ``now`` in which
+        anything happens, or an earlier fixed edge."""
+        w = self.window_ms
+        t = self._earliest_activity()
+        cands = self._fixed_edges(now)
+        if t is not None:
+            cands.append((math.floor(max(t, now) / w) + 1) * w)
+        return min(cands) if cands else None
+
+    def _exact_until(self, now: float) -> float | None:
+        cands = self._fixed_edges(now)
+        if self._routes_state or self._coupled:
+            t = self._next_arrival()
+            if t is not None:
+                cands.append(t)
+        if self._coupled:
+            ends = [st[2] for st in self._status if st[2] is not None]
+            if ends:
+                cands.append(min(ends))
+            if self._transfer_times:
+                cands.append(self._transfer_times[0][0])
+        cands = [c for c in cands if c > now]
+        return min(cands) if cands else None
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> CoordinatorStats:
+        times, indices = self.arrivals.initial()
+        self._arr_t = times.tolist()
+        self._arr_i = indices.tolist()
+        self._n_init = len(self._arr_t)
+        self._ptr = 0
+        if self.planner is not None:
+            self._tick_ms = self._tick_interval_ms = self.rt.initial_tick_ms()
+        # a window only matters where the router reads worker state or one worker's events cause
+        # work elsewhere; otherwise every window gives the lockstep result and none is needed
+        windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
+        ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
+        stop = self.stop_ms
+        guard = self.resource_guard
+        now = 0.0
+        first = [t for t in (self._next_arrival(), self._tick_ms, stop) if t is not None]
+        until: float | None = min(first) if first else None
+        while until is not None:
+            final = stop is not None and until >= stop
+            if final:
+                until = stop
+            if until > now:
+                self._step(now, until)
+                now = until
+            if guard is not None and not self.num_edges & 255:
+                guard.check()
+            if final:
+                self._edge(now, None)
+                self._step(now, now)  # what starts at the stop time (then the run ends)
+                self.stats.stopped_at_ms = stop
+                break
+            if ahead:
+                nxt = self._window_until(now) if windowed else self._exact_until(now)
+                self._edge(now, INF if nxt is None else nxt)
+            else:
+                self._edge(now, None)
+                if self._coupled:  # start the passes now: their ends bound the next edge
+                    self._step(now, now)
+                    while self._next_arrival() == now:  # follow-ups of what was rejected just now
+                        self._edge(now, None)
+                        self._step(now, now)
+                nxt = self._exact_until(now)
+            if nxt is None and not self._coupled:
+                self._step(now, INF)  # nothing outside the workers is due any more: run them out
+            until = nxt
+        self.stats.last_event_ms = now
+        self._finish(now)
+        return self.stats
+
+    def _finish(self, end_ms: float) -> None:
+        outs = self.rt.finish(end_ms)
+        leftover = sorted((item for out in outs for item in out["leftover"]), key=itemgetter(0))
+        for _, states in leftover:
+            for state in states:
+                req = self.requests.pop(state[0])
+                apply_wire_progress(req, state)
+                self.log.add(req, STATUS_INCOMPLETE)
+        for seq in sorted(self._transfers):
+            self.log.add(self._transfers[seq][0], STATUS_INCOMPLETE)
+        totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
+        self.worker_totals = [t[1:6] for t in totals]
+        self.gap_sinks = [_gap_sink(t[6]) for t in totals]
+
+
+def _gap_sink(data) -> GapSink:
+    import numpy as np
+
+    pooled_values, pooled_weights, chunks, individual = data
+    g = GapSink()
+    g.pooled_values.frombytes(pooled_values)
+    g.pooled_weights.frombytes(pooled_weights)
+    g.run_chunks = [(np.frombuffer(a, dtype=np.float64), n) for a, n in chunks]
+    g.individual.frombytes(individual)
+    return g

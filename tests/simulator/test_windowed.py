@@ -1,0 +1,143 @@
+"""The windowed coordinator in process: it reproduces lockstep exactly with router_sync_ms 0
+(any number of engine hosts, every message through msgpack), and its windows have exact,
+documented effects."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from simulator.config.loading import load_config
+from simulator.metrics.output import canonical_json
+from simulator.replay import ExecutionPlan, plan_from_config, run_plan, run_synthetic_trace_replay, run_trace_replay
+from tests.conftest import ROOT, SLICE
+from tests.helpers import by_uuid, without_wall, write_trace
+
+CONFIGS = ROOT / "configs"
+SLICE_SETS = ["traffic.stop={max_virtual_time_seconds: 90}"]
+SESSIONS = ("traffic.source={type: synthetic-session, new_input_tokens_per_turn: 700, output_tokens_per_turn: 90, "
+            "session: {turns: 3}, shared_prefix_ratio: 0.3, prefix_groups: 4, inter_turn_delay_ms: 500}")
+PLANNER_SLICE = ["traffic.source.paths=[data/conversation_slice.jsonl]", "traffic.stop={max_virtual_time_seconds: 150}"]
+
+# name -> (config, overrides): every coordinator path (routers, ranks, disaggregation, closed
+# loops, session turns, the stop time, the Planner adding, starting and draining workers)
+CASES = {
+    "round_robin": ("quickstart.yaml", SLICE_SETS),
+    "kv_router_4": ("quickstart.yaml", SLICE_SETS + ["router={policy: kv_router}",
+                                                     "engine.workers.aggregated.parallelism.replicas=4"]),
+    "kv_router_dp": ("quickstart.yaml", SLICE_SETS + [
+        "router={policy: kv_router, temperature: 0.3}",
+        "engine.workers.aggregated.parallelism={replicas: 2, attention_data: 2}"]),
+    "disaggregated_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
+        "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2"]),
+    "closed_loop": ("quickstart.yaml", [
+        "traffic.source={type: synthetic, input_tokens: 1500, output_tokens: 200, cached_prefix_tokens: 512}",
+        "traffic.load={type: concurrency, concurrency: 24}", "traffic.stop={requests: 300}",
+        "router={policy: kv_router}"]),
+    "sessions": ("quickstart.yaml", [SESSIONS, "traffic.load={type: poisson, sessions_per_second: 6}",
+                                     "traffic.stop={sessions: 60}", "router={policy: kv_router}"]),
+    "planner_aggregated": ("planner-aggregated.yaml", PLANNER_SLICE + ["engine.workers.aggregated.startup_seconds=20"]),
+    "planner_disaggregated": ("planner-disaggregated.yaml", PLANNER_SLICE + [
+        "planner.target=load", "planner.load_adjustment_interval_seconds=2",
+        "engine.workers.decode.startup_seconds=10"]),
+}
+
+
+def replay(name: str, **execution):
+    cfg_file, sets = CASES[name]
+    cfg, cdir = load_config(CONFIGS / cfg_file, sets)
+    plan = plan_from_config(cfg, cdir, capture_per_request=True)
+    return run_plan(dataclasses.replace(plan, execution=ExecutionPlan(**execution)))
+
+
+def same(a, b) -> bool:
+    return canonical_json(without_wall(a.to_dict())) == canonical_json(without_wall(b.to_dict()))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_router_sync_0_reproduces_lockstep_byte_for_byte(name):
+    lockstep = replay(name)
+    windowed = replay(name, windowed=True, engine_actors=3, wire=True)
+    assert lockstep.diagnostics["runtime"]["coordinator"] == "lockstep"
+    assert windowed.diagnostics["runtime"]["num_hosts"] == 3
+    assert same(lockstep, windowed)
+
+
+def test_the_paths_the_cases_exercise():
+    agg = replay("planner_aggregated").planner
+    transitions = {t["transition"] for op in agg["lifecycle_operations"] for t in op["transitions"]}
+    assert {"worker_starting", "worker_ready", "worker_draining", "worker_removed"} <= transitions
+    closed = replay("closed_loop").summary
+    assert closed["completed_requests"] == 300
+
+
+@pytest.mark.parametrize("name", ["kv_router_dp", "disaggregated_2p2d", "sessions"])
+def test_a_window_gives_the_same_result_on_one_host_or_three_over_the_wire(name):
+    one = replay(name, router_sync_ms=40)
+    three = replay(name, router_sync_ms=40, engine_actors=3, wire=True)
+    assert one.summary["deployment"]["router_sync_ms"] == 40.0
+    assert same(one, three)
+
+
+def test_a_window_changes_nothing_when_the_router_reads_no_worker_state():
+    exact = replay("round_robin")
+    windowed = replay("round_robin", router_sync_ms=100)
+    a, b = without_wall(exact.to_dict()), without_wall(windowed.to_dict())
+    a["summary"]["deployment"].pop("router_sync_ms")
+    b["summary"]["deployment"].pop("router_sync_ms")
+    assert canonical_json(a) == canonical_json(b)
+    # no window edges: every arrival is routed up front; the only edges are the start and the stop
+    assert windowed.diagnostics["runtime"]["num_edges"] == 2
+
+
+FIXED = {"timing_model": {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}}
+
+
+def test_a_closed_loop_follow_up_waits_for_the_window_end():
+    # request 0: prefill 0-100 (first token), decode 100-110, 110-120: done at 120, when request 1 arrives
+    kw = dict(extra_engine_args=FIXED, replay_concurrency=1, capture_per_request=True)
+    exact = by_uuid(run_synthetic_trace_replay(512, 3, 2, **kw))
+    assert exact["req-0000001"]["arrival_time_ms"] == 120.0 and exact["req-0000001"]["ttft_ms"] == 100.0
+    late = by_uuid(run_synthetic_trace_replay(512, 3, 2, router_sync_ms=50, **kw))
+    r = late["req-0000001"]
+    # the completion at 120 lies in the window [100, 150): the router learns of it at 150
+    assert (r["arrival_time_ms"], r["dispatched_at_ms"], r["first_token_ms"]) == (120.0, 150.0, 250.0)
+    assert r["ttft_ms"] == 130.0
+    assert late["req-0000000"]["ttft_ms"] == 100.0
+
+
+def test_a_handoff_is_placed_at_the_window_end(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 128, "output_length": 2,
+                                                "hash_ids": [1], "request_id": "r1"}])
+    kw = dict(prefill_engine_args=FIXED, decode_engine_args=FIXED, capture_per_request=True)
+    exact = by_uuid(run_trace_replay(str(trace), **kw))["r1"]
+    assert exact["ttft_ms"] == 110.0  # prefill 100 + the decode worker's first pass 10
+    late = by_uuid(run_trace_replay(str(trace), router_sync_ms=30, **kw))["r1"]
+    # the prompt finishes at 100, inside [90, 120): the decode worker is chosen at 120
+    assert (late["source_held_ms"], late["destination_reserved_ms"], late["destination_activated_ms"]) == (
+        100.0, 120.0, 120.0)
+    assert late["ttft_ms"] == 130.0 and late["decode_admit_ms"] == 120.0
+
+
+def test_kv_router_routes_a_window_against_its_view_at_the_window_start(tmp_path):
+    # B repeats A's prompt after A's prefill ended (its blocks are cached and published at 100)
+    rows = [{"timestamp": 0, "input_length": 2048, "output_length": 2, "hash_ids": [1, 2, 3, 4], "request_id": "A"},
+            {"timestamp": 150, "input_length": 2048, "output_length": 2, "hash_ids": [1, 2, 3, 4], "request_id": "B"}]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    kw = dict(extra_engine_args={**FIXED, "block_size": 64}, num_workers=2, router_mode="kv_router",
+              capture_per_request=True)
+    exact = by_uuid(run_trace_replay(str(trace), **kw))
+    assert exact["B"]["decode_worker_idx"] == exact["A"]["decode_worker_idx"]
+    assert exact["B"]["reused_input_tokens"] == 1984  # every full block but the last
+    stale = by_uuid(run_trace_replay(str(trace), router_sync_ms=200, **kw))
+    # both routed at 0: the router has seen no KV event yet and counts A's pending prefill
+    assert stale["B"]["routing_history"][0]["selected_overlap_blocks"] == 0
+    assert stale["B"]["decode_worker_idx"] != stale["A"]["decode_worker_idx"]
+    assert stale["B"]["reused_input_tokens"] == 0
+    assert stale["B"]["dispatched_at_ms"] == 150.0  # routed early, dispatched on arrival
+
+
+def test_router_sync_ms_is_validated():
+    with pytest.raises(Exception, match="router_sync_ms"):
+        run_trace_replay(str(SLICE), router_sync_ms=-1)
