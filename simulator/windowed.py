@@ -395,7 +395,9 @@ class WindowedCoordinator(PoolCoordinator):
         t = self._earliest_activity()
         cands = self._fixed_edges(now)
         if t is not None:
-            cands.append((math.floor(max(t, now) / w) + 1) * w)
+            k = math.floor(max(t, now) / w) + 1
+            edge = k * w
+            cands.append(edge if edge > now else (k + 1) * w)  # k * w may round to ``now``
         return min(cands) if cands else None
 
     def _exact_until(self, now: float) -> float | None:

@@ -30,6 +30,14 @@ except ImportError:  # pragma: no cover
         for elem in iterable:
             mapping[elem] = get(elem, 0) + 1
 
+def _prefix_len(present: set, hashes: list) -> int:
+    """How many leading ``hashes`` are in ``present``."""
+    for i, h in enumerate(hashes):
+        if h not in present:
+            return i
+    return len(hashes)
+
+
 class RoundRobinRouter:
     """Cycle over eligible workers, then over the chosen worker's ranks; ignores cache and load."""
 
@@ -158,16 +166,23 @@ class KvRouter:
         keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
         costs = []
         overlaps = []
+        n = len(hashes)
+        first = hashes[0] if n else None
+        use_cache = self.needs_kv_events and n > 0
+        prefill, active = self.track_prefill_tokens, self.track_active_blocks
+        scale, credit = self.scale, self.credit
+        cand = self._cand
         for key in keys:
-            c = self._cand(key)
-            overlap = len(list(takewhile(c.cached.__contains__, hashes))) if self.needs_kv_events and c.cached else 0
+            c = cand(key)
+            # leading blocks found; most candidates hold none or all of a prompt's prefix
+            overlap = _prefix_len(c.cached, hashes) if use_cache and first in c.cached else 0
             cost = 0.0
-            if self.track_prefill_tokens:
+            if prefill:
                 raw = (c.prefill_tokens + isl) / bs
-                cost = self.scale * max(0.0, raw - self.credit * overlap)
-            if self.track_active_blocks:
-                depth = len(list(takewhile(c.active.__contains__, hashes))) if c.active else 0
-                cost += len(c.active) + (len(hashes) - depth)
+                cost = scale * max(0.0, raw - credit * overlap)
+            if active:
+                depth = _prefix_len(c.active, hashes) if n and first in c.active else 0
+                cost += len(c.active) + (n - depth)
             costs.append(cost)
             overlaps.append(overlap)
         i = self._select(costs)

@@ -162,10 +162,10 @@ class RayRuntime:
         self.counters = RuntimeCounters()
         self._actors: list = []
         try:
-            cpus = int(ray.available_resources().get("CPU", 0))
+            cpus = int(ray.cluster_resources().get("CPU", 0))
             n = engine_actors or max(1, min(len(worker_roles), cpus))
             self.num_hosts = n
-            per_actor = 1 if n <= cpus else 0  # spread one per CPU when the cluster has them
+            per_actor = 1 if n <= cpus else 0  # one CPU each when the cluster has them (else share)
             engine_cls, router_cls, planner_cls = _actor_classes()
             pools_ref = ray.put(pools)
             workload_ref = ray.put(workload)
