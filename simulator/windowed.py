@@ -30,6 +30,8 @@ import heapq
 import math
 from operator import itemgetter
 
+import numpy as np
+
 from actors.engine.host import (
     EV_DRAINED,
     EV_FIRST_TOKEN,
@@ -445,6 +447,9 @@ class WindowedCoordinator(PoolCoordinator):
             if final:
                 self._edge(now, None)
                 self._step(now, now)  # what starts at the stop time (then the run ends)
+                while self._coupled and self._next_arrival() == now:
+                    self._edge(now, None)
+                    self._step(now, now)
                 self.stats.stopped_at_ms = stop
                 break
             if ahead:
@@ -481,8 +486,6 @@ class WindowedCoordinator(PoolCoordinator):
 
 
 def _gap_sink(data) -> GapSink:
-    import numpy as np
-
     pooled_values, pooled_weights, chunks, individual = data
     g = GapSink()
     g.pooled_values.frombytes(pooled_values)

@@ -300,4 +300,4 @@ class WorkerHost:
                            w.num_passes, w.num_runs,
                            (g.pooled_values.tobytes(), g.pooled_weights.tobytes(),
                             [(a.tobytes(), n) for a, n in g.run_chunks], g.individual.tobytes())))
-        return {"leftover": leftover, "totals": totals, "held": [r.index for _, r in self._held.values()]}
+        return {"leftover": leftover, "totals": totals}
