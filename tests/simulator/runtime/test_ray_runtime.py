@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,7 +52,14 @@ def test_a_dead_actor_is_one_clear_error_not_a_hang(ray_session):
 
     rt = RayRuntime({}, synthetic_workload(1, 16, 1, 0), [], 1, {})
     try:
-        ray_session.kill(rt.hosts[0])
+        host = rt.hosts[0]
+        ray_session.kill(host)
+        for _ in range(300):  # the kill is asynchronous: wait until the actor is gone
+            try:
+                ray_session.get(host.ready.remote(), timeout=10)
+            except ray_session.exceptions.RayActorError:
+                break
+            time.sleep(0.05)
         with pytest.raises(RuntimeFailure, match="actor died"):
             rt.step({0: ([], [])}, 0.0, 1.0)
     finally:
