@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +85,21 @@ def _deepcopy(x):
     return x
 
 
+_MEMBER_TAG = re.compile(r"^(literal\[.*\]|constrained-\w+|int|float|str|bool|none|function-\w+\[.*\])$")
+
+
 def format_validation_error(exc: ValidationError) -> InputError:
     """First pydantic error as ``path: message`` (union tags dropped), plus a count of the rest."""
     errors = exc.errors(include_url=False)
     err = errors[0]
     loc = list(err["loc"])
+    if loc and isinstance(loc[-1], str) and _MEMBER_TAG.match(loc[-1]):
+        # a plain union (``'auto' | int``): one message for all its members, not one per member
+        members = [e for e in errors if list(e["loc"][:-1]) == loc[:-1]]
+        wants = [e["msg"].removeprefix("Input should be ") for e in members]
+        err = {**err, "loc": tuple(loc[:-1]), "msg": "Input should be " + " or ".join(wants)}
+        errors = [err] + [e for e in errors if e not in members]
+        loc = loc[:-1]
     clean: list[str] = []
     for i, part in enumerate(loc):
         if i >= 2 and (str(loc[i - 2]), str(loc[i - 1])) in _UNION_PARENTS and isinstance(part, str) and i == 2:

@@ -45,6 +45,17 @@ def test_unknown_key_names_its_path():
     assert "Extra inputs are not permitted" in str(e)
 
 
+@pytest.mark.parametrize("section,key,value,want", [
+    ("engine", "context_length", 0, "Input should be 'max' or greater than 0 (got 0)"),
+    ("execution", "engine_actors", "x", "Input should be 'auto' or a valid integer"),
+])
+def test_a_plain_union_gets_one_message_naming_every_choice(section, key, value, want):
+    d = base()
+    d.setdefault(section, {})[key] = value
+    e = err(d)
+    assert e.where == f"{section}.{key}" and want in e.message and "more error" not in e.message
+
+
 def test_unknown_top_level_section():
     d = base()
     d["optimizer"] = {}
