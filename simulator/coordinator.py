@@ -144,7 +144,6 @@ class TrafficAccumulator:
 @dataclass
 class CoordinatorStats:
     num_events: int = 0
-    num_settles: int = 0
     num_transfers: int = 0
     last_event_ms: float = 0.0
     stopped_at_ms: float | None = None
@@ -431,7 +430,6 @@ class Coordinator(PoolCoordinator):
             self._settle_drain(src, now_ms)
 
     def _settle(self, now_ms: float) -> None:
-        self.stats.num_settles += 1
         dirty = sorted(self._dirty)
         self._dirty.clear()
         for wid in dirty:

@@ -141,7 +141,7 @@ class WindowedCoordinator(PoolCoordinator):
         if not every_host:
             n = self.rt.num_hosts
             for wid, st in enumerate(self._status):
-                if st[0] or st[1] or st[4]:
+                if _active(st):
                     busy.add(wid % n)
         return {h: (control[h], inputs[h]) for h in range(len(control))
                 if every_host or control[h] or inputs[h] or h in busy}
@@ -211,7 +211,7 @@ class WindowedCoordinator(PoolCoordinator):
     def _work_remains(self) -> bool:
         if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
             return True
-        return any(st[0] or st[1] or st[4] for st in self._status)
+        return any(_active(st) for st in self._status)
 
     # -- one edge ---------------------------------------------------------------------------
     def _edge(self, now: float, until: float | None) -> None:
@@ -366,6 +366,10 @@ class WindowedCoordinator(PoolCoordinator):
         self._tick_ms = decision.next_tick_ms
 
     # -- choosing the next edge ------------------------------------------------------------
+    def _next_pass_end(self) -> float | None:
+        ends = [st[2] for st in self._status if st[2] is not None]
+        return min(ends) if ends else None
+
     def _fixed_edges(self, now: float) -> list[float]:
         """Ticks (one due now is followed by the next, an interval later), ready times, the stop."""
         out = []
@@ -381,9 +385,9 @@ class WindowedCoordinator(PoolCoordinator):
     def _earliest_activity(self) -> float | None:
         """The earliest time anything is due: an arrival, a pass end, an input, a handoff."""
         ts = [t for t in (self._next_arrival(),) if t is not None]
-        ends = [st[2] for st in self._status if st[2] is not None]
-        if ends:
-            ts.append(min(ends))
+        end = self._next_pass_end()
+        if end is not None:
+            ts.append(end)
         if self._transfer_times:
             ts.append(self._transfer_times[0][0])
         if self._handoffs:
@@ -409,9 +413,9 @@ class WindowedCoordinator(PoolCoordinator):
             if t is not None:
                 cands.append(t)
         if self._coupled:
-            ends = [st[2] for st in self._status if st[2] is not None]
-            if ends:
-                cands.append(min(ends))
+            end = self._next_pass_end()
+            if end is not None:
+                cands.append(end)
             if self._transfer_times:
                 cands.append(self._transfer_times[0][0])
         cands = [c for c in cands if c > now]
@@ -483,6 +487,11 @@ class WindowedCoordinator(PoolCoordinator):
         totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
         self.worker_totals = [t[1:6] for t in totals]
         self.gap_sinks = [_gap_sink(t[6]) for t in totals]
+
+
+def _active(status: tuple) -> bool:
+    """A worker status (busy, has_work, pass_end, held, pending) with anything to do."""
+    return status[0] or status[1] or status[4]
 
 
 def _gap_sink(data) -> GapSink:

@@ -73,7 +73,6 @@ class WorkerHost:
         self._events: list = []
         self._seq = 0
         self._kv: list = []
-        self.num_calls = 0
         for wid, key in workers:
             self._add(wid, key)
 
@@ -231,7 +230,6 @@ class WorkerHost:
     def step(self, control, inputs, start: float, until: float) -> dict:
         """From the edge ``start``: apply the inputs then, start passes, run to ``until`` (see the
         module doc)."""
-        self.num_calls += 1
         self._catch_up(start)
         self._receive(control, inputs)
         t = self.now
@@ -257,7 +255,6 @@ class WorkerHost:
     def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
         """Apply the inputs at the edge ``now`` without starting passes (the Planner's tick sees
         them queued, as in lockstep) and report forward-pass metrics."""
-        self.num_calls += 1
         self._catch_up(now)
         self._receive(control, inputs)
         self._inputs_at(self.now)
@@ -266,7 +263,6 @@ class WorkerHost:
 
     def match_prefix(self, queries) -> list[int]:
         """Blocks each (worker, rank, hashes, limit) would reuse now (destination_missing)."""
-        self.num_calls += 1
         out = []
         for wid, rank, hashes, limit in queries:
             worker = self.workers[wid]
@@ -282,7 +278,6 @@ class WorkerHost:
 
     def finish(self, end_ms: float) -> dict:
         """End of the run: requests still in the workers (incomplete), then the totals."""
-        self.num_calls += 1
         leftover = []
         for wid in sorted(self.workers):
             worker = self.workers[wid]

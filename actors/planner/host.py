@@ -13,13 +13,11 @@ from actors.messages import decision_to_wire, snapshot_from_wire, traffic_from_w
 class PlannerHost:
     def __init__(self, planner) -> None:
         self.planner = planner
-        self.num_calls = 0
 
     def initial_tick_ms(self) -> float:
         return self.planner.initial_tick_ms()
 
     def tick(self, snapshot, traffic) -> tuple[list, bool]:
-        self.num_calls += 1
         snap = snapshot_from_wire(snapshot)
         consumed = self.planner.needs_traffic(snap.now_ms)
         if consumed:

@@ -30,12 +30,10 @@ class RouteRequest:
 class RouterHost:
     def __init__(self, routers: dict) -> None:
         self.routers = routers  # pool key -> routing policy
-        self.num_calls = 0
 
     def step(self, updates, requests, eligible, ranks_of) -> list:
         """Apply ``updates`` in order, then route each ``(pool, index, prompt_len, hashes, now_ms,
         eligible_ref)`` in order; returns ``(worker, rank, info)`` per request."""
-        self.num_calls += 1
         routers = self.routers
         for u in updates:
             router = routers[u[0]]

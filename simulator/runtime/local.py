@@ -1,7 +1,7 @@
-"""In-process runtime: builds the actor objects (workers, router) for a replay.
+"""Builders of the actor objects of a replay (workers, timing models, routers).
 
-The same classes will be wrapped as Ray actors by the Ray runtime; here they are plain
-objects driven directly by the coordinator (the fastest form).
+The lockstep coordinator drives what they build directly; the engine, router and planner
+hosts (in process or inside Ray actors) hold the very same objects.
 """
 
 from __future__ import annotations
