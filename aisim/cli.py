@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-_T0 = time.perf_counter()
-
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 QUICKSTART = REPO_CONFIGS / "quickstart.yaml"
 
@@ -62,7 +60,9 @@ def _execution_overrides(args) -> list[str]:
     return out
 
 
-def _predict(args) -> int:
+def _predict(args, t0: float) -> int:
+    """Run ``aisim predict``; ``t0`` is the ``time.perf_counter()`` at which the command started (the
+    initialisation timeout and the recorded runtime count from it, not from when this module was imported)."""
     from simulator.config.loading import load_config
     from simulator.errors import InitTimeoutError, InputError
     from simulator.metrics.output import (
@@ -84,7 +84,7 @@ def _predict(args) -> int:
     res = cfg.execution.resources
     apply_cpu_limit(res)
     guard = ResourceGuard(memory_limit_bytes(res))
-    init_s = time.perf_counter() - _T0
+    init_s = time.perf_counter() - t0
     if init_s > res.initialization_timeout_seconds:
         raise InitTimeoutError(f"initialisation took {init_s:.1f} s, over execution.resources.initialization_timeout_seconds "
                                f"({res.initialization_timeout_seconds} s); raise it for very large traces")
@@ -94,14 +94,14 @@ def _predict(args) -> int:
     except Exception as exc:
         if out_dir is not None and getattr(exc, "exit_code", 1) == 3:
             write_resource_runtime(out_dir, "resource_limited", str(exc), 3, guard.limit_bytes, guard.peak_observed,
-                                   time.perf_counter() - _T0)
+                                   time.perf_counter() - t0)
         raise
     if out_dir is not None:
         atomic_write_text(out_dir / "prediction.json", canonical_json(report.to_dict()) + "\n")
         if report.per_request is not None:
             atomic_write_lines(out_dir / "requests.jsonl", report.per_request)
         write_resource_runtime(out_dir, "completed", None, 0, guard.limit_bytes,
-                               max(guard.peak_observed, peak_rss_bytes()), time.perf_counter() - _T0)
+                               max(guard.peak_observed, peak_rss_bytes()), time.perf_counter() - t0)
     if args.format == "json":
         print(canonical_json(report.summary, indent=None))
     else:
@@ -112,6 +112,7 @@ def _predict(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    t0 = time.perf_counter()  # the command starts now, however long ago this module was imported
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = os.environ.get("AISIM_DEBUG") == "1"
     try:
-        return _predict(args)
+        return _predict(args, t0)
     except KeyboardInterrupt:
         sys.stderr.write("aisim: interrupted\n")
         return 130

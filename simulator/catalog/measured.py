@@ -14,17 +14,22 @@ hundreds of thousands of passes of a replay, so we sample it once on grids and i
 
 Beyond a grid, the last segment extrapolates linearly. The tables are cached on disk
 (``$AISIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/aisim``, else ``~/.cache/aisim``) under a key of
-the package version, the resolved data version, the model's config, GPU, backend and
-parallelism, so only the first run of a configuration pays the ~1-2 s to build them.
+the package version, the requested backend version (or alias), the model's config, GPU, backend
+and parallelism; the file also records the data version the request resolved to. So only the
+first run of a configuration pays the few seconds to build them, and a disk hit needs no call into
+aiconfigurator-core at all (resolving versions alone costs it ~0.3-1.3 s). Within a process the
+result is memoised: a repeated lookup returns the same (read-only) model in microseconds.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +42,11 @@ from simulator.errors import InputError, NotSupportedError
 GRID_VERSION = 1
 _NPZ_FIELDS = ("tokens", "shared_ms", "batch", "seq_len", "decode_attn_ms", "prefill_n", "prefill_new",
                "prefill_prefix", "prefill_attn_ms")
+_SLOT_ALIASES = ("current", "previous", "next")
+
+# request key -> the model built or loaded for it; a MeasuredTiming holds no per-run state and its
+# tables are made read-only, so every caller in the process can share one instance
+_MEMO: dict[str, MeasuredTiming] = {}
 
 
 def _tokens_grid() -> np.ndarray:
@@ -71,6 +81,7 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "aisim"
 
 
+@functools.cache
 def _aic_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -98,11 +109,75 @@ def measured_timing(
         raise InputError(field, "timing.type default needs the aiconfigurator-core package (pip install -e . installs it); "
                                 "or set timing.type: roofline")
     alias = backend_version or "current"
-    what = (f"{src.model_id} on {hardware} with {backend} {alias} (tensor {tensor}, pipeline {pipeline}, "
-            f"attention_data {attention_data}, moe_tensor {moe_tensor}, moe_expert {moe_expert})")
-    try:
-        from aiconfigurator_core.sdk.perf_database import get_supported_databases, resolve_query_version
+    parallel = [tensor, pipeline, attention_data, moe_tensor, moe_expert]
+    key = _request_key(pkg, src, hardware, backend, alias, parallel)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    path = cache_dir() / "measured-timing" / f"{key}.npz"
+    loaded = _load(path)
+    if loaded is not None:
+        tables, data_version = loaded
+    else:
+        what = (f"{src.model_id} on {hardware} with {backend} {alias} (tensor {tensor}, pipeline {pipeline}, "
+                f"attention_data {attention_data}, moe_tensor {moe_tensor}, moe_expert {moe_expert})")
+        data_version = _resolve_data_version(hardware, backend, alias, field, what)
+        tables = _build(src, hardware, backend, alias, what, field, tensor, pipeline, attention_data, moe_tensor, moe_expert)
+        _save(path, tables, data_version)
+    for name in _NPZ_FIELDS:
+        getattr(tables, name).setflags(write=False)  # shared by every user of the memoised model
+    model = MeasuredTiming(tables, f"aiconfigurator-core {pkg}: measured kernel tables, interpolated",
+                           f"{hardware}/{backend}/{data_version}")
+    _MEMO[key] = model
+    return model
 
+
+def _request_key(pkg: str, src: ModelSource, hardware: str, backend: str, alias: str, parallel: list[int]) -> str:
+    """Disk-cache (and memo) key of a request, computed without calling aiconfigurator-core."""
+    doc = {
+        "grid": GRID_VERSION, "aiconfigurator_core": pkg, "systems": _systems_paths_override(), "hardware": hardware,
+        "backend": backend, "version": alias, "config": src.config, "quant": src.quant_config, "parallel": parallel,
+    }
+    if alias not in _SLOT_ALIASES:  # a raw version resolves differently with aiconfigurator's escape hatch on
+        doc["allow_unlisted"] = os.environ.get("AIC_ALLOW_UNLISTED_VERSIONS", "").lower() in ("1", "true", "yes")
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _systems_paths_override() -> list[str] | None:
+    """aiconfigurator's data directories when a caller overrode them in this process (set_systems_paths),
+    else None (the package's own data, already covered by its version). Only looked up when the module
+    is already loaded: nobody can have overridden them otherwise."""
+    pdb = sys.modules.get("aiconfigurator_core.sdk.perf_database")
+    if pdb is None:
+        return None
+    try:
+        paths = [str(p) for p in pdb.get_systems_paths()]
+        return None if paths == [_default_systems_path()] else paths
+    except Exception:  # noqa: BLE001 - an older/newer library layout: key on nothing extra
+        return None
+
+
+@functools.cache
+def _default_systems_path() -> str:
+    from importlib.resources import files
+
+    return os.fspath(files("aiconfigurator_core") / "systems")
+
+
+def _resolve_data_version(hardware: str, backend: str, alias: str, field: str, what: str) -> str:
+    """The data version ``alias`` means for (hardware, backend). Systems with version slots (all the
+    shipped data) resolve directly; enumerating every database (~1 s) happens only otherwise, or to
+    explain a failure (which versions have data)."""
+    try:
+        from aiconfigurator_core.sdk.perf_database import get_supported_databases, get_version_slots, resolve_query_version
+    except Exception as exc:  # noqa: BLE001 - a broken install
+        raise _unsupported(field, what, exc) from None
+    try:
+        if get_version_slots(hardware, backend) is not None:
+            return str(resolve_query_version(hardware, backend, alias))
+    except Exception:  # noqa: BLE001 - an unknown version or alias: the full listing below explains it
+        pass
+    try:
         versions = list(get_supported_databases().get(hardware, {}).get(backend, []))
     except Exception as exc:  # noqa: BLE001 - the data catalogue itself is unreadable
         raise _unsupported(field, what, exc) from None
@@ -110,23 +185,10 @@ def measured_timing(
         raise NotSupportedError(field, f"no measured timing data for {backend} on {hardware}; "
                                        "use timing.type: roofline (or polynomial)")
     try:
-        data_version = str(resolve_query_version(hardware, backend, alias))
+        return str(resolve_query_version(hardware, backend, alias))
     except Exception:  # noqa: BLE001 - an unknown version or alias
         raise InputError("engine.backend_version", f"no measured data for {backend} {alias!r} on {hardware}; "
                                                    f"use current, next or one of {', '.join(versions)}") from None
-    key_doc = {
-        "grid": GRID_VERSION, "aiconfigurator_core": pkg, "data_version": data_version, "hardware": hardware,
-        "backend": backend, "config": src.config, "quant": src.quant_config,
-        "parallel": [tensor, pipeline, attention_data, moe_tensor, moe_expert],
-    }
-    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:32]
-    path = cache_dir() / "measured-timing" / f"{key}.npz"
-    tables = _load(path)
-    if tables is None:
-        tables = _build(src, hardware, backend, alias, what, field, tensor, pipeline, attention_data, moe_tensor, moe_expert)
-        _save(path, tables)
-    return MeasuredTiming(tables, f"aiconfigurator-core {pkg}: measured kernel tables, interpolated",
-                          f"{hardware}/{backend}/{data_version}")
 
 
 def _unsupported(field: str, what: str, exc: Exception) -> NotSupportedError:
@@ -137,20 +199,21 @@ def _unsupported(field: str, what: str, exc: Exception) -> NotSupportedError:
                                     "use timing.type: roofline (or polynomial)")
 
 
-def _load(path: Path) -> MeasuredTables | None:
+def _load(path: Path) -> tuple[MeasuredTables, str] | None:
+    """The cached tables and the data version they were built from, or None (absent or unreadable)."""
     try:
         with np.load(path) as z:
-            return MeasuredTables(**{k: z[k] for k in _NPZ_FIELDS})
-    except (OSError, KeyError, ValueError):
+            return MeasuredTables(**{k: z[k] for k in _NPZ_FIELDS}), str(z["data_version"])
+    except (OSError, KeyError, ValueError, EOFError):
         return None
 
 
-def _save(path: Path, tables: MeasuredTables) -> None:
+def _save(path: Path, tables: MeasuredTables, data_version: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".measured-", suffix=".npz", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{k: getattr(tables, k) for k in _NPZ_FIELDS})
+            np.savez(fh, data_version=np.array(data_version), **{k: getattr(tables, k) for k in _NPZ_FIELDS})
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs a rebuild next time

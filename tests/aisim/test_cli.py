@@ -84,3 +84,41 @@ def test_resource_limit_exits_3_and_records_why(tmp_path):
     rt = json.loads((out / "resource-runtime.json").read_text())
     assert rt["status"] == "resource_limited" and rt["exit_code"] == 3
     assert not (out / "prediction.json").exists()
+
+
+def _clock_after_import(monkeypatch, step_s: float, start_s: float = 0.0):
+    """From now on ``time.perf_counter`` reads ``start_s`` later than the real clock, plus ``step_s``
+    more on every read: simulated time, no sleeping."""
+    import time
+
+    real, reads = time.perf_counter, []
+
+    def fake():
+        reads.append(None)
+        return real() + start_s + step_s * len(reads)
+
+    monkeypatch.setattr(time, "perf_counter", fake)
+
+
+def _small_predict(tmp_path, timeout_s):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(SLICE.read_text().splitlines()[:20]) + "\n")
+    return ["predict", "--format", "json", "--set", f"traffic.source.paths=[{trace}]",
+            "--set", f"execution.resources.initialization_timeout_seconds={timeout_s}"]
+
+
+def test_initialisation_timeout_counts_from_the_command_not_the_import(tmp_path, monkeypatch, capsys):
+    from aisim import cli  # imported early, as a test session or a long-lived host process does
+
+    _clock_after_import(monkeypatch, step_s=0.0, start_s=3600.0)  # an hour passes before the command runs
+    assert cli.main(_small_predict(tmp_path, 30)) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["completed_requests"] == 20
+
+
+def test_slow_initialisation_still_times_out(tmp_path, monkeypatch, capsys):
+    from aisim import cli
+
+    _clock_after_import(monkeypatch, step_s=100.0)  # every clock read is 100 s after the previous one
+    assert cli.main(_small_predict(tmp_path, 30)) == 124
+    err = capsys.readouterr().err
+    assert "initialisation took" in err and "initialization_timeout_seconds" in err and len(err.strip().splitlines()) == 1
