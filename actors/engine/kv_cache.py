@@ -88,10 +88,6 @@ class KVCache:
         return self.num_active_shared + self.num_private
 
     @property
-    def num_cached_inactive(self) -> int:
-        return self.num_inactive
-
-    @property
     def num_free(self) -> int:
         return self.capacity - self.num_active_shared - self.num_private - self.num_inactive
 

@@ -115,7 +115,7 @@ class Planner:
         diagnostics: dict = {}
         current = {r: snap.roles[r].expected for r in s.roles}
         if s.target == "sla":
-            self._feed_perf_models(snap, diagnostics)
+            self._feed_perf_models(snap)
         proposals: dict[str, int] = {}
         if thr_due:
             self._last_thr_s = now_s
@@ -141,7 +141,7 @@ class Planner:
             targets[role] = want
         targets = self._fit_budget(targets, current, diagnostics)
         scale_to = {r: (t if t is not None and t != current[r] else None) for r, t in targets.items()}
-        self._record_events(snap, current, scale_to, targets, diagnostics)
+        self._record_events(snap, current, scale_to, targets)
         next_tick = snap.now_ms + s.tick_interval_s * 1000.0
         executed = {r: None for r in s.roles} if s.advisory else scale_to
         decision = Decision(executed.get("prefill"), executed.get("decode"), next_tick)
@@ -151,7 +151,7 @@ class Planner:
         return decision
 
     # -- observations -----------------------------------------------------------------------
-    def _feed_perf_models(self, snap: Snapshot, diag: dict) -> None:
+    def _feed_perf_models(self, snap: Snapshot) -> None:
         for role, st in snap.roles.items():
             model = self.perf_models.get("agg" if self.settings.mode == "agg" else role)
             if model is None:
@@ -346,7 +346,7 @@ class Planner:
         if (hi >= 0 and cur_total > hi) or (lo >= 0 and cur_total < lo):
             # the current allocation is out of the band: reconcile it from the current counts
             fitted = self._clamp_down(dict(current), hi, gpus) if hi >= 0 and cur_total > hi else \
-                self._clamp_up(dict(current), lo, gpus, current)
+                self._clamp_up(dict(current), lo, gpus)
             out = {r: (fitted[r] if fitted[r] != current[r] else targets[r]) for r in want}
             diag.setdefault("budget", {}).update({"max_gpu_budget": hi, "min_gpu_budget": lo, "proposed": want,
                                                   "fitted": dict(out), "reason": "gpu_budget_reconcile"})
@@ -355,7 +355,7 @@ class Planner:
         if hi >= 0 and total(fitted) > hi:
             fitted = self._clamp_down(fitted, hi, gpus)
         if lo >= 0 and total(fitted) < lo:
-            fitted = self._clamp_up(fitted, lo, gpus, current)
+            fitted = self._clamp_up(fitted, lo, gpus)
         out = dict(targets)
         held = False
         for r in want:
@@ -391,7 +391,7 @@ class Planner:
         d2 = max(min_d, (hi - p2 * gp) // gd)
         return {"prefill": p2, "decode": d2}
 
-    def _clamp_up(self, want: dict[str, int], lo: int, gpus: dict[str, int], current: dict[str, int]) -> dict[str, int]:
+    def _clamp_up(self, want: dict[str, int], lo: int, gpus: dict[str, int]) -> dict[str, int]:
         s = self.settings
         if len(want) == 1:
             (r,) = want
@@ -408,7 +408,7 @@ class Planner:
         return {"prefill": p2, "decode": d2}
 
     # -- records --------------------------------------------------------------------------------
-    def _record_events(self, snap: Snapshot, current: dict, scale_to: dict, targets: dict, diag: dict) -> None:
+    def _record_events(self, snap: Snapshot, current: dict, scale_to: dict, targets: dict) -> None:
         s = self.settings
         at_s = snap.now_ms / 1000.0
         for role in s.roles:

@@ -49,23 +49,6 @@ class PredictorSpec:
         return d
 
 
-# The 11 named presets (retune and Spica search over them; the default preset is constant_last).
-PREDICTOR_PRESETS: dict[str, PredictorSpec] = {
-    "constant_last": PredictorSpec("constant"),
-    "arima_raw": PredictorSpec("arima"),
-    "arima_log1p": PredictorSpec("arima", log1p=True),
-    "prophet_w20_raw": PredictorSpec("prophet", prophet_window_size=20),
-    "prophet_w20_log1p": PredictorSpec("prophet", log1p=True, prophet_window_size=20),
-    "prophet_w50_raw": PredictorSpec("prophet", prophet_window_size=50),
-    "prophet_w50_log1p": PredictorSpec("prophet", log1p=True, prophet_window_size=50),
-    "kalman_default_raw": PredictorSpec("kalman"),
-    "kalman_default_log1p": PredictorSpec("kalman", log1p=True),
-    "kalman_reactive_raw": PredictorSpec("kalman", kalman_q_level=10.0, kalman_q_trend=1.0, kalman_r=5.0, kalman_min_points=3),
-    "kalman_reactive_log1p": PredictorSpec("kalman", log1p=True, kalman_q_level=10.0, kalman_q_trend=1.0, kalman_r=5.0,
-                                           kalman_min_points=3),
-}
-
-
 class PredictorUnavailable(RuntimeError):
     """An optional dependency is missing (the message names the extra to install)."""
 

@@ -8,7 +8,7 @@ import pytest
 
 from actors.messages import Capabilities
 from actors.planner.perf_model import PerfModel, bootstrap_samples
-from actors.planner.predictors import PREDICTOR_PRESETS, Predictor, PredictorSpec, PredictorUnavailable, check_available
+from actors.planner.predictors import Predictor, PredictorSpec, PredictorUnavailable, check_available
 
 
 def run(spec, values):
@@ -16,11 +16,6 @@ def run(spec, values):
     for v in values:
         p.add(v)
     return p.predict()
-
-
-def test_eleven_named_presets():
-    assert len(PREDICTOR_PRESETS) == 11
-    assert PREDICTOR_PRESETS["kalman_reactive_log1p"] == PredictorSpec("kalman", True, 50, 10.0, 1.0, 5.0, 3)
 
 
 def test_constant_and_common_rules():
