@@ -9,9 +9,8 @@ coordinator must synchronise the workers (exact lockstep: at every arrival).
 
 Each run replays the same trace; the report gives wall time, edges, calls and messages per
 call, and how TTFT, ITL and prefix reuse move with the window. Ray is started once (its
-start-up time is reported apart); ``local`` with window 0 is the in-process lockstep
-coordinator, the other local runs the windowed coordinator with in-process hosts. The local
-runs go first, before Ray's daemons start.
+start-up time is reported apart); ``local`` runs the coordinator over one in-process engine
+host called directly. The local runs go first, before Ray's daemons start.
 
     python scripts/bench_actors.py                         # the six runs
     python scripts/bench_actors.py --requests 20000 --backends local --json
@@ -112,7 +111,7 @@ def main() -> int:
             rep = run_plan(dataclasses.replace(plan, execution=ex))
             wall = time.perf_counter() - t0
             s, rt = rep.summary, rep.diagnostics["runtime"]
-            row = {"backend": backend, "router_sync_ms": w, "wall_s": wall, "coordinator": rt["coordinator"],
+            row = {"backend": backend, "router_sync_ms": w, "wall_s": wall,
                    "engine_hosts": rt.get("num_hosts"), "edges": rt.get("num_edges"), "calls": rt.get("num_calls"),
                    "messages_per_call": rt.get("messages_per_call"), "requests": s["num_requests"],
                    "mean_ttft_ms": s["mean_ttft_ms"], "p90_ttft_ms": s["p90_ttft_ms"], "mean_itl_ms": s["mean_itl_ms"],
@@ -120,8 +119,7 @@ def main() -> int:
                    "simulated_s": s["duration_ms"] / 1000}
             rows.append(row)
             if not args.json:
-                calls = f"{row['calls']:,} calls, {row['messages_per_call']:.1f} msg/call, {row['edges']:,} edges" \
-                    if row["calls"] is not None else "lockstep in process"
+                calls = f"{row['calls']:,} calls, {row['messages_per_call']:.1f} msg/call, {row['edges']:,} edges"
                 print(f"{backend:5} W={w:>5g} ms: {wall:7.2f} s  ({calls})  TTFT mean {row['mean_ttft_ms']:.1f} "
                       f"p90 {row['p90_ttft_ms']:.1f} ms  ITL {row['mean_itl_ms']:.2f} ms  reuse "
                       f"{row['prefix_cache_reused_ratio']:.4f}", flush=True)

@@ -1,7 +1,6 @@
-"""Builders of the actor objects of a replay (workers, timing models, routers).
+"""Builders of the actor objects of a replay (workers, timing models, routers) from a plan.
 
-The lockstep coordinator drives what they build directly; the engine, router and planner
-hosts (in process or inside Ray actors) hold the very same objects.
+The engine, router and planner hosts (in process or inside Ray actors) hold what they build.
 """
 
 from __future__ import annotations

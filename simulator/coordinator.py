@@ -1,46 +1,80 @@
-"""The virtual clock: one event heap that drives every actor and owns time.
+"""The virtual clock: the one coordinator of a replay. It owns time and drives every actor
+through a runtime.
 
-Events are keyed ``(time_ms, phase, stable_id)``. Same-time order is one written policy:
+The engine workers live in *hosts* (``actors.engine.host``), the routers in a router host
+(``actors.router.host``) and the Planner in a planner host (``actors.planner.host``); a
+runtime (``simulator.runtime``) keeps them in process, called directly (the default), or in
+Ray actors, and carries the same plain-data messages either way. The coordinator picks the
+next *edge*, sends each host its timed inputs, and the hosts run their workers to the edge;
+their events come back stamped ``(time, phase, id, seq)`` and are applied in that order.
+
+Same-time order (one written policy; docs and code agree):
 
     pass completion -> handoff placement -> worker ready -> transfer completion
-    -> arrivals/admission -> telemetry -> planner tick
+    -> arrivals/admission -> planner tick
 
 ties inside a phase broken by stable identity (worker id, handoff ordinal, request index),
-never by insertion order. A prompt finished on a prefill worker is placed on a decode worker
-only after every pass ending at that time has ended, so placement sees the decode pool as
-of that time whatever the worker ids. After every event at a time has settled, each idle worker with
-work starts its next pass, in ascending worker id. Model code never reads a wall clock; it
-is handed ``now_ms``.
+never by insertion order. After every event at a time has settled, each idle worker with work
+starts its next pass, in ascending worker id (``WorkerHost``). A prompt finished on a prefill
+worker is placed on a decode worker only after every pass ending at that time has ended; at
+transfer completion the source releases its KV before the decode worker admits the prompt
+as computed.
+
+Edges with ``router_sync_ms = 0`` (exact lockstep):
+
+- every instant something outside a worker must react: a Planner tick, a worker becoming
+  ready, the stop time; every arrival when the router reads worker state (kv_router);
+- when one worker's pass end can cause work elsewhere (disaggregated handoffs; closed loops
+  and session turns, where a completion triggers an arrival), every pass end and every input
+  time, each edge in two calls (start the passes, then advance to the earliest end).
+
+Arrivals between edges are routed up front when the router ignores worker state (round
+robin, random): nothing it reads can change before the next edge.
+
+With a window ``W = router_sync_ms > 0`` the edges are the multiples of ``W`` (plus ticks,
+ready times and the stop). The arrivals inside a window are routed at its start against the
+router's view then, as a real router sees KV events and load late; everything the window's
+passes trigger elsewhere (handoffs to decode, follow-up arrivals, rejections' follow-ups)
+happens at the window's end. Windows in which nothing happens are skipped.
 
 Topology: requests enter the *entry pool* (aggregated workers, or prefill workers when
 disaggregated) through its router. A prefill worker hands a finished prompt to the *decode
-pool*: a load-only router places it, the KV transfer takes ``tokens x bytes_per_token /
-bandwidth``, and at transfer completion the decode worker admits it with its prompt already
-computed (the source KV is released then).
+pool*: a load-only router places it, and the KV transfer takes ``tokens x bytes_per_token /
+bandwidth``. Model code never reads a wall clock; it is handed ``now_ms``.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
-
+from operator import itemgetter
 from typing import Callable
 
-from actors.engine.request import WAITING, Request
+import numpy as np
+
+from actors.engine.host import (
+    EV_DRAINED,
+    EV_FIRST_TOKEN,
+    EV_HANDOFF,
+    EV_TERMINAL,
+    OP_ENQUEUE,
+    OP_RELEASE,
+    PH_ARRIVAL,
+    PH_TRANSFER,
+)
+from actors.engine.request import Request, apply_wire_progress, request_to_wire
+from actors.engine.scheduler import GapSink
 from actors.engine.worker import EngineWorker
-from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow
+from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow, decision_from_wire, \
+    snapshot_to_wire, traffic_to_wire
+from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_RELEASE
 from simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
-from simulator.traffic.arrivals import ArrivalProcess
 from simulator.traffic.workload import BlockHashStore, Workload
 
-PH_PASS_END = 0
-PH_HANDOFF = 1
-PH_WORKER_READY = 2
-PH_TRANSFER = 3
-PH_ARRIVAL = 4
-PH_TELEMETRY = 5
-PH_PLANNER = 6
+_EVENT_ORDER = itemgetter(0, 1, 2, 3)
+INF = math.inf
 
 
 @dataclass
@@ -166,12 +200,26 @@ def handoff_record(src: int, src_rank: int, held_ms: float, reserved_ms: float, 
             "transfer_ms": delay_ms}
 
 
-class PoolCoordinator:
-    """What both coordinators share: the pools, the lifecycle books, and carrying out the
-    Planner's decisions (add workers, cancel startups, drain, settle drains)."""
+class Coordinator:
+    """Runs one replay over engine hosts (see the module doc). ``runtime`` hosts the actors:
+    ``simulator.runtime.local.LocalRuntime`` or ``simulator.runtime.ray_runtime.RayRuntime``;
+    ``arrivals`` is this run's own arrival state (``ArrivalProcess.start()``)."""
 
-    def _init_run(self, workload: Workload, hash_store: BlockHashStore, arrivals: ArrivalProcess, log: RequestLog,
-                  transfer: KvTransferModel | None, stop_ms: float | None, resource_guard) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        hash_store: BlockHashStore,
+        arrivals,
+        runtime,
+        entry: Pool,
+        log: RequestLog,
+        decode: Pool | None = None,
+        transfer: KvTransferModel | None = None,
+        stop_ms: float | None = None,
+        resource_guard=None,
+        has_planner: bool = False,
+        window_ms: float = 0.0,
+    ) -> None:
         self.workload = workload
         self.hash_store = hash_store
         self.arrivals = arrivals
@@ -181,19 +229,44 @@ class PoolCoordinator:
         self.resource_guard = resource_guard
         self.stats = CoordinatorStats()
         self.num_offered = 0
-
-    def _init_pools(self, num_workers: int, entry: Pool, decode: Pool | None, planner) -> None:
+        self.rt = runtime
+        self.window_ms = float(window_ms)
         self.entry = entry
         self.decode = decode
-        self.planner = planner
+        self.has_planner = has_planner
+        self.planner_hook: Callable[[bool], None] = lambda entering: None  # the runner may time the Planner's ticks
+        num_workers = len(entry.worker_ids) + (len(decode.worker_ids) if decode is not None else 0)
         self._pool_of: list[Pool] = [entry] * num_workers
         if decode is not None:
             for wid in decode.worker_ids:
                 self._pool_of[wid] = decode
         self.lifecycle = Lifecycle(num_workers, [p.role for p in self._pool_of])
         self._traffic = TrafficAccumulator()
-        self.planner_hook = lambda entering: None  # the runtime may time the Planner's ticks
+        self._ranks_of = [self._pool_of[w].num_ranks for w in range(num_workers)]
+        # requests cross to the hosts as objects (one in-process host) or in their wire form
+        self._direct = runtime.direct
+        self._wire = _same if self._direct else request_to_wire
+        self._status: list[tuple] = [IDLE] * num_workers  # busy, has_work, end, held, pending
+        self._active_on: list[set[int]] = [set() for _ in range(runtime.num_hosts)]  # workers with work, per host
+        self.requests: dict[int, Request] = {}  # in flight, by index
+        self._gen: list = []  # follow-up arrivals (time, index)
+        self._late: list = []  # routed ahead of their time: (time, request), for the Planner's traffic window
+        self._ready: list = []  # (time, worker)
+        self._handoffs: list = []  # (time, source worker, request), not placed yet
+        self._transfers: dict[int, list] = {}  # seq -> [request, src, dst, rank, done_ms]
+        self._transfer_times: list = []  # (done_ms, seq) not yet reached
+        self._next_transfer = 0
+        self._updates: list = []  # router updates not yet sent
+        self._inputs: list[list] = [[] for _ in range(runtime.num_hosts)]
+        self._control: list[list] = [[] for _ in range(runtime.num_hosts)]
+        self._tick_ms: float | None = None
+        self._tick_interval_ms = 0.0
+        self._num_ticks = 0
+        self._routes_state = entry.router.needs_worker_state
+        self._coupled = decode is not None or arrivals.follows_terminal
+        self.num_edges = 0
 
+    # -- the Planner's decisions and the worker lifecycle -------------------------------------
     @property
     def lifecycle_operations(self) -> list[dict]:
         return self.lifecycle.operations
@@ -203,17 +276,6 @@ class PoolCoordinator:
 
     def _pools(self) -> list[Pool]:
         return [p for p in (self.entry, self.decode) if p is not None]
-
-    # hooks of the runtime
-    def _spawn(self, pool: Pool, wid: int) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _drain_blocked(self, wid: int) -> bool:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _on_ready(self, wid: int, now_ms: float) -> None:
-        """A worker added with a startup delay becomes ready at ``now_ms + startup_ms``."""
-        raise NotImplementedError  # pragma: no cover
 
     def _record(self, pool: Pool, now_ms: float, cause: str, transitions: list[dict], tick: int | None) -> None:
         self.lifecycle.record(pool.planner_role, pool.worker_ids, now_ms, cause, transitions, tick)
@@ -263,9 +325,6 @@ class PoolCoordinator:
         pool.eligible.sort()
         self._record(pool, now_ms, "worker_ready_event", [t], None)
 
-    def _drain_later(self, wid: int) -> None:
-        """A draining worker could not leave yet (the runtime watches it)."""
-
     def _settle_drain(self, wid: int, now_ms: float) -> None:
         """A draining worker leaves once it has finished all its work and no KV transfer
         from or to it is in flight."""
@@ -275,297 +334,391 @@ class PoolCoordinator:
         self._record(self._pool_of[wid], now_ms, "drain_settlement", [self.lifecycle.remove(wid, now_ms)], None)
 
 
-class Coordinator(PoolCoordinator):
-    """Runs one replay in process, in exact lockstep: arrivals -> routers -> workers
-    (-> transfers -> decode workers)."""
+    # -- small helpers ------------------------------------------------------------------------
+    def _host(self, wid: int) -> int:
+        return wid % self.rt.num_hosts
 
-    def __init__(
-        self,
-        workload: Workload,
-        hash_store: BlockHashStore,
-        arrivals: ArrivalProcess,
-        workers: list[EngineWorker],
-        entry: Pool,
-        log: RequestLog,
-        decode: Pool | None = None,
-        transfer: KvTransferModel | None = None,
-        stop_ms: float | None = None,
-        resource_guard=None,
-        planner=None,
-    ) -> None:
-        self._init_run(workload, hash_store, arrivals, log, transfer, stop_ms, resource_guard)
-        self.workers = workers
-        self._versions = [0] * len(workers)
-        self._heap: list = []
-        self._dirty: set[int] = set()
-        self._ranks_of = [len(w.ranks) for w in workers]
-        self._init_pools(len(workers), entry, decode, planner)
-        self._transfers: dict[int, tuple[Request, int, int, int]] = {}
-        self._next_transfer = 0
-        self._handoffs: dict[int, tuple[Request, int]] = {}
-        self._next_handoff = 0
-        self._ptr = 0
-        self._n_init = 0
-        for pool in (entry, decode):
-            if pool is not None and pool.router.tracks_first_tokens and pool.role == "aggregated":
-                for wid in pool.worker_ids:
-                    for rank in workers[wid].ranks:
-                        rank.first_tokens = []
+    def _send(self, wid: int, item: tuple) -> None:
+        self._inputs[self._host(wid)].append(item)
 
-    # -- helpers --------------------------------------------------------------------------
-    def _schedule_end(self, wid: int, end: float) -> None:
-        self._versions[wid] += 1
-        heapq.heappush(self._heap, (end, PH_PASS_END, wid, self._versions[wid]))
+    def _next_arrival(self) -> float | None:
+        t = self._arr_t[self._ptr] if self._ptr < self._n_init else None
+        if self._gen and (t is None or self._gen[0][0] < t):
+            t = self._gen[0][0]
+        return t
 
-    def _forward_kv_events(self, wid: int) -> None:
-        worker = self.workers[wid]
-        if worker.kv_events:
-            router = self._pool_of[wid].router
-            for rank, kind, hashes in worker.take_kv_events():
-                router.on_kv_events(wid, rank, kind, hashes)
+    def _pop_arrival(self) -> tuple[float, int]:
+        """The next arrival in (time, index) order, from the trace or the follow-ups."""
+        if self._ptr < self._n_init:
+            ta, ia = self._arr_t[self._ptr], self._arr_i[self._ptr]
+            if not self._gen or (ta, ia) < self._gen[0]:
+                self._ptr += 1
+                return ta, ia
+        return heapq.heappop(self._gen)
 
-    def _sync_pool(self, pool: Pool, now_ms: float) -> None:
-        for wid in pool.worker_ids:
-            w = self.workers[wid]
-            w.sync(now_ms)
-            self._forward_kv_events(wid)
+    # -- calls to the hosts -------------------------------------------------------------------
+    def _take_calls(self, every_host: bool = False) -> dict:
+        """host -> (control, inputs) for the hosts that have something to do (or all)."""
+        control, inputs = self._control, self._inputs
+        self._control = [[] for _ in control]
+        self._inputs = [[] for _ in inputs]
+        active = self._active_on
+        return {h: (control[h], inputs[h]) for h in range(len(control))
+                if every_host or control[h] or inputs[h] or active[h]}
 
-    def _enqueue(self, req: Request, wid: int, rank: int, now_ms: float) -> None:
-        worker = self.workers[wid]
-        new_end = worker.enqueue(req, rank, now_ms)
-        if new_end is not None:
-            self._schedule_end(wid, new_end)
-            self._forward_kv_events(wid)
-        if not worker.busy:
-            self._dirty.add(wid)
+    def _step(self, start: float, until: float) -> None:
+        calls = self._take_calls()
+        if calls:
+            self._absorb(self.rt.step(calls, start, until))
 
-    def _route(self, pool: Pool, req: Request, now_ms: float) -> tuple[int, int]:
-        router = pool.router
-        if router.needs_worker_state:
-            self._sync_pool(pool, now_ms)
-        wid, rank, info = router.route(req, now_ms, pool.eligible, self._ranks_of)
-        if self.log.capture:
-            req.routing.append(routing_entry(pool.label, now_ms, info))
-        return wid, rank
+    def _absorb(self, outs: list[dict]) -> None:
+        """Merge the hosts' events into lockstep order and apply them."""
+        events = []
+        updates = self._updates
+        pool_of = self._pool_of
+        status = self._status
+        active_on = self._active_on
+        n = self.rt.num_hosts
+        for out in outs:
+            for wid, rank, kind, hashes in out["kv"]:
+                updates.append((pool_of[wid].role, UP_KV, wid, rank, kind, hashes))
+            for wid, busy, has_work, end, held, pending in out["status"]:
+                status[wid] = (busy, has_work, end, held, pending)
+                if busy or has_work or pending:
+                    active_on[wid % n].add(wid)
+                else:
+                    active_on[wid % n].discard(wid)
+            events.extend(out["events"])
+        if len(outs) > 1:
+            events.sort(key=_EVENT_ORDER)
+        for t, _phase, sid, _seq, kind, payload in events:
+            if kind == EV_TERMINAL:
+                self._terminal(payload, t)
+            elif kind == EV_FIRST_TOKEN:
+                updates.append((self.entry.role, UP_FIRST_TOKEN, payload))
+            elif kind == EV_HANDOFF:
+                self._handoffs.append((t, sid, self._local(payload)))
+            elif kind == EV_DRAINED:
+                self._drained(payload, t)
+        self.stats.num_events += len(events)
 
-    # -- event handlers -------------------------------------------------------------------
-    def _make_request(self, index: int, now_ms: float) -> Request:
-        return make_request(self.workload, self.hash_store, index, now_ms)
+    def _local(self, payload) -> Request:
+        """The coordinator's request for a host's payload (the object itself, or its wire form
+        whose progress is copied onto the coordinator's request)."""
+        if self._direct:
+            return payload
+        req = self.requests[payload[0]]
+        apply_wire_progress(req, payload)
+        return req
 
-    def _arrive(self, index: int, now_ms: float) -> None:
-        req = self._make_request(index, now_ms)
-        self.num_offered += 1
-        if self.planner is not None:
-            self._traffic.arrive(req)
-        wid, rank = self._route(self.entry, req, now_ms)
-        req.dispatched_ms = now_ms
-        self._enqueue(req, wid, rank, now_ms)
-
-    def _terminal(self, req: Request, now_ms: float) -> None:
+    def _terminal(self, payload, t: float) -> None:
+        req = self._local(payload)
+        del self.requests[req.index]
+        self._updates.append((self._pool_of[req.worker].role, UP_RELEASE, req.index))
         self.log.add(req)
-        if self.planner is not None:
+        if self.has_planner:
             self._traffic.complete(req)
-        for t, idx in self.arrivals.on_terminal(req.index, now_ms):
-            heapq.heappush(self._heap, (t, PH_ARRIVAL, idx, 0))
+        for t2, idx in self.arrivals.on_terminal(req.index, t):
+            heapq.heappush(self._gen, (t2, idx))
 
-    def _pass_end(self, wid: int, now_ms: float) -> None:
-        worker = self.workers[wid]
-        pool = self._pool_of[wid]
-        completed = worker.finish(now_ms)
-        router = pool.router
-        if router.tracks_first_tokens and pool.role == "aggregated":
-            for req in worker.take_first_tokens():
-                router.on_first_token(req)
-        for req in completed:
-            router.on_release(req)
-            self._terminal(req, now_ms)
-        if pool.role == "prefill":
-            for req in worker.take_handoffs():  # placed once every pass ending now has ended
-                seq = self._next_handoff
-                self._next_handoff += 1
-                self._handoffs[seq] = (req, wid)
-                heapq.heappush(self._heap, (now_ms, PH_HANDOFF, seq, 0))
-        self._forward_kv_events(wid)
-        self._dirty.add(wid)
+    def _drained(self, wid: int, t: float) -> None:
         if self.lifecycle.state[wid] == DRAINING:
-            self._settle_drain(wid, now_ms)
+            self._record(self._pool_of[wid], t, "drain_settlement", [self.lifecycle.remove(wid, t)], None)
 
-    def _handoff(self, seq: int, now_ms: float) -> None:
-        """Prefill done on ``src``: place the request on a decode worker and start its KV transfer."""
-        req, src = self._handoffs.pop(seq)
-        prefill_router = self.entry.router
-        prefill_router.on_first_token(req)
-        prefill_router.on_release(req)
-        pool = self.decode
-        wid, rank = self._route(pool, req, now_ms)
-        dst = self.workers[wid]
-        tokens = req.prompt_len
-        if self.transfer.timing_mode == "destination_missing":
-            kv = dst.ranks[rank].kv
-            if kv.prefix_caching:
-                dst.sync(now_ms)
-                bs = kv.block_size
-                # the blocks the decode worker will reuse at admission (never the whole prompt)
-                hits, _ = kv.match_prefix(req.block_hashes(bs), (req.prompt_len - 1) // bs)
-                tokens -= len(hits) * bs
-        delay = self.transfer.delay_ms(tokens)
-        req.handoff = handoff_record(src, req.rank, now_ms, now_ms, wid, tokens, delay)
-        seq = self._next_transfer
-        self._next_transfer += 1
-        self._transfers[seq] = (req, src, wid, rank)
-        self.stats.num_transfers += 1
-        heapq.heappush(self._heap, (now_ms + delay, PH_TRANSFER, seq, 0))
-
-    def _transfer_done(self, seq: int, now_ms: float) -> None:
-        req, src, wid, rank = self._transfers.pop(seq)
-        self.workers[src].release_source(req)
-        self._dirty.add(src)
-        req.handoff["source_released_ms"] = now_ms
-        req.handoff["destination_activated_ms"] = now_ms
-        req.materialized = True
-        req.num_computed = 0
-        req.status = WAITING
-        self._enqueue(req, wid, rank, now_ms)
-        if self.lifecycle.state[src] == DRAINING:
-            self._settle_drain(src, now_ms)
-
-    def _settle(self, now_ms: float) -> None:
-        dirty = sorted(self._dirty)
-        self._dirty.clear()
-        for wid in dirty:
-            end, rejected = self.workers[wid].start_if_idle(now_ms)
-            if end is not None:
-                self._schedule_end(wid, end)
-            for req in rejected:
-                self._pool_of[wid].router.on_release(req)
-                self._terminal(req, now_ms)
-
-    # -- main loop ------------------------------------------------------------------------
-    def run(self) -> CoordinatorStats:
-        times, indices = self.arrivals.initial()
-        times = times.tolist()
-        indices = indices.tolist()
-        n_init = self._n_init = len(times)
-        ptr = 0
-        if self.planner is not None:
-            heapq.heappush(self._heap, (self.planner.initial_tick_ms(), PH_PLANNER, 0, 0))
-        heap = self._heap
-        versions = self._versions
-        stop = self.stop_ms
-        now = times[0] if n_init else 0.0
-        num_events = 0
-        heappop = heapq.heappop
-        guard = self.resource_guard
-        while True:
-            if ptr < n_init:
-                ta = times[ptr]
-                from_list = not heap or (ta, PH_ARRIVAL, indices[ptr]) < heap[0][:3]
-                t_next = ta if from_list else heap[0][0]
-            elif heap:
-                from_list = False
-                t_next = heap[0][0]
-            else:
-                t_next = None
-            if t_next is None or t_next > now:
-                if self._dirty:
-                    self._settle(now)
-                    continue
-                if t_next is None:
-                    break
-                if stop is not None and t_next > stop:
-                    self.stats.stopped_at_ms = stop
-                    break
-                now = t_next
-            num_events += 1
-            if guard is not None and not num_events & 8191:
-                guard.check()
-            if from_list:
-                ptr += 1
-                self._ptr = ptr
-                self._arrive(indices[ptr - 1], now)
-                continue
-            t, phase, sid, ver = heappop(heap)
-            if phase == PH_PASS_END:
-                if ver == versions[sid]:
-                    self._pass_end(sid, now)
-            elif phase == PH_ARRIVAL:
-                self._arrive(sid, now)
-            elif phase == PH_HANDOFF:
-                self._handoff(sid, now)
-            elif phase == PH_TRANSFER:
-                self._transfer_done(sid, now)
-            elif phase == PH_WORKER_READY:
-                self._worker_ready(sid, now)
-            elif phase == PH_PLANNER:
-                self._planner_tick(now)
-            else:  # pragma: no cover
-                raise AssertionError(f"unknown event phase {phase}")
-        self.stats.num_events = num_events
-        self.stats.last_event_ms = now
-        self._close_incomplete()
-        return self.stats
-
-    def _close_incomplete(self) -> None:
-        """Requests still queued, running, handed off or in transfer at the end are incomplete."""
-        end = self.stats.stopped_at_ms if self.stats.stopped_at_ms is not None else self.stats.last_event_ms
-        for worker in self.workers:
-            if worker.busy:
-                worker.sync(end)
-            for rank in worker.ranks:
-                for req in list(rank.running) + list(rank.waiting) + rank.handoffs:
-                    self.log.add(req, STATUS_INCOMPLETE)
-        for req, _, _, _ in self._transfers.values():
-            self.log.add(req, STATUS_INCOMPLETE)
-
-    # -- the Planner and the worker lifecycle -------------------------------------------------
+    # -- the lifecycle hooks ---------------------------------------------------------------------
     def _spawn(self, pool: Pool, wid: int) -> None:
-        worker = pool.spawn(wid)
-        self.workers.append(worker)
-        self._versions.append(0)
-        self._ranks_of.append(len(worker.ranks))
-        if pool.router.tracks_first_tokens and pool.role == "aggregated":
-            for rank in worker.ranks:
-                rank.first_tokens = []
+        self._control[self._host(wid)].append(("spawn", wid, pool.role))
+        self._ranks_of.append(pool.num_ranks)
+        self._status.append(IDLE)
 
     def _on_ready(self, wid: int, at_ms: float) -> None:
-        heapq.heappush(self._heap, (at_ms, PH_WORKER_READY, wid, 0))
+        heapq.heappush(self._ready, (at_ms, wid))
 
     def _drain_blocked(self, wid: int) -> bool:
-        w = self.workers[wid]
-        return (w.busy or w.has_work or any(src == wid for _, src in self._handoffs.values())
-                or any(src == wid or dst == wid for _, src, dst, _ in self._transfers.values()))
+        busy, has_work, _end, held, pending = self._status[wid]
+        if busy or has_work or held or pending:
+            return True
+        return any(src == wid or dst == wid for _, src, dst, _, _ in self._transfers.values())
+
+    def _drain_later(self, wid: int) -> None:
+        self._control[self._host(wid)].append(("drain", wid))
 
     def _work_remains(self) -> bool:
-        if self._ptr < self._n_init or self._transfers or self._handoffs:
+        if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
             return True
-        versions = self._versions
-        for t, phase, sid, ver in self._heap:
-            if phase != PH_PLANNER and (phase != PH_PASS_END or ver == versions[sid]):
-                return True  # a live event (a superseded pass end is not work)
-        return any(w.busy or w.has_work for w in self.workers)
+        return any(self._active_on)
 
-    def _snapshot(self, now_ms: float) -> Snapshot:
-        roles = {}
-        for pool in self._pools():
-            self._sync_pool(pool, now_ms)
-            lc = self.lifecycle
-            active = lc.in_state(pool.worker_ids, ACTIVE)
-            fpms = [f for wid in active for f in fpms_of(wid, self.workers[wid].forward_pass_metrics())]
-            roles[pool.planner_role] = RoleState(active, lc.in_state(pool.worker_ids, STARTING),
-                                                 lc.in_state(pool.worker_ids, DRAINING), fpms, pool.caps)
-        traffic = self._traffic.take(now_ms) if self.planner.needs_traffic(now_ms) else None
-        return Snapshot(now_ms, roles, traffic)
+    # -- one edge ---------------------------------------------------------------------------
+    def _edge(self, now: float, until: float | None) -> None:
+        """Everything the coordinator does at an edge, in the lockstep phase order: place
+        handoffs, ready workers, complete transfers (bookkeeping), route the arrivals at
+        ``now``, the Planner's tick; then, when routing ahead, the arrivals before ``until``."""
+        self.num_edges += 1
+        tick_now = self._tick_ms is not None and self._tick_ms <= now
+        requests = []
+        eligible = []
+        placing = []
+        if self._handoffs:
+            eligible.append(list(self.decode.eligible))
+            placing = self._handoffs
+            self._handoffs = []
+            for t_h, src, req in placing:
+                self._updates.append((self.entry.role, UP_FIRST_TOKEN, req.index))
+                self._updates.append((self.entry.role, UP_RELEASE, req.index))
+                requests.append(("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req), now,
+                                 len(eligible) - 1))
+        while self._ready and self._ready[0][0] <= now:
+            _, wid = heapq.heappop(self._ready)
+            self._worker_ready(wid, now)
+        arriving = self._arrivals(now, None if tick_now else until, requests, eligible)
+        decisions = self._route(requests, eligible)
+        if placing:
+            self._place(placing, decisions[: len(placing)], now)
+        while self._transfer_times and self._transfer_times[0][0] <= now:
+            done_ms, seq = heapq.heappop(self._transfer_times)
+            h = self._transfers.pop(seq)[0].handoff
+            h["source_released_ms"] = done_ms
+            h["destination_activated_ms"] = done_ms
+        self._dispatch(arriving, decisions[len(placing):], now)
+        if tick_now:
+            self._tick(now)
+            if until is not None:  # arrivals after the tick see its scaling
+                requests, eligible = [], []
+                arriving = self._arrivals(now, until, requests, eligible)
+                self._dispatch(arriving, self._route(requests, eligible), now)
 
-    def _planner_tick(self, now_ms: float) -> None:
+    def _arrivals(self, now: float, until: float | None, requests: list, eligible: list) -> list[Request]:
+        """Pop the arrivals due by ``now`` (and before ``until``) and add their routing requests."""
+        arriving = []
+        ref = None
+        while True:
+            t = self._next_arrival()
+            if t is None or not (t <= now or (until is not None and t < until)):
+                return arriving
+            if ref is None:
+                eligible.append(list(self.entry.eligible))
+                ref = len(eligible) - 1
+            t, idx = self._pop_arrival()
+            req = make_request(self.workload, self.hash_store, idx, t)
+            self.requests[idx] = req
+            arriving.append(req)
+            requests.append((self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
+                             max(t, now), ref))
+
+    def _route(self, requests: list, eligible: list) -> list:
+        if not requests:
+            return []
+        updates, self._updates = self._updates, []
+        return self.rt.route(updates, requests, eligible, self._ranks_of)
+
+    def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
+        """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
+        wire = self._wire
+        for req, (wid, rank, info) in zip(arriving, decisions):
+            at = max(req.arrival_ms, now)
+            self.num_offered += 1
+            if self.log.capture:
+                req.routing.append(routing_entry(self.entry.label, at, info))
+            req.dispatched_ms = at
+            req.worker = wid
+            req.rank = rank
+            if self.has_planner:
+                if req.arrival_ms <= now:
+                    self._traffic.arrive(req)
+                else:
+                    self._late.append(req)
+            self._send(wid, (at, PH_ARRIVAL, req.index, OP_ENQUEUE, wid, (rank, wire(req), False)))
+
+    def _route_hashes(self, pool: Pool, req: Request):
+        return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
+
+    def _place(self, placing: list, decisions: list, now: float) -> None:
+        """Handoffs placed at ``now``: decode worker chosen, KV transfer started."""
+        pool = self.decode
+        tokens_of = [req.prompt_len for _, _, req in placing]
+        if self.transfer.timing_mode == "destination_missing":
+            bs = pool.block_size
+            by_host: dict[int, list] = {}
+            for k, ((_, _, req), (wid, rank, _)) in enumerate(zip(placing, decisions)):
+                q = (wid, rank, req.block_hashes(bs), (req.prompt_len - 1) // bs)
+                by_host.setdefault(self._host(wid), []).append((k, q))
+            hits = self.rt.match_prefix({h: [q for _, q in qs] for h, qs in by_host.items()})
+            for h, qs in by_host.items():
+                for (k, _), n in zip(qs, hits[h]):
+                    tokens_of[k] -= n * bs
+        wire = self._wire
+        for (t_h, src, req), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):
+            if self.log.capture:
+                req.routing.append(routing_entry(pool.label, now, info))
+            delay = self.transfer.delay_ms(tokens)
+            req.handoff = handoff_record(src, req.rank, t_h, now, wid, tokens, delay)
+            seq = self._next_transfer
+            self._next_transfer += 1
+            done = now + delay
+            self._transfers[seq] = [req, src, wid, rank, done]
+            heapq.heappush(self._transfer_times, (done, seq))
+            self.stats.num_transfers += 1
+            # the source releases the KV, then the decode worker admits the prompt as computed
+            self._send(src, (done, PH_TRANSFER, seq, OP_RELEASE, src, req.index))
+            self._send(wid, (done, PH_TRANSFER, seq, OP_ENQUEUE, wid, (rank, wire(req), True)))
+
+    def _tick(self, now: float) -> None:
+        self._tick_ms = None
+        late = self._late
+        k = 0
+        while k < len(late) and late[k].arrival_ms <= now:
+            self._traffic.arrive(late[k])
+            k += 1
+        del late[:k]
+        outs = self.rt.deliver(self._take_calls(every_host=True), now)
+        self._absorb(outs)
         if not self._work_remains():
             return  # ticks continue only while work remains
         self.planner_hook(True)
-        snap = self._snapshot(now_ms)
-        decision = self.planner.on_tick(snap)
+        fpm = {}
+        for out in outs:
+            for wid, metrics in out["fpm"]:
+                fpm[wid] = metrics
+        roles = {}
+        lc = self.lifecycle
+        for pool in self._pools():
+            active = lc.in_state(pool.worker_ids, ACTIVE)
+            fpms = [f for wid in active for f in fpms_of(wid, fpm[wid])]
+            roles[pool.planner_role] = RoleState(active, lc.in_state(pool.worker_ids, STARTING),
+                                                 lc.in_state(pool.worker_ids, DRAINING), fpms, pool.caps)
+        wire, consumed = self.rt.tick(snapshot_to_wire(Snapshot(now, roles)), traffic_to_wire(self._traffic.peek(now)))
+        if consumed:
+            self._traffic.reset(now)
+        decision = decision_from_wire(wire)
         self.planner_hook(False)
-        self._apply_decision(decision, now_ms, self.planner.total_ticks - 1)
-        if decision.next_tick_ms is not None:
-            heapq.heappush(self._heap, (decision.next_tick_ms, PH_PLANNER, 0, 0))
+        tick = self._num_ticks
+        self._num_ticks += 1
+        self._apply_decision(decision, now, tick)
+        self._tick_ms = decision.next_tick_ms
+
+    # -- choosing the next edge ------------------------------------------------------------
+    def _next_pass_end(self) -> float | None:
+        ends = [st[2] for st in self._status if st[2] is not None]
+        return min(ends) if ends else None
+
+    def _fixed_edges(self, now: float) -> list[float]:
+        """Ticks (one due now is followed by the next, an interval later), ready times, the stop."""
+        out = []
+        if self._tick_ms is not None:
+            out.append(self._tick_ms if self._tick_ms > now else now + self._tick_interval_ms)
+        for t, _ in self._ready:
+            if t > now:
+                out.append(t)
+        if self.stop_ms is not None and self.stop_ms > now:
+            out.append(self.stop_ms)
+        return out
+
+    def _earliest_activity(self) -> float | None:
+        """The earliest time anything is due: an arrival, a pass end, an input, a handoff."""
+        ts = [t for t in (self._next_arrival(),) if t is not None]
+        end = self._next_pass_end()
+        if end is not None:
+            ts.append(end)
+        if self._transfer_times:
+            ts.append(self._transfer_times[0][0])
+        if self._handoffs:
+            ts.append(self._handoffs[0][0])
+        return min(ts) if ts else None
+
+    def _window_until(self, now: float) -> float | None:
+        """Next edge with a window: the end of the first window from ``now`` in which
+        anything happens, or an earlier fixed edge."""
+        w = self.window_ms
+        t = self._earliest_activity()
+        cands = self._fixed_edges(now)
+        if t is not None:
+            k = math.floor(max(t, now) / w) + 1
+            edge = k * w
+            cands.append(edge if edge > now else (k + 1) * w)  # k * w may round to ``now``
+        return min(cands) if cands else None
+
+    def _exact_until(self, now: float) -> float | None:
+        cands = self._fixed_edges(now)
+        if self._routes_state or self._coupled:
+            t = self._next_arrival()
+            if t is not None:
+                cands.append(t)
+        if self._coupled:
+            end = self._next_pass_end()
+            if end is not None:
+                cands.append(end)
+            if self._transfer_times:
+                cands.append(self._transfer_times[0][0])
+        cands = [c for c in cands if c > now]
+        return min(cands) if cands else None
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> CoordinatorStats:
+        """Run the replay to its end (or the stop time); the run closes the hosts' books."""
+        times, indices = self.arrivals.initial()
+        self._arr_t = times.tolist()
+        self._arr_i = indices.tolist()
+        self._n_init = len(self._arr_t)
+        self._ptr = 0
+        if self.has_planner:
+            self._tick_ms = self._tick_interval_ms = self.rt.initial_tick_ms()
+        # a window only matters where the router reads worker state or one worker's events cause
+        # work elsewhere; otherwise every window gives the lockstep result and none is needed
+        windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
+        ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
+        stop = self.stop_ms
+        guard = self.resource_guard
+        now = 0.0
+        first = [t for t in (self._next_arrival(), self._tick_ms, stop) if t is not None]
+        until: float | None = min(first) if first else None
+        while until is not None:
+            final = stop is not None and until >= stop
+            if final:
+                until = stop
+            if until > now:
+                self._step(now, until)
+                now = until
+            if guard is not None and not self.num_edges & 255:
+                guard.check()
+            if final:
+                self._edge(now, None)
+                self._step(now, now)  # what starts at the stop time (then the run ends)
+                while self._coupled and self._next_arrival() == now:
+                    self._edge(now, None)
+                    self._step(now, now)
+                self.stats.stopped_at_ms = stop
+                break
+            if ahead:
+                nxt = self._window_until(now) if windowed else self._exact_until(now)
+                self._edge(now, INF if nxt is None else nxt)
+            else:
+                self._edge(now, None)
+                if self._coupled:  # start the passes now: their ends bound the next edge
+                    self._step(now, now)
+                    while self._next_arrival() == now:  # follow-ups of what was rejected just now
+                        self._edge(now, None)
+                        self._step(now, now)
+                nxt = self._exact_until(now)
+            if nxt is None and not self._coupled:
+                self._step(now, INF)  # nothing outside the workers is due any more: run them out
+            until = nxt
+        self.stats.last_event_ms = now
+        self._finish(now)
+        return self.stats
+
+    def _finish(self, end_ms: float) -> None:
+        outs = self.rt.finish(end_ms)
+        leftover = sorted((item for out in outs for item in out["leftover"]), key=itemgetter(0))
+        for _, payloads in leftover:
+            for payload in payloads:
+                req = self._local(payload)
+                del self.requests[req.index]
+                self.log.add(req, STATUS_INCOMPLETE)
+        for seq in sorted(self._transfers):
+            self.log.add(self._transfers[seq][0], STATUS_INCOMPLETE)
+        totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
+        self.worker_totals = [t[1:6] for t in totals]
+        self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else _gap_sink(t[6]) for t in totals]
 
 
 def make_request(workload: Workload, hash_store, index: int, now_ms: float) -> Request:
@@ -591,3 +744,20 @@ def fpms_of(wid: int, metrics) -> list[Fpm]:
         wall, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d = last
         out.append(Fpm(wid, rank, ordinal, wall / 1000.0, n_p, t_p, kv_p, var_p, n_d, kv_d, var_d, *q))
     return out
+
+
+IDLE = (False, False, None, 0, 0)  # a worker status: busy, has_work, pass end, held, pending
+
+
+def _same(req):
+    return req
+
+
+def _gap_sink(data) -> GapSink:
+    pooled_values, pooled_weights, chunks, individual = data
+    g = GapSink()
+    g.pooled_values.frombytes(pooled_values)
+    g.pooled_weights.frombytes(pooled_weights)
+    g.run_chunks = [(np.frombuffer(a, dtype=np.float64), n) for a, n in chunks]
+    g.individual.frombytes(individual)
+    return g

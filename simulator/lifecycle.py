@@ -1,9 +1,9 @@
-"""Worker lifecycle bookkeeping shared by both coordinators (lockstep and windowed).
+"""Worker lifecycle bookkeeping of the coordinator.
 
 Each worker is ``starting``, ``active``, ``draining`` or ``removed``. Provisioned time (what
 gpu_hours integrates) runs from the moment a worker is added until it is removed: starting
 and draining time count. Every change is recorded as a lifecycle operation for the Planner
-report. This class only keeps the books; the coordinators decide when things happen.
+report. This class only keeps the books; the coordinator decides when things happen.
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
         prefill_engine_num_gpu=gpus("prefill", pc.prefill_engine_num_gpu) if disagg else 1,
         decode_engine_num_gpu=gpus(decode_role, pc.decode_engine_num_gpu),
     )
+    _check_budget(pc, field)
     planner = Planner(settings, capture_details=capture_details)
     if pc.optimization_target == "sla":
         models = {}
@@ -133,6 +134,16 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
     return planner
 
 
+def _check_budget(pc: PlannerConfig, field: str) -> None:
+    """Reject a GPU band nothing can satisfy: min_gpu_budget over max_gpu_budget (negative budgets
+    are no bound). Minimum workers over the ceiling are not an error: the reference clamps them
+    (the Planner then holds every scale-up)."""
+    hi, lo = pc.max_gpu_budget, pc.min_gpu_budget
+    if 0 <= hi < lo:
+        raise InputError(f"{field}.min_gpu_budget", f"{lo} is over max_gpu_budget {hi}; lower it or raise max_gpu_budget",
+                         category="gpu_budget")
+
+
 def _pass_ms(timing: TimingModel, caps: Capabilities):
     total = caps.max_kv_tokens
 
@@ -162,8 +173,7 @@ def warmup_windows(spec: str, interval_s: int, field: str) -> list[tuple[int, fl
     return out
 
 
-def planner_report(planner: Planner, pc: PlannerConfig, lifecycle: list[dict], capture_details: bool,
-                   html_path: str | None = None) -> dict:
+def planner_report(planner: Planner, pc: PlannerConfig, lifecycle: list[dict], capture_details: bool) -> dict:
     s = planner.settings
     metadata = {
         "planner_config_digest": planner.config_digest,
@@ -188,7 +198,7 @@ def planner_report(planner: Planner, pc: PlannerConfig, lifecycle: list[dict], c
         "metadata": metadata,
         "scaling_events": planner.scaling_events,
         "total_ticks": planner.total_ticks,
-        "html_report_path": html_path,
+        "html_report_path": None,  # the caller fills it in when it writes the HTML report
         "retune_events": None,
     }
     if capture_details:

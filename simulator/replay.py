@@ -27,14 +27,13 @@ from simulator.config.support import check_supported
 from simulator.config.planner_config import PlannerConfig, from_replay_section, parse_planner_config
 from actors.engine.host import HostPool
 from simulator.coordinator import Coordinator, KvTransferModel, Pool
-from simulator.runtime.hosts import LocalRuntime
-from simulator.windowed import WindowedCoordinator
+from simulator.runtime.local import LocalRuntime
 from simulator.metrics.planner_html import write_planner_html
 from simulator.planning import build_planner, capabilities, planner_report
 from simulator.errors import InputError, NotSupportedError
 from simulator.metrics.collector import RequestLog
 from simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
-from simulator.runtime.local import RouterSpec, build_decode_router, build_router, build_timing, build_workers
+from simulator.builders import RouterSpec, build_decode_router, build_router, build_timing, build_workers
 from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
 from simulator.traffic.build import TrafficPlan, open_loop, build_traffic, synthetic_workload
 from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
@@ -74,7 +73,6 @@ class ExecutionPlan:
     router_sync_ms: float = 0.0  # 0: exact lockstep; W > 0: the router sees worker state up to W old
     engine_actors: int | None = None  # engine hosts (Ray actors); None: one per CPU, at most one per worker
     ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join that cluster
-    windowed: bool = False  # run the windowed coordinator in process even when lockstep could (verification)
     wire: bool = False  # in process: round-trip every message through msgpack (verification)
 
 
@@ -151,36 +149,21 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             planner_wall[0] += time.perf_counter() - planner_wall[1]
 
     ex = plan.execution
-    runtime = None
-    if ex.backend == "local" and ex.router_sync_ms == 0 and not ex.windowed:
-        workers = [p.spawn(wid) for p in pools for wid in p.worker_ids]
-        coord = Coordinator(w, store, plan.traffic.arrivals, workers, pools[0], log, decode=decode_pool,
+    runtime = make_runtime(ex, pools, w, store, entry_router, decode_router, planner)
+    try:
+        coord = Coordinator(w, store, plan.traffic.arrivals.start(), runtime, pools[0], log, decode=decode_pool,
                             transfer=plan.transfer, stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
-                            planner=planner)
-        if planner is not None:
-            coord.planner_hook = hook
+                            has_planner=planner is not None, window_ms=ex.router_sync_ms)
+        coord.planner_hook = hook
         stats = coord.run()
-        totals = [(sum(r.committed_prefill_tokens for r in wk.ranks), sum(r.num_generated_tokens for r in wk.ranks),
-                   sum(r.num_preemptions for r in wk.ranks), wk.num_passes, wk.num_runs) for wk in coord.workers]
-        gap_sinks = [wk.gaps for wk in coord.workers]
-        runtime_info = {"backend": "local", "coordinator": "lockstep"}
-    else:
-        runtime = make_runtime(ex, pools, w, store, entry_router, decode_router, planner)
-        try:
-            coord = WindowedCoordinator(w, store, plan.traffic.arrivals, runtime, pools[0], log, decode=decode_pool,
-                                        transfer=plan.transfer, stop_ms=plan.traffic.stop_ms,
-                                        resource_guard=resource_guard, has_planner=planner is not None,
-                                        window_ms=ex.router_sync_ms)
-            coord.planner_hook = hook
-            stats = coord.run()
-            if planner is not None:
-                planner = runtime.planner()
-        finally:
-            runtime.close()
-        totals = coord.worker_totals
-        gap_sinks = coord.gap_sinks
-        runtime_info = {"backend": runtime.name, "coordinator": "windowed", "num_hosts": runtime.num_hosts,
-                        "num_edges": coord.num_edges, **runtime.counters.as_dict()}
+        if planner is not None:
+            planner = runtime.planner()
+    finally:
+        runtime.close()
+    totals = coord.worker_totals
+    gap_sinks = coord.gap_sinks
+    runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_edges": coord.num_edges,
+                    **runtime.counters.as_dict()}
 
     provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
     for pool in plan.pools:
@@ -237,7 +220,7 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
 
 
 def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_router, decode_router, planner):
-    """The actors' home for the windowed coordinator: in process or on Ray."""
+    """The actors' home: in process (one host called directly, by default) or on Ray."""
     host_pools = {p.role: HostPool(p.spawn, p.router.tracks_first_tokens and p.role == "aggregated",
                                    p.role == "prefill") for p in pools}
     roles = [p.role for p in pools for _ in p.worker_ids]
@@ -291,12 +274,13 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
             if blocks <= 0:
                 raise InputError(f"{base}.kv_cache.capacity", f"{e.model} leaves no KV memory on {hardware.name} "
                                  f"(weights {sizing.weights_bytes / 1e9:.1f} GB per GPU); raise parallelism.tensor, "
-                                 "memory_fraction, or pick a larger GPU")
+                                 "memory_fraction, or pick a larger GPU", category="kv_capacity")
             sizings[role] = {"type": "default", "memory_fraction": fraction, **sizing.as_dict()}
         else:
             blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
             if blocks <= 0:
-                raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token")
+                raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token",
+                                 category="kv_capacity")
             sizings[role] = {"type": "fixed", "blocks_per_rank": blocks, "bytes_per_token": bpt}
         t = wk.timing
         timing = TimingModelArgs(type=t.type, prefill_ms=t.prefill_ms, decode_ms=t.decode_ms,
@@ -362,7 +346,7 @@ def _engine_args(raw: dict | EngineArgs | None, name: str = "extra_engine_args")
         return EngineArgs.model_validate(raw or {})
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(f"{name}.{err.where}", err.message) from None
+        raise InputError(f"{name}.{err.where}", err.message, category=err.category) from None
 
 
 def _sla(ttft, itl, e2e) -> m.Sla | None:
@@ -372,7 +356,7 @@ def _sla(ttft, itl, e2e) -> m.Sla | None:
         return m.Sla(ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e)
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(f"sla_{err.where}", err.message) from None
+        raise InputError(f"sla_{err.where}", err.message, category=err.category) from None
 
 
 def _router_spec(router_mode: str, router_config: dict | None) -> RouterSpec:
@@ -387,7 +371,8 @@ def _router_spec(router_mode: str, router_config: dict | None) -> RouterSpec:
         r = m.Router(policy=router_mode, **cfg)
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(f"router_config.{err.where}" if err.where != "policy" else "router_mode", err.message) from None
+        raise InputError(f"router_config.{err.where}" if err.where != "policy" else "router_mode", err.message,
+                         category=err.category) from None
     return RouterSpec(r.policy, 1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
                       1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
                       0.0 if r.temperature is None else r.temperature)
@@ -399,7 +384,7 @@ def _execution(backend: str, router_sync_ms: float, ray_address: str | None, eng
                         engine_actors="auto" if engine_actors is None else engine_actors)
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(err.where or "backend", err.message) from None
+        raise InputError(err.where or "backend", err.message, category=err.category) from None
     return ExecutionPlan(x.backend, float(x.router_sync_ms), engine_actors, x.ray_address)
 
 

@@ -1,10 +1,12 @@
 """An engine host: a group of engine workers that advance on their own between two edges of
-the coordinator's clock, exchanging only plain-data messages (msgpack-ready lists).
+the coordinator's clock. This is the one per-worker event loop of aisim.
 
-The same class runs in process (the windowed runtime) and inside a Ray actor; the
-coordinator decides the edges and sends each host its timed inputs (requests to enqueue,
-KV sources to release) and control messages (spawn, drain). Between edges a host replays,
-for each of its workers, exactly what the lockstep coordinator would do at each instant:
+The same class runs in process and inside a Ray actor; the coordinator decides the edges and
+sends each host its timed inputs (requests to enqueue, KV sources to release) and control
+messages (spawn, drain). Requests cross as plain-data lists (``request_to_wire``) when the
+host lives elsewhere or the runtime checks the wire form; a single in-process host is handed
+the ``Request`` objects themselves (``direct=True``: no copies, same results). Between edges
+a host replays, for each of its workers, exactly what happens at each instant:
 
     pass ends (ascending worker id) -> timed inputs, in (time, phase, id, op) order -> settle
 
@@ -14,7 +16,7 @@ starts passes at ``now``, then runs every instant in (now, until) fully, and end
 next step, after the coordinator has routed what arrives at ``until``.
 
 Output events carry ``(time, phase, id, seq)`` so the coordinator can merge every host's
-events into the lockstep order: pass-end events (completions, first tokens, handoffs, drain
+events into the same-time order: pass-end events (completions, first tokens, handoffs, drain
 settlements) at ``(t, PH_PASS_END, worker)``, release-triggered drain settlements at
 ``(t, PH_TRANSFER, transfer)``, admission rejections at ``(t, PH_SETTLE, worker)``.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
-from actors.engine.request import Request, request_from_wire, request_to_wire
+from actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
 from actors.engine.worker import EngineWorker
 
 # phases (same numbers as the coordinator's event phases)
@@ -55,10 +57,19 @@ class HostPool:
         self.hands_off = hands_off  # prefill pool: finished prompts leave through handoffs
 
 
+def _same(req, source=None):
+    return req
+
+
 class WorkerHost:
-    def __init__(self, pools: dict[str, HostPool], hash_source, workers: list[tuple[int, str]]) -> None:
+    def __init__(self, pools: dict[str, HostPool], hash_source, workers: list[tuple[int, str]],
+                 direct: bool = False) -> None:
         self.pools = pools
         self.source = hash_source
+        # how requests cross: the objects themselves (one in-process host) or their wire form
+        self.direct = direct
+        self._encode = _same if direct else request_to_wire
+        self._decode = _same if direct else request_from_wire
         self.now = 0.0
         self.workers: dict[int, EngineWorker] = {}
         self.pool_of: dict[int, str] = {}
@@ -73,6 +84,8 @@ class WorkerHost:
         self._events: list = []
         self._seq = 0
         self._kv: list = []
+        self._touched: set[int] = set()  # workers whose status may have changed since the last report
+        self._publishing: list[int] = []  # workers that record KV events (synced before each report)
         for wid, key in workers:
             self._add(wid, key)
 
@@ -88,6 +101,9 @@ class WorkerHost:
         self._version[wid] = 0
         self._pending_for[wid] = 0
         self._held_by[wid] = 0
+        self._touched.add(wid)
+        if worker.records_kv_events:
+            self._publishing.append(wid)
 
     def _control(self, control) -> None:
         for op, wid, *rest in control:
@@ -128,25 +144,32 @@ class WorkerHost:
         if pool.track_first_tokens:
             for req in worker.take_first_tokens():
                 self._emit(t, PH_PASS_END, wid, EV_FIRST_TOKEN, req.index)
+        encode = self._encode
         for req in completed:
-            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, request_to_wire(req))
+            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, encode(req))
         if pool.hands_off:
             for req in worker.take_handoffs():
                 self._held[req.index] = (wid, req)
                 self._held_by[wid] += 1
-                self._emit(t, PH_PASS_END, wid, EV_HANDOFF, request_to_wire(req))
+                self._emit(t, PH_PASS_END, wid, EV_HANDOFF, encode(req))
         self._take_kv(wid, worker)
         self._dirty.add(wid)
+        self._touched.add(wid)
         if wid in self._draining:
             self._check_drain(wid, t, PH_PASS_END, wid)
 
     def _apply_input(self, item) -> None:
         t, phase, sid, op, wid, payload = item
         self._pending_for[wid] -= 1
+        self._touched.add(wid)
         worker = self.workers[wid]
         if op == OP_ENQUEUE:
-            rank, state = payload
-            req = request_from_wire(state, self.source)
+            rank, state, transferred = payload
+            req = self._decode(state, self.source)
+            if transferred:  # the prompt's KV arrived: admitted as computed (after the source let go)
+                req.materialized = True
+                req.num_computed = 0
+                req.status = WAITING
             new_end = worker.enqueue(req, rank, t)
             if new_end is not None:
                 self._schedule_end(wid, new_end)
@@ -158,6 +181,7 @@ class WorkerHost:
             worker.release_source(req)
             self._held_by[src] -= 1
             self._dirty.add(src)
+            self._touched.add(src)
         if wid in self._draining:
             self._check_drain(wid, t, phase, sid)
 
@@ -172,12 +196,13 @@ class WorkerHost:
     def _settle(self, t: float) -> None:
         dirty = sorted(self._dirty)
         self._dirty.clear()
+        self._touched.update(dirty)
         for wid in dirty:
             end, rejected = self.workers[wid].start_if_idle(t)
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:
-                self._emit(t, PH_SETTLE, wid, EV_TERMINAL, request_to_wire(req))
+                self._emit(t, PH_SETTLE, wid, EV_TERMINAL, self._encode(req))
 
     def _ends_at(self, t: float) -> None:
         ends = self._ends
@@ -202,20 +227,34 @@ class WorkerHost:
             item = tuple(item)
             heapq.heappush(self._pending, item)
             self._pending_for[item[4]] += 1
+            self._touched.add(item[4])
 
     def _sync_all(self, t: float) -> None:
         for wid, worker in self.workers.items():
             worker.sync(t)
             self._take_kv(wid, worker)
 
+    def _publish_kv(self, t: float) -> None:
+        """Bring the workers that publish KV events up to ``t`` (a router reads them next)."""
+        workers = self.workers
+        for wid in self._publishing:
+            worker = workers[wid]
+            worker.sync(t)
+            self._take_kv(wid, worker)
+
     def _output(self, with_fpm: bool = False) -> dict:
+        """Events and KV events since the last report, and the status (busy, has_work, pass
+        end, held, pending) of every worker whose status may have changed."""
         status = []
-        for wid, w in self.workers.items():
-            end = w.pass_end_ms if w.busy else None
-            status.append((wid, w.busy, w.has_work, end, self._held_by[wid], self._pending_for[wid]))
+        workers = self.workers
+        for wid in sorted(self._touched):
+            w = workers[wid]
+            status.append((wid, w.busy, w.has_work, w.pass_end_ms if w.busy else None, self._held_by[wid],
+                           self._pending_for[wid]))
+        self._touched.clear()
         out = {"events": self._events, "kv": self._kv, "status": status}
         if with_fpm:
-            out["fpm"] = [(wid, w.forward_pass_metrics()) for wid, w in self.workers.items()]
+            out["fpm"] = [(wid, w.forward_pass_metrics()) for wid, w in workers.items()]
         self._events = []
         self._kv = []
         return out
@@ -249,12 +288,12 @@ class WorkerHost:
             self._inputs_at(t)
             self._settle(t)
         self.now = until
-        self._sync_all(until)
+        self._publish_kv(until)
         return self._output()
 
     def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
         """Apply the inputs at the edge ``now`` without starting passes (the Planner's tick sees
-        them queued, as in lockstep) and report forward-pass metrics."""
+        them queued) and report forward-pass metrics."""
         self._catch_up(now)
         self._receive(control, inputs)
         self._inputs_at(self.now)
@@ -283,16 +322,17 @@ class WorkerHost:
             worker = self.workers[wid]
             if worker.busy:
                 worker.sync(end_ms)
-            reqs = [request_to_wire(r) for rank in worker.ranks for r in list(rank.running) + list(rank.waiting)
+            reqs = [self._encode(r) for rank in worker.ranks for r in list(rank.running) + list(rank.waiting)
                     + rank.handoffs]
             leftover.append((wid, reqs))
         totals = []
         for wid in sorted(self.workers):
             w = self.workers[wid]
             g = w.gaps
+            if not self.direct:
+                g = (g.pooled_values.tobytes(), g.pooled_weights.tobytes(), [(a.tobytes(), n) for a, n in g.run_chunks],
+                     g.individual.tobytes())
             totals.append((wid, sum(r.committed_prefill_tokens for r in w.ranks),
                            sum(r.num_generated_tokens for r in w.ranks), sum(r.num_preemptions for r in w.ranks),
-                           w.num_passes, w.num_runs,
-                           (g.pooled_values.tobytes(), g.pooled_weights.tobytes(),
-                            [(a.tobytes(), n) for a, n in g.run_chunks], g.individual.tobytes())))
+                           w.num_passes, w.num_runs, g))
         return {"leftover": leftover, "totals": totals}

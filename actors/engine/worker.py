@@ -52,7 +52,7 @@ class EngineWorker:
         self.ranks = ranks
         # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
         self.kv_events: list[tuple[int, int, list[int]]] = []
-        self._records_events = ranks[0].kv.events is not None
+        self.records_kv_events = ranks[0].kv.events is not None
         self.fast_forward = fast_forward
         self.max_run_passes = max_run_passes
         self.gaps = GapSink()
@@ -153,7 +153,7 @@ class EngineWorker:
 
     def _publish(self) -> list:
         """Move the ranks' recorded KV events to the published list (called at pass ends)."""
-        if self._records_events:
+        if self.records_kv_events:
             for i, r in enumerate(self.ranks):
                 ev = r.kv.events
                 if ev:
@@ -281,7 +281,7 @@ class EngineWorker:
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int, completed: list | None) -> None:
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
-        if self._records_events:
+        if self.records_kv_events:
             if run.held_events is not None and done_upto >= run.n_sched:
                 self.kv_events.extend(run.held_events)
                 run.held_events = None

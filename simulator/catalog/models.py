@@ -196,7 +196,8 @@ def geometry_from_config(name: str, cfg: dict, quant: dict | None = None, field:
 
     def need(key: str):
         if cfg.get(key) is None:
-            raise InputError(field, f"config.json of {name!r} lacks {key!r}; this model family is not supported yet")
+            raise InputError(field, f"config.json of {name!r} lacks {key!r}; this model family is not supported yet",
+                             category="unsupported")
         return cfg[key]
 
     hidden = int(need("hidden_size"))

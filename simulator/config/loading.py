@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from simulator.config.models import PredictConfig
+from simulator.config.paths import deep_copy, get_path, set_path, with_paths  # noqa: F401 - re-exported
 from simulator.errors import InputError
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -60,29 +61,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply overrides left to right on a copy; missing intermediate mappings are created."""
-    out = _deepcopy(data)
+    """Apply overrides left to right on a copy (``data`` is not changed); missing intermediate
+    mappings are created."""
+    out = deep_copy(data)
     for text in overrides:
         parts, value = parse_override(text)
-        node = out
-        for depth, key in enumerate(parts[:-1]):
-            nxt = node.get(key)
-            if nxt is None:
-                nxt = node[key] = {}
-            elif not isinstance(nxt, dict):
-                where = ".".join(parts[: depth + 1])
-                raise InputError(f"--set {text}", f"{where} is a {type(nxt).__name__}, not a section; set {where} itself")
-            node = nxt
-        node[parts[-1]] = value
+        set_path(out, parts, value, field=f"--set {text}")
     return out
-
-
-def _deepcopy(x):
-    if isinstance(x, dict):
-        return {k: _deepcopy(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_deepcopy(v) for v in x]
-    return x
 
 
 _MEMBER_TAG = re.compile(r"^(literal\[.*\]|constrained-\w+|int|float|str|bool|none|function-\w+\[.*\])$")
@@ -120,7 +105,13 @@ def format_validation_error(exc: ValidationError) -> InputError:
         msg += f" (got {err['input']!r})"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return InputError(path, msg)
+    category = "invalid_config"
+    if clean and kind != "extra_forbidden":  # a rejected value of these fields has its own category
+        category = _FIELD_CATEGORY.get(clean[-1], category)
+    return InputError(path, msg, category=category)
+
+
+_FIELD_CATEGORY = {"context_length": "context_length", "max_model_len": "context_length"}
 
 
 def validate_config(data: dict) -> PredictConfig:

@@ -93,7 +93,7 @@ def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
         return PlannerConfig.model_validate(data)
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(f"{field}.{err.where}", err.message) from None
+        raise InputError(f"{field}.{err.where}", err.message, category=err.category) from None
 
 
 def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
@@ -135,7 +135,7 @@ def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
         pc = PlannerConfig.model_validate(data)
     except ValidationError as exc:
         err = format_validation_error(exc)
-        raise InputError(f"planner.{err.where}", err.message) from None
+        raise InputError(f"planner.{err.where}", err.message, category=err.category) from None
     tick_interval_s(pc, "planner", replay_keys=True)  # the interval rules, checked with the config
     return pc
 

@@ -1,9 +1,15 @@
-"""Where the windowed coordinator's actors live: in process (``LocalRuntime``).
+"""Where the coordinator's actors live: in process (``LocalRuntime``, the default).
 
 A runtime hosts the engine hosts, the router host and the planner host and carries the
-coordinator's plain-data messages to them. ``LocalRuntime`` calls them directly; with
-``wire=True`` it also round-trips every message through msgpack, exactly as the Ray
-runtime does, so the two can be compared without Ray.
+coordinator's plain-data messages to them. The runtime interface (``num_hosts``, ``direct``,
+``step``, ``deliver``, ``match_prefix``, ``route``, ``initial_tick_ms``, ``tick``, ``finish``,
+``planner``, ``close``, ``counters``) is what ``simulator.coordinator.Coordinator`` calls;
+``simulator.runtime.ray_runtime.RayRuntime`` implements the same one over Ray actors.
+
+``LocalRuntime`` calls its hosts directly. With one engine host (the default) requests cross
+as the ``Request`` objects themselves (``direct``); with several hosts they cross in their
+wire form, and ``wire=True`` also round-trips every message through msgpack, exactly as on
+Ray, so the two can be compared without Ray.
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ class LocalRuntime:
     def __init__(self, pools: dict[str, HostPool], hash_source, worker_roles: list[str], num_hosts: int,
                  routers: dict, planner=None, wire: bool = False) -> None:
         self.num_hosts = num_hosts
-        self.hosts = [WorkerHost(pools, hash_source, ws) for ws in assign_workers(worker_roles, num_hosts)]
+        # objects may be shared only within one host: a handed-off request's source and
+        # destination would otherwise both hold (and change) the same object
+        self.direct = num_hosts == 1 and not wire
+        self.hosts = [WorkerHost(pools, hash_source, ws, self.direct) for ws in assign_workers(worker_roles, num_hosts)]
         self.router = RouterHost(routers)
         self.planner_host = PlannerHost(planner) if planner is not None else None
         self.wire = wire

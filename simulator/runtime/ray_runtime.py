@@ -1,6 +1,6 @@
 """Ray runtime: the engine hosts, the router and the Planner as Ray actors.
 
-The windowed coordinator stays in the driver and owns the clock; every message to and from
+The coordinator stays in the driver and owns the clock; every message to and from
 an actor is msgpack bytes (the same plain data ``LocalRuntime(wire=True)`` round-trips), so
 a replay on Ray gives byte for byte what it gives in process. Calls to the engine hosts of
 one edge go out together and run in parallel.
@@ -20,7 +20,7 @@ import socket
 import threading
 
 from simulator.errors import InputError, RuntimeFailure
-from simulator.runtime.hosts import RuntimeCounters, assign_workers, count_step, pack, unpack
+from simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
 
 CALL_TIMEOUT_S = float(os.environ.get("AISIM_RAY_CALL_TIMEOUT_S", "600"))
 START_TIMEOUT_S = float(os.environ.get("AISIM_RAY_START_TIMEOUT_S", "120"))
@@ -129,7 +129,7 @@ def start_ray(address: str | None):
     t.start()
     t.join(START_TIMEOUT_S)
     if not outcome:
-        raise RuntimeFailure(f"could not start or join {where} within {START_TIMEOUT_S:.0f} s; {hint}")
+        raise RuntimeFailure(f"could not start or join {where} within {START_TIMEOUT_S:.0f} s; {hint}", category="timeout")
     if outcome[0] is not None:
         exc = outcome[0]
         raise RuntimeFailure(f"could not start or join {where}: {type(exc).__name__}: {_first_line(exc)}; {hint}")
@@ -154,6 +154,7 @@ def _first_line(exc: BaseException) -> str:
 
 class RayRuntime:
     name = "ray"
+    direct = False  # requests cross in their wire form
 
     def __init__(self, pools: dict, workload, worker_roles: list[str], engine_actors: int | None, routers: dict,
                  planner=None, address: str | None = None) -> None:
@@ -185,7 +186,7 @@ class RayRuntime:
             return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeFailure(f"Ray actors did not answer {what} within {timeout:.0f} s "
-                                 "(AISIM_RAY_CALL_TIMEOUT_S raises the limit)") from None
+                                 "(AISIM_RAY_CALL_TIMEOUT_S raises the limit)", category="timeout") from None
         except ray.exceptions.RayActorError as exc:
             raise RuntimeFailure(f"a Ray actor died during {what}: {_first_line(exc)}") from None
         except ray.exceptions.RayTaskError as exc:

@@ -17,10 +17,13 @@ from simulator.traffic.workload import OUTPUT_TAG, UNIQUE_PROMPT_TAG, Workload
 SHARED_PREFIX_TAG = 0x0_0999
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrafficPlan:
+    """What a replay offers: a value, built and validated once, that any number of runs share.
+    Each run takes its own arrival state from ``arrivals.start()``."""
+
     workload: Workload
-    arrivals: ArrivalProcess
+    arrivals: ArrivalProcess  # immutable description; ``start()`` gives one run's state
     stop_ms: float | None
     unit: str  # "requests" or "sessions"
     description: str

@@ -19,9 +19,18 @@ OUTPUT_TAG = 0x0_0777  # generated-output pieces
 UNIQUE_PROMPT_TAG = 0x0_0888  # prompt tokens private to one request (synthetic traffic)
 
 
-@dataclass
+def _read_only(fields: dict) -> None:
+    for v in fields.values():
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+
+
+@dataclass(frozen=True)
 class Workload:
-    """Requests of a replay, in stable order (index = stable id for same-time ties)."""
+    """Requests of a replay, in stable order (index = stable id for same-time ties).
+
+    A value: frozen, and its columns are made read-only, so one workload can back any number
+    of runs (and be shipped to engine hosts) without any run changing what the next one sees."""
 
     input_len: np.ndarray  # int64
     output_len: np.ndarray  # int64 (requested output tokens)
@@ -35,6 +44,13 @@ class Workload:
     session_names: list[str] = field(default_factory=list)
     request_ids: list[str] | None = None
     description: str = ""
+
+    def __post_init__(self) -> None:
+        _read_only(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:  # unpickled arrays come back writable
+        _read_only(state)
+        self.__dict__.update(state)
 
     def __len__(self) -> int:
         return len(self.input_len)
@@ -59,7 +75,10 @@ class Workload:
 
 
 class BlockHashStore:
-    """Implements ``HashSource``: chained hashes of prompt + output blocks per request."""
+    """Implements ``HashSource``: chained hashes of prompt + output blocks per request.
+
+    Per run (or per engine host), never part of a plan: its chunk cache is pure memoisation
+    (a chunk's hashes depend only on the workload and the block size), bounded to ``max_chunks``."""
 
     CHUNK = 512
 

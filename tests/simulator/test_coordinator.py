@@ -1,6 +1,6 @@
-"""The windowed coordinator in process: it reproduces lockstep exactly with router_sync_ms 0
-(any number of engine hosts, every message through msgpack), and its windows have exact,
-documented effects."""
+"""The coordinator over in-process runtimes: one host called directly (requests shared as
+objects) and three hosts with every message through msgpack give byte-identical reports, for
+exact lockstep (router_sync_ms 0) and for windows; every coordinator path is exercised."""
 
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ def same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_router_sync_0_reproduces_lockstep_byte_for_byte(name):
-    lockstep = replay(name)
-    windowed = replay(name, windowed=True, engine_actors=3, wire=True)
-    assert lockstep.diagnostics["runtime"]["coordinator"] == "lockstep"
-    assert windowed.diagnostics["runtime"]["num_hosts"] == 3
-    assert same(lockstep, windowed)
+def test_direct_objects_and_three_hosts_over_the_wire_agree_byte_for_byte(name):
+    direct = replay(name)
+    wired = replay(name, engine_actors=3, wire=True)
+    assert direct.diagnostics["runtime"]["num_hosts"] == 1
+    assert wired.diagnostics["runtime"]["num_hosts"] == 3
+    assert same(direct, wired)
 
 
 def test_the_paths_the_cases_exercise():

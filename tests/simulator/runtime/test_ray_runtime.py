@@ -15,7 +15,7 @@ from aisim.cli import main
 from simulator.errors import RuntimeFailure
 from simulator.metrics.summary import WALL_TIME_FIELDS
 from tests.conftest import ROOT
-from tests.simulator.test_windowed import replay, same
+from tests.simulator.test_coordinator import replay, same
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -27,7 +27,7 @@ def test_default_traffic_is_100_requests_1024_128_concurrency_10():
     cfg = validate_config({"engine": ENGINE})
     p = build_traffic(cfg.traffic, None)
     assert p.workload.num_requests == 100 and set(p.workload.input_len) == {1024} and set(p.workload.output_len) == {128}
-    times, idx = p.arrivals.initial()
+    times, idx = p.arrivals.start().initial()
     assert len(idx) == 10 and set(times) == {0.0}
 
 
@@ -41,7 +41,7 @@ def test_poisson_is_seeded_and_starts_at_zero():
     a = plan({"source": {"type": "synthetic"}, "load": {"type": "poisson", "requests_per_second": 5, "seed": 7}, "stop": {"requests": 50}})
     b = plan({"source": {"type": "synthetic"}, "load": {"type": "poisson", "requests_per_second": 5, "seed": 7}, "stop": {"requests": 50}})
     c = plan({"source": {"type": "synthetic"}, "load": {"type": "poisson", "requests_per_second": 5, "seed": 8}, "stop": {"requests": 50}})
-    ta, tb, tc = (p.arrivals.initial()[0] for p in (a, b, c))
+    ta, tb, tc = (p.arrivals.start().initial()[0] for p in (a, b, c))
     assert ta[0] == 0.0 and np.array_equal(ta, tb) and not np.array_equal(ta, tc)
     assert 5_000 < ta[-1] < 15_000  # ~49 gaps of 200 ms
 
@@ -49,7 +49,7 @@ def test_poisson_is_seeded_and_starts_at_zero():
 def test_constant_rate_and_per_load_unit_counts():
     p = plan({"source": {"type": "synthetic"}, "load": {"type": "constant_rate", "requests_per_second": 4},
               "stop": {"requests_per_load_unit": 2.6}})
-    times, _ = p.arrivals.initial()
+    times, _ = p.arrivals.start().initial()
     assert times.tolist() == [0.0, 250.0, 500.0, 750.0, 1000.0, 1250.0, 1500.0, 1750.0, 2000.0, 2250.0]
 
 

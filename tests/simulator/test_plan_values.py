@@ -1,0 +1,64 @@
+"""Plans are values: a workload is loaded and validated once, every run of the plan starts its
+own arrival state, so one plan run N times gives N identical reports (what a search replaying
+one workload under many configurations relies on)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from simulator.config.loading import load_config
+from simulator.metrics.output import canonical_json
+from simulator.replay import plan_from_config, run_plan
+from tests.conftest import ROOT
+from tests.helpers import without_wall
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+SESSIONS = ("traffic.source={type: synthetic-session, new_input_tokens_per_turn: 700, output_tokens_per_turn: 90, "
+            "session: {turns: 3}, shared_prefix_ratio: 0.3, prefix_groups: 4, inter_turn_delay_ms: 500}")
+SYNTHETIC = "traffic.source={type: synthetic, input_tokens: 1500, output_tokens: 100, cached_prefix_tokens: 512}"
+
+# name -> overrides of quickstart.yaml; each a few hundred requests
+CASES = {
+    "closed_loop": [SYNTHETIC, "traffic.load={type: concurrency, concurrency: 24}", "traffic.stop={requests: 200}",
+                    "router={policy: kv_router}"],
+    "sessions_closed_loop": [SESSIONS, "traffic.load={type: concurrency, concurrency: 8}", "traffic.stop={sessions: 40}"],
+    "sessions_poisson": [SESSIONS, "traffic.load={type: poisson, sessions_per_second: 6}", "traffic.stop={sessions: 40}",
+                         "router={policy: kv_router}"],
+    "poisson": [SYNTHETIC, "traffic.load={type: poisson, requests_per_second: 20, seed: 3}",
+                "traffic.stop={requests: 200}"],
+    "trace_timestamps": ["traffic.stop={max_virtual_time_seconds: 45}"],  # quickstart's own trace slice
+}
+
+
+def plan_of(name: str):
+    cfg, cdir = load_config(QUICKSTART, CASES[name])
+    return plan_from_config(cfg, cdir, capture_per_request=True)
+
+
+def report_bytes(report) -> str:
+    return canonical_json(without_wall(report.to_dict()))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_plan_run_three_times_gives_three_identical_reports(name):
+    plan = plan_of(name)
+    reports = [run_plan(plan) for _ in range(3)]
+    assert reports[0].summary["completed_requests"] > 50
+    first = report_bytes(reports[0])
+    assert all(report_bytes(r) == first for r in reports[1:])
+
+
+@pytest.mark.parametrize("name", ["closed_loop", "sessions_poisson"])
+def test_a_run_leaves_the_plan_unchanged(name):
+    plan = plan_of(name)
+    before = pickle.dumps(plan)
+    run_plan(plan)
+    assert pickle.dumps(plan) == before
+
+
+def test_a_run_of_a_shipped_copy_matches_the_original():
+    plan = plan_of("closed_loop")
+    shipped = pickle.loads(pickle.dumps(plan))
+    assert report_bytes(run_plan(shipped)) == report_bytes(run_plan(plan))
