@@ -335,4 +335,8 @@ class WorkerHost:
             totals.append((wid, sum(r.committed_prefill_tokens for r in w.ranks),
                            sum(r.num_generated_tokens for r in w.ranks), sum(r.num_preemptions for r in w.ranks),
                            w.num_passes, w.num_runs, g))
-        return {"leftover": leftover, "totals": totals}
+        # per worker (by id): its recorded timeline as plain data (``WorkerTimeline.from_plain``),
+        # None when not recorded; the columns are bytes, or the arrays themselves for a direct host
+        timelines = [self.workers[wid].export_timeline(self.pool_of[wid], end_ms, as_bytes=not self.direct)
+                     for wid in sorted(self.workers)]
+        return {"leftover": leftover, "totals": totals, "timelines": timelines}

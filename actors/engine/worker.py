@@ -9,9 +9,23 @@ the worker plans a *run* of k passes at once (numpy over k passes) that ends at 
 completion. Anything that touches the worker mid-run first ``sync``s it (applies the passes
 that have started/ended by then) and an arrival truncates the run after the pass in
 progress, so a run is indistinguishable from stepping pass by pass (tested byte for byte).
+
+Timeline (opt-in, ``record_timeline=True``): the worker samples ``(time_ms, waiting, running,
+KV blocks used)`` summed over its ranks after every event that can change them: an enqueue, a
+pass/run start (after admission, preemption and rejection) and a pass/run end (after
+completions), and a handed-off request's release when the caller passes its time. The state is
+piecewise constant between samples; before the first sample it is idle (0, 0, 0). KV blocks
+used are the blocks held by live requests (``KVCache.num_active``: shared + private; cached
+inactive blocks count as free, as in vLLM's KV usage). A fast-forwarded decode run allocates
+its blocks lazily, so within a run the KV usage is sampled at its start (before the run's first
+pass's allocations), at any enqueue that cuts into it and at its end, not block by block.
+Recording only reads state: it never changes results.
 """
 
 from __future__ import annotations
+
+from array import array
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,11 +57,24 @@ class DecodeRun:
         return float(self.ends[self.num_passes - 1])
 
 
+class TimelineColumns(NamedTuple):
+    """Raw timeline of a worker: one sample per state change (see the module doc)."""
+
+    times_ms: array  # 'd'
+    waiting: array  # 'q': requests in the ranks' waiting queues
+    running: array  # 'q': requests in the ranks' running batches
+    kv_blocks_used: array  # 'q': KV blocks held by live requests
+
+    @classmethod
+    def empty(cls) -> "TimelineColumns":
+        return cls(array("d"), array("q"), array("q"), array("q"))
+
+
 class EngineWorker:
     """Engine worker actor (in-process form). Times are virtual milliseconds."""
 
     def __init__(self, worker_id: int, ranks: list[RankScheduler], fast_forward: bool = True,
-                 max_run_passes: int = MAX_RUN_PASSES) -> None:
+                 max_run_passes: int = MAX_RUN_PASSES, record_timeline: bool = False) -> None:
         self.worker_id = worker_id
         self.ranks = ranks
         # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
@@ -66,6 +93,9 @@ class EngineWorker:
         self.busy_ms = 0.0
         cfg = ranks[0].config
         self._interval = cfg.prefill_schedule_interval if len(ranks) > 1 else 1
+        # raw timeline columns, or None when not recorded (the hot path checks only this)
+        self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
+        self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
 
     # -- queries --------------------------------------------------------------------
     @property
@@ -90,8 +120,12 @@ class EngineWorker:
         self.ranks[rank].enqueue(req)
         run = self._run
         if run is None:
+            if self.timeline is not None:
+                self._sample(now_ms)
             return None
         self.sync(now_ms)
+        if self.timeline is not None:
+            self._sample(now_ms)
         keep = max(1, run.n_sched, int(np.searchsorted(run.ends, now_ms, side="left")) + 1)
         if keep >= run.num_passes:
             return None
@@ -148,8 +182,12 @@ class EngineWorker:
         out, self.kv_events = self.kv_events, []
         return out
 
-    def release_source(self, req: Request) -> None:
+    def release_source(self, req: Request, now_ms: float | None = None) -> None:
+        """Free a handed-off request's blocks (its transfer completed); ``now_ms`` (when
+        given) is when, for the timeline."""
         self.ranks[req.rank].release_source(req)
+        if self.timeline is not None and now_ms is not None:
+            self._sample(now_ms)
 
     def _publish(self) -> list:
         """Move the ranks' recorded KV events to the published list (called at pass ends)."""
@@ -188,6 +226,8 @@ class EngineWorker:
                 self.pass_start_ms = now_ms
                 self.pass_end_ms = run.end_ms
                 self.num_runs += 1
+                if self.timeline is not None:
+                    self._sample(now_ms)
                 return self.pass_end_ms
         defer = self._interval > 1 and (self.num_passes % self._interval) != 0
         plans = [r.schedule(now_ms, defer) for r in self.ranks]
@@ -195,6 +235,8 @@ class EngineWorker:
         for p in plans:
             if p is not None and p.duration_ms > duration:
                 duration = p.duration_ms
+        if self.timeline is not None:
+            self._sample(now_ms)  # also when nothing runs: rejections and preemptions changed the queues
         if duration < 0.0:
             return None
         self._plans = plans
@@ -225,7 +267,65 @@ class EngineWorker:
             self.num_passes += 1
         self.busy_ms += now_ms - self.pass_start_ms
         self.busy = False
+        if self.timeline is not None:
+            self._sample(now_ms)
         return completed
+
+    # -- timeline ---------------------------------------------------------------------
+    def _sample(self, now_ms: float) -> None:
+        """Append the current (waiting, running, KV blocks used), coalesced: a sample equal to
+        the previous state is skipped; one at the previous sample's time replaces it (the last
+        state at an instant wins) and is dropped when that restores the state before it."""
+        waiting = running = used = 0
+        for r in self.ranks:
+            waiting += len(r.waiting)
+            running += len(r.running)
+            used += r.kv.num_active
+        times, ws, rs, ks = self.timeline
+        n = len(times)
+        if n and times[n - 1] == now_ms:
+            n -= 1
+            if n:
+                same = ws[n - 1] == waiting and rs[n - 1] == running and ks[n - 1] == used
+            else:
+                same = waiting == 0 and running == 0 and used == 0  # the idle state before any sample
+            if same:
+                del times[n], ws[n], rs[n], ks[n]
+            else:
+                ws[n] = waiting
+                rs[n] = running
+                ks[n] = used
+            return
+        if n:
+            if ws[n - 1] == waiting and rs[n - 1] == running and ks[n - 1] == used:
+                return
+        elif waiting == 0 and running == 0 and used == 0:
+            return
+        times.append(now_ms)
+        ws.append(waiting)
+        rs.append(running)
+        ks.append(used)
+
+    def export_timeline(self, role: str | None = None, end_ms: float | None = None,
+                        as_bytes: bool = True) -> dict | None:
+        """The timeline as plain data (``simulator.metrics.timeline.WorkerTimeline.from_plain``),
+        None when not recorded. Columns are native-endian bytes of the arrays ('d' and 'q',
+        msgpack-safe), or the arrays themselves (not copies) with ``as_bytes=False``."""
+        tl = self.timeline
+        if tl is None:
+            return None
+        conv = (lambda a: a.tobytes()) if as_bytes else (lambda a: a)
+        return {
+            "worker_id": self.worker_id,
+            "role": role,
+            "times_ms": conv(tl.times_ms),
+            "waiting": conv(tl.waiting),
+            "running": conv(tl.running),
+            "kv_blocks_used": conv(tl.kv_blocks_used),
+            "kv_blocks_total": self.kv_blocks_total,
+            "start_ms": 0.0,
+            "end_ms": end_ms,
+        }
 
     def sync(self, now_ms: float) -> None:
         """Apply a planned run's passes that started before / ended by ``now_ms``."""

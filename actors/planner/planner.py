@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot, TrafficWindow  # noqa: F401
+from actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot
 from actors.planner.perf_model import PerfModel
 from actors.planner.predictors import Predictor, PredictorSpec
 

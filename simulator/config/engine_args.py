@@ -60,7 +60,7 @@ class EngineArgs(Strict):
     # disaggregated KV transfer (read from the prefill role's arguments)
     kv_transfer_bandwidth: Annotated[float, Field(gt=0)] | None = None  # GB/s
     kv_transfer_bytes_per_token: PosInt | None = None  # None: the prefill role's KV bytes per token
-    kv_transfer_timing_mode: Literal["destination_missing", "full_prompt"] = "full_prompt"
+    kv_transfer_timing_mode: Literal["destination_missing", "full_prompt"] = "destination_missing"  # as in the YAML
 
     @model_validator(mode="after")
     def _block(self):

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from simulator.config.models import PredictConfig
-from simulator.config.paths import deep_copy, get_path, set_path, with_paths  # noqa: F401 - re-exported
+from simulator.config.paths import deep_copy, set_path
 from simulator.errors import InputError
 
 MAX_CONFIG_BYTES = 1 << 20

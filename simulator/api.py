@@ -1,0 +1,260 @@
+"""Public Python API: replay a trace (or synthetic traffic) and get a ``ReplayReport``.
+
+    from simulator.api import run_trace_replay
+    report = run_trace_replay("trace.jsonl", extra_engine_args={"num_gpu_blocks": 29249}, num_workers=2)
+    report.summary["mean_ttft_ms"]; report.to_dict()  # == prediction.json
+
+``run_config`` runs a validated ``predict`` config (what ``aisim predict`` runs). The trace and
+synthetic functions build the same plan a config builds: their traffic arguments become a
+``traffic`` section (``simulator.traffic.build``), their router and execution arguments the
+``router`` and ``execution`` sections; ``extra_engine_args`` (the reference's engine-argument
+names, with its defaults: polynomial timing, 16,384 blocks) are the pools' engine arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from simulator.catalog.kv_capacity import kv_bytes_per_token
+from simulator.catalog.models import load_geometry
+from simulator.config import models as m
+from simulator.config.engine_args import EngineArgs
+from simulator.config.loading import format_validation_error
+from simulator.config.planner_config import parse_planner_config
+from simulator.coordinator import KvTransferModel
+from simulator.errors import InputError, NotSupportedError
+from simulator.plan import ExecutionPlan, PoolPlan, ReplayPlan, execution_plan, plan_from_config, router_spec
+from simulator.run import ReplayReport, run_plan
+from simulator.traffic.build import TrafficPlan, build_traffic
+from simulator.traffic.traces import resolve_trace_paths
+
+__all__ = ["run_config", "run_trace_replay", "run_synthetic_trace_replay"]
+
+
+def run_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
+               fast_forward: bool = True, resource_guard=None) -> ReplayReport:
+    return run_plan(plan_from_config(cfg, config_dir, capture_per_request, fast_forward), resource_guard)
+
+
+# -- programmatic entry points ----------------------------------------------------------
+def _engine_args(raw: dict | EngineArgs | None, name: str = "extra_engine_args") -> EngineArgs:
+    if isinstance(raw, EngineArgs):
+        return raw
+    try:
+        return EngineArgs.model_validate(raw or {})
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"{name}.{err.where}", err.message, category=err.category) from None
+
+
+def _sla(ttft, itl, e2e) -> m.Sla | None:
+    if ttft is None and itl is None and e2e is None:
+        return None
+    try:
+        return m.Sla(ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"sla_{err.where}", err.message, category=err.category) from None
+
+
+def _router_spec(router_mode: str, router_config: dict | None):
+    cfg = dict(router_config or {})
+    if "router_temperature" in cfg:
+        cfg["temperature"] = cfg.pop("router_temperature")
+    unknown = set(cfg) - {"overlap_score_credit", "prefill_load_scale", "temperature"}
+    if unknown:
+        raise InputError(f"router_config.{sorted(unknown)[0]}", "unknown router knob; use overlap_score_credit, "
+                                                               "prefill_load_scale or temperature")
+    try:
+        r = m.Router(policy=router_mode, **cfg)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"router_config.{err.where}" if err.where != "policy" else "router_mode", err.message,
+                         category=err.category) from None
+    return router_spec(r)
+
+
+def _execution(backend: str, router_sync_ms: float, ray_address: str | None, engine_actors: int | None):
+    try:
+        x = m.Execution(backend=backend, router_sync_ms=router_sync_ms, ray_address=ray_address,
+                        engine_actors="auto" if engine_actors is None else engine_actors)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(err.where or "backend", err.message, category=err.category) from None
+    return execution_plan(x)
+
+
+def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_workers: int, num_prefill: int,
+             num_decode: int, router_mode: str, router_config, planner_config, sla: tuple, capture_per_request: bool,
+             fast_forward: bool, seed: int, capture_planner_details: bool, execution: ExecutionPlan) -> ReplayReport:
+    planner = parse_planner_config(planner_config) if planner_config is not None else None
+    if planner is not None and planner.retune is not None:
+        raise NotSupportedError("planner_config.retune", "retune is not supported yet; remove it")
+    router = _router_spec(router_mode, router_config)
+    transfer = None
+    if prefill_args is not None or decode_args is not None:
+        if prefill_args is None or decode_args is None or extra_args is not None:
+            raise InputError("prefill_engine_args", "disaggregated replay needs prefill_engine_args and "
+                                                    "decode_engine_args (and no extra_engine_args)")
+        pa = _engine_args({"worker_type": "prefill", "max_num_seqs": 1, **prefill_args}, "prefill_engine_args")
+        da = _engine_args({"worker_type": "decode", **decode_args}, "decode_engine_args")
+        for name, n in (("num_prefill_workers", num_prefill), ("num_decode_workers", num_decode)):
+            if n < 1:
+                raise InputError(name, f"must be >= 1, got {n}")
+        pools = [PoolPlan("prefill", num_prefill, pa), PoolPlan("decode", num_decode, da)]
+        bpt = pa.kv_transfer_bytes_per_token or pa.kv_cache_bytes_per_token
+        if bpt is None and pa.model:
+            bpt = kv_bytes_per_token(load_geometry(pa.model), pa.tensor_parallel_size, pa.pipeline_parallel_size)
+        transfer = KvTransferModel(pa.kv_transfer_bandwidth, bpt, pa.kv_transfer_timing_mode)
+    else:
+        if num_workers < 1:
+            raise InputError("num_workers", f"must be >= 1, got {num_workers}")
+        args = _engine_args(extra_args)
+        pools = [PoolPlan(args.worker_type, num_workers, args)]
+    html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
+    return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed,
+                               planner, capture_planner_details, html, "planner_config", execution))
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
+def _traffic(source: dict, load: dict, stop: dict, names: dict[str, str]) -> TrafficPlan:
+    """The API's traffic arguments as a ``traffic`` section, built as a config's is; an invalid
+    value is reported under the API argument's name (``names``: section path -> argument)."""
+    try:
+        section = m.Traffic.model_validate({"source": source, "load": load,
+                                            "stop": {k: v for k, v in stop.items() if v is not None}})
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        where = err.where
+        for path in sorted(names, key=len, reverse=True):
+            if where == path or where.startswith(path + "."):
+                where = names[path]
+                break
+        else:
+            if where.startswith("stop.max_virtual_time_seconds"):
+                where = "max_sim_time_ms"
+        raise InputError(where, err.message, category=err.category) from None
+    return build_traffic(section, None)
+
+
+def run_trace_replay(
+    trace_files,
+    *,
+    extra_engine_args: dict | EngineArgs | None = None,
+    prefill_engine_args: dict | None = None,
+    decode_engine_args: dict | None = None,
+    num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
+    router_mode: str = "round_robin",
+    router_config: dict | None = None,
+    replay_concurrency: int | None = None,
+    arrival_speedup_ratio: float = 1.0,
+    trace_format: str = "mooncake",
+    trace_block_size: int = 512,
+    max_sim_time_ms: float | None = None,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+    planner_config=None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    fast_forward: bool = True,
+    seed: int = 42,
+    backend: str = "local",
+    router_sync_ms: float = 0.0,
+    ray_address: str | None = None,
+    engine_actors: int | None = None,
+) -> ReplayReport:
+    """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers, or through
+    ``num_prefill_workers`` + ``num_decode_workers`` given ``prefill_engine_args`` and
+    ``decode_engine_args`` (KV transfer: ``kv_transfer_bandwidth`` GB/s, ``kv_transfer_bytes_per_token``,
+    ``kv_transfer_timing_mode`` in the prefill arguments). ``router_mode``: round_robin, random or
+    kv_router with ``router_config`` {overlap_score_credit, prefill_load_scale, temperature}.
+
+    ``replay_concurrency=None`` paces arrivals by the trace timestamps (divided by
+    ``arrival_speedup_ratio``); an int runs a closed loop with that many requests in flight.
+
+    ``backend="ray"`` hosts the workers, router and Planner as Ray actors (``ray_address``:
+    join a running cluster; ``engine_actors``: how many actors hold the workers);
+    ``router_sync_ms`` lets the router see worker state up to that old (0: exact lockstep).
+    """
+    paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
+    resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
+    if trace_format not in ("mooncake", "dynamo"):
+        raise NotSupportedError("trace_format", f"trace format {trace_format!r} is not supported yet; use mooncake or dynamo")
+    if replay_concurrency is not None:
+        load: dict = {"type": "concurrency", "concurrency": replay_concurrency}
+    else:
+        load = {"type": "trace_timestamps", "speedup": arrival_speedup_ratio}
+    traffic = _traffic({"type": "trace", "paths": [str(p) for p in resolved], "format": trace_format,
+                        "block_size": trace_block_size}, load, {"max_virtual_time_seconds": _seconds(max_sim_time_ms)},
+                       {"source.block_size": "trace_block_size", "load.concurrency": "replay_concurrency",
+                        "load.speedup": "arrival_speedup_ratio"})
+    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
+                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
+                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))
+
+
+def run_synthetic_trace_replay(
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    *,
+    extra_engine_args: dict | EngineArgs | None = None,
+    prefill_engine_args: dict | None = None,
+    decode_engine_args: dict | None = None,
+    num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
+    router_mode: str = "round_robin",
+    router_config: dict | None = None,
+    replay_concurrency: int | None = None,
+    request_rate: float | None = None,
+    arrival_interval_ms: float | None = None,
+    arrival_seed: int = 42,
+    cached_prefix_tokens: int = 0,
+    max_sim_time_ms: float | None = None,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+    planner_config=None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    fast_forward: bool = True,
+    seed: int = 42,
+    backend: str = "local",
+    router_sync_ms: float = 0.0,
+    ray_address: str | None = None,
+    engine_actors: int | None = None,
+) -> ReplayReport:
+    """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
+    ``request_rate`` (Poisson, first at t = 0, seeded by ``arrival_seed``) or ``arrival_interval_ms``."""
+    given = [x is not None for x in (replay_concurrency, request_rate, arrival_interval_ms)]
+    if sum(given) != 1:
+        raise InputError("replay_concurrency", "give exactly one of replay_concurrency, request_rate or arrival_interval_ms")
+    if replay_concurrency is not None:
+        load: dict = {"type": "concurrency", "concurrency": replay_concurrency}
+    elif request_rate is not None:
+        load = {"type": "poisson", "requests_per_second": request_rate, "seed": arrival_seed}
+    else:
+        if arrival_interval_ms <= 0:
+            raise InputError("arrival_interval_ms", f"must be > 0, got {arrival_interval_ms}")
+        load = {"type": "constant_rate", "requests_per_second": 1000.0 / arrival_interval_ms}
+    traffic = _traffic({"type": "synthetic", "input_tokens": input_tokens, "output_tokens": output_tokens,
+                        "cached_prefix_tokens": cached_prefix_tokens}, load,
+                       {"requests": request_count, "max_virtual_time_seconds": _seconds(max_sim_time_ms)},
+                       {"source.input_tokens": "input_tokens", "source.output_tokens": "output_tokens",
+                        "source.cached_prefix_tokens": "cached_prefix_tokens", "source": "cached_prefix_tokens",
+                        "stop.requests": "request_count", "load.concurrency": "replay_concurrency",
+                        "load.requests_per_second": "request_rate", "load.seed": "arrival_seed"})
+    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
+                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
+                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
+                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))

@@ -1,0 +1,154 @@
+"""A replay plan is a value: the validated workload and arrivals, the pools' engine arguments,
+the router, the Planner's configuration and where the actors live. ``plan_from_config`` is
+the one translation from a ``predict`` config; the Python API (``simulator.api``) builds its
+config sections and comes through here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator.builders import RouterSpec
+from simulator.catalog.hardware import get_hardware
+from simulator.catalog.kv_capacity import DEFAULT_MEMORY_FRACTION, default_capacity, kv_bytes_per_token
+from simulator.catalog.models import load_geometry
+from simulator.config import models as m
+from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
+from simulator.config.planner_config import PlannerConfig, from_replay_section
+from simulator.config.support import check_supported
+from simulator.coordinator import KvTransferModel
+from simulator.errors import InputError
+from simulator.traffic.build import TrafficPlan, build_traffic
+
+__all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan"]
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    role: str  # aggregated | prefill | decode
+    replicas: int
+    args: EngineArgs
+    kv_sizing: dict | None = None  # how num_gpu_blocks was resolved (reported in provenance)
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Where the actors live and how the clock synchronises them."""
+
+    backend: str = "local"  # local | ray
+    router_sync_ms: float = 0.0  # 0: exact lockstep; W > 0: the router sees worker state up to W old
+    engine_actors: int | None = None  # engine hosts (Ray actors); None: one per CPU, at most one per worker
+    ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join that cluster
+    wire: bool = False  # in process: round-trip every message through msgpack (verification)
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What to replay and how: a value. Running it builds fresh actors and arrival state, so
+    one plan runs any number of times (in this process, a worker process or a Ray task) with
+    identical reports."""
+
+    traffic: TrafficPlan
+    pools: list[PoolPlan]  # [aggregated] or [prefill, decode]
+    router: RouterSpec = RouterSpec()
+    sla: m.Sla | None = None
+    capture_per_request: bool = False
+    fast_forward: bool = True  # False steps every pass (same results, slower; for verification)
+    transfer: KvTransferModel | None = None  # disaggregated only
+    seed: int = 42  # root of the actors' random streams
+    planner: PlannerConfig | None = None
+    capture_planner_details: bool = True
+    write_html_report: bool = False  # the Python API's diagnostics page (never from aisim predict)
+    planner_field: str = "planner"  # how errors name the Planner's configuration
+    execution: ExecutionPlan = ExecutionPlan()
+
+
+def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
+                     fast_forward: bool = True) -> ReplayPlan:
+    check_supported(cfg)
+    e = cfg.engine
+    geometry = load_geometry(e.model)
+    context = geometry.max_position_embeddings if e.context_length == "max" else int(e.context_length)
+    pools = []
+    sizings: dict[str, dict] = {}
+    for role, wk in e.workers.items():
+        base = f"engine.workers.{role}"
+        par = wk.parallelism
+        bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
+        if e.backend in ("vllm", "trtllm") and bs < 2:
+            raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+        hardware = get_hardware(wk.hardware or e.hardware, f"{base}.hardware" if wk.hardware else "engine.hardware")
+        auto_bpt = kv_bytes_per_token(geometry, par.tensor, par.pipeline)
+        bpt = auto_bpt if wk.kv_cache.bytes_per_token == "auto" else wk.kv_cache.bytes_per_token
+        cap = wk.kv_cache.capacity
+        if cap.type == "default":
+            fraction = cap.memory_fraction if cap.memory_fraction is not None else DEFAULT_MEMORY_FRACTION[e.backend]
+            sizing = default_capacity(
+                geometry, hardware, block_size=bs, max_batched_tokens=wk.scheduler.max_batched_tokens,
+                memory_fraction=fraction, tensor=par.tensor, pipeline=par.pipeline, attention_data=par.attention_data,
+                moe_tensor=par.moe_tensor, moe_expert=par.moe_expert,
+                cuda_graph_reserved_bytes=cap.cuda_graph_reserved_bytes, bytes_per_token=bpt)
+            blocks = sizing.blocks
+            if blocks <= 0:
+                raise InputError(f"{base}.kv_cache.capacity", f"{e.model} leaves no KV memory on {hardware.name} "
+                                 f"(weights {sizing.weights_bytes / 1e9:.1f} GB per GPU); raise parallelism.tensor, "
+                                 "memory_fraction, or pick a larger GPU", category="kv_capacity")
+            sizings[role] = {"type": "default", "memory_fraction": fraction, **sizing.as_dict()}
+        else:
+            blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
+            if blocks <= 0:
+                raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token",
+                                 category="kv_capacity")
+            sizings[role] = {"type": "fixed", "blocks_per_rank": blocks, "bytes_per_token": bpt}
+        t = wk.timing
+        timing = TimingModelArgs(**t.model_dump(exclude={"forward_model"}))
+        args = EngineArgs(
+            worker_type=role,
+            engine_type=e.backend,
+            backend_version=e.backend_version,
+            model=e.model,
+            hardware=hardware.name,
+            max_num_batched_tokens=wk.scheduler.max_batched_tokens,
+            max_num_seqs=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
+            block_size=bs,
+            enable_prefix_caching=wk.kv_cache.prefix_caching,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            startup_time=wk.startup_seconds,
+            max_model_len=context,
+            num_gpu_blocks=blocks,
+            tensor_parallel_size=par.tensor,
+            pipeline_parallel_size=par.pipeline,
+            prefill_context_parallel_size=par.prefill_context,
+            dp_size=par.attention_data,
+            moe_tensor_parallel_size=par.moe_tensor,
+            moe_expert_parallel_size=par.moe_expert,
+            timing_model=timing,
+            kv_cache_bytes_per_token=bpt,
+            prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
+        )
+        pools.append(PoolPlan(role, par.replicas, args, sizings[role]))
+    pools.sort(key=lambda p: ("prefill", "aggregated", "decode").index(p.role))
+    transfer = None
+    if e.mode == "disaggregated":
+        kt = e.kv_transfer or m.KvTransfer()
+        bpt = pools[0].args.kv_cache_bytes_per_token if kt.bytes_per_token == "auto" else kt.bytes_per_token
+        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+    traffic = build_traffic(cfg.traffic, config_dir)
+    planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
+    return ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
+                      transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution))
+
+
+def router_spec(r: m.Router) -> RouterSpec:
+    """The router section as the plan carries it (the KV router's defaults filled in)."""
+    return RouterSpec(r.policy, 1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
+                      1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
+                      0.0 if r.temperature is None else r.temperature)
+
+
+def execution_plan(x: m.Execution) -> ExecutionPlan:
+    return ExecutionPlan(x.backend, float(x.router_sync_ms), None if x.engine_actors == "auto" else x.engine_actors,
+                         x.ray_address)
+
+
