@@ -40,6 +40,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
     pr.add_argument("--capture-per-request", action="store_true",
                     help="fill prediction.json per_request and write requests.jsonl (needs --output-dir)")
+    pr.add_argument("--capture-worker-timeline", action="store_true",
+                    help="write worker_timeline.csv: each worker's waiting/running requests and KV usage over "
+                         "time (needs --output-dir)")
     pr.add_argument("--backend", choices=("local", "ray"), default=None,
                     help="where the simulated workers, router and Planner live (overrides execution.backend)")
     pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
@@ -73,13 +76,17 @@ def _predict(args, t0: float) -> int:
         write_resource_runtime,
     )
     from simulator.metrics.table import render_table
+    from simulator.metrics.timeline import write_csv as write_timeline_csv
     from simulator.replay import plan_from_config, run_plan
     from simulator.runtime.resources import ResourceGuard, apply_cpu_limit, memory_limit_bytes, peak_rss_bytes
 
     if args.capture_per_request and args.output_dir is None:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
+    if args.capture_worker_timeline and args.output_dir is None:
+        raise InputError("--capture-worker-timeline", "needs --output-dir to write worker_timeline.csv")
     cfg, config_dir = load_config(args.config, args.overrides + _execution_overrides(args), default_path=QUICKSTART)
-    plan = plan_from_config(cfg, config_dir, args.capture_per_request)  # every input checked before any output
+    plan = plan_from_config(cfg, config_dir, args.capture_per_request,
+                            capture_worker_timeline=args.capture_worker_timeline)  # every input checked before any output
     out_dir = prepare_output_dir(args.output_dir, args.overwrite) if args.output_dir is not None else None
     res = cfg.execution.resources
     apply_cpu_limit(res)
@@ -100,6 +107,8 @@ def _predict(args, t0: float) -> int:
         atomic_write_text(out_dir / "prediction.json", canonical_json(report.to_dict()) + "\n")
         if report.per_request is not None:
             atomic_write_lines(out_dir / "requests.jsonl", report.per_request)
+        if report.timelines is not None:
+            write_timeline_csv(out_dir / "worker_timeline.csv", report.timelines)
         write_resource_runtime(out_dir, "completed", None, 0, guard.limit_bytes,
                                max(guard.peak_observed, peak_rss_bytes()), time.perf_counter() - t0)
     if args.format == "json":

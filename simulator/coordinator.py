@@ -71,6 +71,7 @@ from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindo
 from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_RELEASE
 from simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
+from simulator.metrics.timeline import WorkerTimeline
 from simulator.traffic.workload import BlockHashStore, Workload
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
@@ -719,6 +720,11 @@ class Coordinator:
         totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
         self.worker_totals = [t[1:6] for t in totals]
         self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else _gap_sink(t[6]) for t in totals]
+        recorded = sorted((d for out in outs for d in out["timelines"] if d is not None), key=itemgetter("worker_id"))
+        provisioned = self.lifecycle.provisioned  # a worker's timeline covers the time it was provisioned
+        self.timelines = [WorkerTimeline.from_plain(d, start_ms=provisioned[d["worker_id"]][0],
+                                                    end_ms=min(end_ms, provisioned[d["worker_id"]][1] or end_ms))
+                          for d in recorded]
 
 
 def make_request(workload: Workload, hash_store, index: int, now_ms: float) -> Request:

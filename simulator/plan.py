@@ -62,10 +62,11 @@ class ReplayPlan:
     write_html_report: bool = False  # the Python API's diagnostics page (never from aisim predict)
     planner_field: str = "planner"  # how errors name the Planner's configuration
     execution: ExecutionPlan = ExecutionPlan()
+    capture_worker_timeline: bool = False  # per-worker queue depth and KV usage over time (ReplayReport.timelines)
 
 
 def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
-                     fast_forward: bool = True) -> ReplayPlan:
+                     fast_forward: bool = True, capture_worker_timeline: bool = False) -> ReplayPlan:
     check_supported(cfg)
     e = cfg.engine
     geometry = load_geometry(e.model)
@@ -137,7 +138,8 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
     traffic = build_traffic(cfg.traffic, config_dir)
     planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
     return ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
-                      transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution))
+                      transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution),
+                      capture_worker_timeline=capture_worker_timeline)
 
 
 def router_spec(r: m.Router) -> RouterSpec:

@@ -14,6 +14,7 @@ from simulator.catalog.models import resolve_model
 from simulator.coordinator import Coordinator, Pool
 from simulator.metrics.collector import RequestLog
 from simulator.metrics.planner_html import write_planner_html
+from simulator.metrics.timeline import WorkerTimeline
 from simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
 from simulator.plan import ExecutionPlan, ReplayPlan
 from simulator.planning import build_planner, capabilities, planner_report
@@ -32,32 +33,42 @@ class ReplayReport:
     coverage: dict
     planner: dict | None = None
     diagnostics: dict = field(default_factory=dict)  # simulator internals, not part of prediction.json
+    timelines: list[WorkerTimeline] | None = None  # with capture_worker_timeline: one per worker (worker_timeline.csv)
 
     def to_dict(self) -> dict:
         return {"summary": self.summary, "per_request": self.per_request, "coverage": self.coverage, "planner": self.planner}
 
 
-def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
-    t_wall = time.perf_counter()
-    w = plan.traffic.workload
-    store = BlockHashStore(w)
-    provenance: dict[str, Any] = {}
-    accounting = []
+@dataclass
+class _Actors:
+    """What one run builds from a plan (fresh every run)."""
+
+    pools: list[Pool]  # [entry] or [entry, decode]
+    entry_router: Any
+    decode_router: Any
+    timings: dict
+    provenance: dict[str, dict]
+    planner: Any = None
+
+
+def _build_actors(plan: ReplayPlan) -> _Actors:
     entry_plan = plan.pools[0]
     decode_plan = plan.pools[1] if len(plan.pools) > 1 else None
     entry_router = build_router(plan.router, entry_plan.args.block_size, plan.seed, entry_plan.role)
     decode_router = build_decode_router(decode_plan.args.block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
     timings = {}
+    provenance: dict[str, dict] = {}
     num_workers = 0
     for pool in plan.pools:
-        timing = build_timing(pool.args, f"engine.workers.{pool.role}.timing")
+        a = pool.args
+        timing = build_timing(a, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
-        make = partial(build_workers, pool.args, 1, timing=timing, fast_forward=plan.fast_forward,
+        make = partial(build_workers, a, 1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
-                       pool_label="decode" if pool.role == "decode" else None)
-        a = pool.args
+                       pool_label="decode" if pool.role == "decode" else None,
+                       record_timeline=plan.capture_worker_timeline)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, a.block_size,
                           caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
                           startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))
@@ -78,63 +89,85 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
             "hardware": a.hardware,
             "kv_sizing": pool.kv_sizing,
         }
-    planner = None
+    actors = _Actors(pools, entry_router, decode_router, timings, provenance)
     if plan.planner is not None:
-        planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details, plan.planner_field)
-    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
-    decode_pool = pools[1] if decode_plan else None
-    planner_wall = [0.0, 0.0]
+        actors.planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details,
+                                       plan.planner_field)
+    return actors
 
-    def hook(entering: bool) -> None:  # wall time spent in Planner ticks (outside the model)
+
+class _PlannerClock:
+    """Wall time spent in Planner ticks (outside the model; a diagnostic)."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._since = 0.0
+
+    def __call__(self, entering: bool) -> None:
         if entering:
-            planner_wall[1] = time.perf_counter()
+            self._since = time.perf_counter()
         else:
-            planner_wall[0] += time.perf_counter() - planner_wall[1]
+            self.total_s += time.perf_counter() - self._since
 
+
+def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
+    """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime."""
+    t_wall = time.perf_counter()
+    w = plan.traffic.workload
+    store = BlockHashStore(w)
+    actors = _build_actors(plan)
+    pools = actors.pools
+    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
+    planner_clock = _PlannerClock()
     ex = plan.execution
-    runtime = make_runtime(ex, pools, w, store, entry_router, decode_router, planner)
+    runtime = make_runtime(ex, pools, w, store, actors.entry_router, actors.decode_router, actors.planner)
     try:
-        coord = Coordinator(w, store, plan.traffic.arrivals.start(), runtime, pools[0], log, decode=decode_pool,
-                            transfer=plan.transfer, stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
-                            has_planner=planner is not None, window_ms=ex.router_sync_ms)
-        coord.planner_hook = hook
-        stats = coord.run()
-        if planner is not None:
-            planner = runtime.planner()
+        coord = Coordinator(w, store, plan.traffic.arrivals.start(), runtime, pools[0], log,
+                            decode=pools[1] if len(pools) > 1 else None, transfer=plan.transfer,
+                            stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
+                            has_planner=actors.planner is not None, window_ms=ex.router_sync_ms)
+        coord.planner_hook = planner_clock
+        coord.run()
+        planner = runtime.planner()  # the Planner as it ended (it may have lived in an actor)
     finally:
         runtime.close()
-    totals = coord.worker_totals
-    gap_sinks = coord.gap_sinks
     runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_edges": coord.num_edges,
                     **runtime.counters.as_dict()}
+    return _report(plan, actors, coord, log, planner, runtime_info, planner_clock.total_s, t_wall)
 
+
+def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestLog, planner, runtime_info: dict,
+            planner_wall_s: float, t_wall: float) -> ReplayReport:
+    totals = coord.worker_totals
+    stats = coord.stats
     provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
-    for pool in plan.pools:
-        role = "prefill" if pool.role == "prefill" else "decode"
-        accounting.append(PoolAccounting(role, pool.args.gpus_per_worker, replicas=pool.replicas,
-                                         worker_seconds=provisioned.get(pool.role) if planner is not None else None))
+    accounting = [PoolAccounting("prefill" if pool.role == "prefill" else "decode", pool.args.gpus_per_worker,
+                                 replicas=pool.replicas,
+                                 worker_seconds=provisioned.get(pool.role) if planner is not None else None)
+                  for pool in plan.pools]
     counters = RunCounters(
         committed_prefill_tokens=sum(t[0] for t in totals),
         generated_tokens=sum(t[1] for t in totals),
         num_preemptions=sum(t[2] for t in totals),
         num_passes=sum(t[3] for t in totals),
         num_offered=coord.num_offered,
-        provenance=provenance,
+        provenance=actors.provenance,
     )
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
-    summary = summarize(log, gap_sinks, accounting, counters, plan.sla, wall_ms,
+    summary = summarize(log, coord.gap_sinks, accounting, counters, plan.sla, wall_ms,
                         planner_total_ticks=planner.total_ticks if planner is not None else None)
+    disaggregated = len(plan.pools) > 1
     summary["deployment"] = {
-        "mode": "disaggregated" if decode_plan else "aggregated",
-        "router": entry_router.describe(),
-        "decode_router": decode_router.describe() if decode_router else None,
+        "mode": "disaggregated" if disaggregated else "aggregated",
+        "router": actors.entry_router.describe(),
+        "decode_router": actors.decode_router.describe() if actors.decode_router else None,
         "workers": {p.role: p.replicas for p in plan.pools},  # at the start
         "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
         "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
                          "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
-                        if decode_plan and plan.transfer else None),
+                        if disaggregated and plan.transfer else None),
         "seed": plan.seed,
-        "router_sync_ms": float(ex.router_sync_ms),
+        "router_sync_ms": float(plan.execution.router_sync_ms),
     }
     per_request = None
     if log.records is not None:
@@ -155,11 +188,12 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
         "num_fast_forward_runs": sum(t[4] for t in totals),
         "num_workers": len(totals),
         "num_transfers": stats.num_transfers,
-        "planner_wall_s": planner_wall[0] if planner is not None else None,
+        "planner_wall_s": planner_wall_s if planner is not None else None,
         "traffic": plan.traffic.description,
         "runtime": runtime_info,
     }
-    return ReplayReport(summary, per_request, coverage, planner_obj, diagnostics)
+    timelines = coord.timelines if plan.capture_worker_timeline else None
+    return ReplayReport(summary, per_request, coverage, planner_obj, diagnostics, timelines)
 
 
 def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_router, decode_router, planner):

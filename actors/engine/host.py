@@ -178,7 +178,7 @@ class WorkerHost:
                 self._dirty.add(wid)
         else:  # OP_RELEASE: the transfer of a handed-off request completed
             src, req = self._held.pop(payload)
-            worker.release_source(req)
+            worker.release_source(req, t)
             self._held_by[src] -= 1
             self._dirty.add(src)
             self._touched.add(src)

@@ -11,7 +11,8 @@ from pathlib import Path
 from simulator.errors import InputError
 
 #: every file aisim writes into an output directory (``--overwrite`` deletes only these)
-KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "resource-plan.json", "resource-runtime.json")
+KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "resource-plan.json",
+                 "resource-runtime.json")
 
 
 def _clean(x):

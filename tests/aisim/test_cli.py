@@ -122,3 +122,21 @@ def test_slow_initialisation_still_times_out(tmp_path, monkeypatch, capsys):
     assert cli.main(_small_predict(tmp_path, 30)) == 124
     err = capsys.readouterr().err
     assert "initialisation took" in err and "initialization_timeout_seconds" in err and len(err.strip().splitlines()) == 1
+
+
+def test_worker_timeline_csv_covers_every_worker_and_needs_an_output_dir(tmp_path):
+    out = tmp_path / "out"
+    p = aisim("predict", "--output-dir", str(out), "--capture-worker-timeline",
+              "--set", "traffic.stop={max_virtual_time_seconds: 20}")
+    assert p.returncode == 0, p.stderr
+    lines = (out / "worker_timeline.csv").read_text().splitlines()
+    assert lines[0] == "worker_id,role,start_ms,duration_s,waiting,running,kv_usage"
+    rows = [line.split(",") for line in lines[1:]]
+    assert {r[0] for r in rows} == {"0", "1"}  # the quickstart's two workers
+    for wid in ("0", "1"):
+        mine = [r for r in rows if r[0] == wid]
+        assert float(mine[0][2]) == 0.0 and all(float(r[3]) > 0 for r in mine)
+        # intervals tile the worker's time: each starts where the previous ended
+        for a, b in zip(mine, mine[1:]):
+            assert abs(float(a[2]) + float(a[3]) * 1000 - float(b[2])) < 1e-6
+    assert "worker_timeline.csv" in one_line_error(aisim("predict", "--capture-worker-timeline"))

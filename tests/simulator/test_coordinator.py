@@ -141,3 +141,25 @@ def test_kv_router_routes_a_window_against_its_view_at_the_window_start(tmp_path
 def test_router_sync_ms_is_validated():
     with pytest.raises(Exception, match="router_sync_ms"):
         run_trace_replay(str(SLICE), router_sync_ms=-1)
+
+
+@pytest.mark.parametrize("name", ["disaggregated_2p2d", "planner_aggregated"])
+def test_worker_timelines_agree_across_runtimes_and_cover_each_workers_provisioned_time(name):
+    def run(**execution):
+        cfg_file, sets = CASES[name]
+        cfg, cdir = load_config(CONFIGS / cfg_file, sets)
+        plan = plan_from_config(cfg, cdir, capture_worker_timeline=True)
+        return run_plan(dataclasses.replace(plan, execution=ExecutionPlan(**execution)))
+
+    direct, wired = run(), run(engine_actors=3, wire=True)
+    rows = [tl.to_rows() for tl in direct.timelines]
+    assert rows == [tl.to_rows() for tl in wired.timelines]
+    assert same(direct, wired) and direct.to_dict() == dataclasses.replace(direct, timelines=None).to_dict()
+    assert any(r[4] > 0 for tl in rows for r in tl)  # somebody queued
+    if name == "planner_aggregated":
+        added = [op for op in direct.planner["lifecycle_operations"] for t in op["transitions"]
+                 if t["transition"] == "worker_starting"]
+        first = added[0]
+        wid = first["transitions"][0]["worker_id"]
+        timeline = next(tl for tl in direct.timelines if tl.worker_id == wid)
+        assert timeline.intervals()[0].start_ms == first["at_ms"]  # from when it was added, not from 0

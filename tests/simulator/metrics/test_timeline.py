@@ -100,7 +100,8 @@ def test_plain_round_trip_bytes_lists_arrays():
     tl = timeline(3, SIMPLE, 4000.0, role="decode", start_ms=10.0)
     plain = msgpack.unpackb(msgpack.packb(tl.to_plain(), use_bin_type=True), raw=False)
     back = WorkerTimeline.from_plain(plain)
-    assert (back.worker_id, back.role, back.kv_blocks_total, back.start_ms, back.end_ms) == (3, "decode", 10, 10.0, 4000.0)
+    assert (back.worker_id, back.role, back.kv_blocks_total) == (3, "decode", 10)
+    assert (back.start_ms, back.end_ms) == (10.0, 4000.0)
     assert back.intervals() == tl.intervals()
     as_lists = {**plain, "times_ms": [0.0, 3000.0], "waiting": [0, 4], "running": [1, 2], "kv_blocks_used": [2, 5]}
     assert WorkerTimeline.from_plain(as_lists).intervals() == tl.intervals()
