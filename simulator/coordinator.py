@@ -97,8 +97,11 @@ class Pool:
         if not self.eligible:
             self.eligible = list(self.worker_ids)
 
+    # One pool, three names, each where its reader expects it: ``role`` is ours (aggregated |
+    # prefill | decode), ``record_pool`` the reference's per-request record name (agg | prefill |
+    # decode), ``planner_role`` the Planner's (it calls an aggregated pool "decode").
     @property
-    def label(self) -> str:
+    def record_pool(self) -> str:
         return "agg" if self.role == "aggregated" else self.role
 
     @property
@@ -334,7 +337,6 @@ class Coordinator:
             return
         self._record(self._pool_of[wid], now_ms, "drain_settlement", [self.lifecycle.remove(wid, now_ms)], None)
 
-
     # -- small helpers ------------------------------------------------------------------------
     def _host(self, wid: int) -> int:
         return wid % self.rt.num_hosts
@@ -519,7 +521,7 @@ class Coordinator:
             at = max(req.arrival_ms, now)
             self.num_offered += 1
             if self.log.capture:
-                req.routing.append(routing_entry(self.entry.label, at, info))
+                req.routing.append(routing_entry(self.entry.record_pool, at, info))
             req.dispatched_ms = at
             req.worker = wid
             req.rank = rank
@@ -550,7 +552,7 @@ class Coordinator:
         wire = self._wire
         for (t_h, src, req), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):
             if self.log.capture:
-                req.routing.append(routing_entry(pool.label, now, info))
+                req.routing.append(routing_entry(pool.record_pool, now, info))
             delay = self.transfer.delay_ms(tokens)
             req.handoff = handoff_record(src, req.rank, t_h, now, wid, tokens, delay)
             seq = self._next_transfer

@@ -173,7 +173,7 @@ def warmup_windows(spec: str, interval_s: int, field: str) -> list[tuple[int, fl
     return out
 
 
-def planner_report(planner: Planner, pc: PlannerConfig, lifecycle: list[dict], capture_details: bool) -> dict:
+def planner_report(planner: Planner, lifecycle: list[dict], capture_details: bool) -> dict:
     s = planner.settings
     metadata = {
         "planner_config_digest": planner.config_digest,

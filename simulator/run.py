@@ -179,7 +179,7 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     }
     planner_obj = None
     if planner is not None:
-        planner_obj = planner_report(planner, plan.planner, coord.lifecycle_operations, plan.capture_planner_details)
+        planner_obj = planner_report(planner, coord.lifecycle_operations, plan.capture_planner_details)
         if plan.write_html_report and plan.capture_planner_details:
             planner_obj["html_report_path"] = write_planner_html(planner_obj, summary)
     diagnostics = {
