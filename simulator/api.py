@@ -25,7 +25,7 @@ from simulator.config.loading import format_validation_error
 from simulator.config.planner_config import parse_planner_config
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError, NotSupportedError
-from simulator.plan import ExecutionPlan, PoolPlan, ReplayPlan, execution_plan, plan_from_config, router_spec
+from simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, router_spec
 from simulator.run import ReplayReport, run_plan
 from simulator.traffic.build import TrafficPlan, build_traffic
 from simulator.traffic.traces import resolve_trace_paths
@@ -86,9 +86,21 @@ def _execution(backend: str, router_sync_ms: float, ray_address: str | None, eng
     return execution_plan(x)
 
 
-def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_workers: int, num_prefill: int,
-             num_decode: int, router_mode: str, router_config, planner_config, sla: tuple, capture_per_request: bool,
-             fast_forward: bool, seed: int, capture_planner_details: bool, execution: ExecutionPlan) -> ReplayReport:
+# the keyword arguments both replay functions share (everything but their traffic)
+_DEPLOYMENT_ARGS = ("extra_engine_args", "prefill_engine_args", "decode_engine_args", "num_workers",
+                    "num_prefill_workers", "num_decode_workers", "router_mode", "router_config", "planner_config",
+                    "sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms", "capture_per_request", "capture_planner_details",
+                    "fast_forward", "seed", "backend", "router_sync_ms", "ray_address", "engine_actors")
+
+
+def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers: int,
+              num_prefill_workers: int, num_decode_workers: int, router_mode: str, router_config, planner_config,
+              sla_ttft_ms, sla_itl_ms, sla_e2e_ms, capture_per_request: bool, capture_planner_details: bool,
+              fast_forward: bool, seed: int, backend: str, router_sync_ms: float, ray_address, engine_actors) -> ReplayPlan:
+    """The plan the API's arguments describe (the same plan types a config gives)."""
+    extra_args, prefill_args, decode_args = extra_engine_args, prefill_engine_args, decode_engine_args
+    num_prefill, num_decode = num_prefill_workers, num_decode_workers
+    execution = _execution(backend, router_sync_ms, ray_address, engine_actors)
     planner = parse_planner_config(planner_config) if planner_config is not None else None
     if planner is not None and planner.retune is not None:
         raise NotSupportedError("planner_config.retune", "retune is not supported yet; remove it")
@@ -114,8 +126,8 @@ def _run_api(traffic: TrafficPlan, extra_args, prefill_args, decode_args, num_wo
         args = _engine_args(extra_args)
         pools = [PoolPlan(args.worker_type, num_workers, args)]
     html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
-    return run_plan(ReplayPlan(traffic, pools, router, _sla(*sla), capture_per_request, fast_forward, transfer, seed,
-                               planner, capture_planner_details, html, "planner_config", execution))
+    return ReplayPlan(traffic, pools, router, _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request,
+                      fast_forward, transfer, seed, planner, capture_planner_details, html, "planner_config", execution)
 
 
 def _seconds(ms: float | None) -> float | None:
@@ -196,10 +208,8 @@ def run_trace_replay(
                         "block_size": trace_block_size}, load, {"max_virtual_time_seconds": _seconds(max_sim_time_ms)},
                        {"source.block_size": "trace_block_size", "load.concurrency": "replay_concurrency",
                         "load.speedup": "arrival_speedup_ratio"})
-    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
-                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
-                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
-                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))
+    given = locals()
+    return run_plan(_api_plan(traffic, **{k: given[k] for k in _DEPLOYMENT_ARGS}))
 
 
 def run_synthetic_trace_replay(
@@ -254,7 +264,5 @@ def run_synthetic_trace_replay(
                         "source.cached_prefix_tokens": "cached_prefix_tokens", "source": "cached_prefix_tokens",
                         "stop.requests": "request_count", "load.concurrency": "replay_concurrency",
                         "load.requests_per_second": "request_rate", "load.seed": "arrival_seed"})
-    return _run_api(traffic, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers,
-                    num_prefill_workers, num_decode_workers, router_mode, router_config, planner_config,
-                    (sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request, fast_forward, seed,
-                    capture_planner_details, _execution(backend, router_sync_ms, ray_address, engine_actors))
+    given = locals()
+    return run_plan(_api_plan(traffic, **{k: given[k] for k in _DEPLOYMENT_ARGS}))
