@@ -6,6 +6,8 @@ config sections and comes through here too.
 
 from __future__ import annotations
 
+import io
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +22,10 @@ from simulator.config.support import check_supported
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError
 from simulator.traffic.build import TrafficPlan, build_traffic
+from simulator.traffic.workload import Workload
 
-__all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan"]
+__all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
+           "register_workload", "dump_plan", "load_plan"]
 
 
 @dataclass(frozen=True)
@@ -154,3 +158,47 @@ def execution_plan(x: m.Execution) -> ExecutionPlan:
                          x.ray_address)
 
 
+
+
+# -- shipping plans: the workload once per process, plans by reference ----------------------
+# A search sends one workload to each worker process (or Ray worker) once, then many plans
+# that differ in their deployment. ``dump_plan(plan, by_reference=True)`` pickles the plan with
+# its workload replaced by the workload's digest; ``load_plan`` resolves the digest against the
+# workloads registered in the receiving process.
+_WORKLOADS: dict[str, Workload] = {}
+
+
+def register_workload(workload: Workload) -> str:
+    """Make ``workload`` available to plans loaded in this process; returns its digest."""
+    _WORKLOADS[workload.digest] = workload
+    return workload.digest
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, Workload):
+            return ("workload", obj.digest)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        kind, digest = pid
+        workload = _WORKLOADS.get(digest) if kind == "workload" else None
+        if workload is None:
+            raise LookupError(f"plan refers to workload {digest[:12]}..., which this process has not registered "
+                              "(call register_workload first)")
+        return workload
+
+
+def dump_plan(plan: ReplayPlan, by_reference: bool = False) -> bytes:
+    """A plan as bytes; ``by_reference`` leaves its workload out (the receiver registered it)."""
+    if not by_reference:
+        return pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(plan)
+    return buf.getvalue()
+
+
+def load_plan(data: bytes) -> ReplayPlan:
+    return _Unpickler(io.BytesIO(data)).load()

@@ -9,7 +9,9 @@ requests at a time, for each engine block size in use.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 import numpy as np
 
@@ -67,6 +69,19 @@ class Workload:
             return None
         s = int(self.session_index[i])
         return self.session_names[s] if s >= 0 else None
+
+    @cached_property
+    def digest(self) -> str:
+        """A content digest (sha256 of every column): equal digests, equal workloads."""
+        h = hashlib.sha256()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray):
+                h.update(f"{f.name}:{v.dtype.str}:{v.shape}".encode())
+                h.update(np.ascontiguousarray(v).tobytes())
+            else:
+                h.update(f"{f.name}:{v!r}".encode())
+        return h.hexdigest()
 
     def request_uuid(self, i: int) -> str:
         if self.request_ids is not None and self.request_ids[i] is not None:

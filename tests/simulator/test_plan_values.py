@@ -62,3 +62,34 @@ def test_a_run_of_a_shipped_copy_matches_the_original():
     plan = plan_of("closed_loop")
     shipped = pickle.loads(pickle.dumps(plan))
     assert report_bytes(run_plan(shipped)) == report_bytes(run_plan(plan))
+
+
+def test_plans_ship_by_reference_to_a_process_holding_the_workload(monkeypatch):
+    import dataclasses
+
+    from simulator import plan as plan_module
+    from simulator.builders import RouterSpec
+
+    plan = plan_of("trace_timestamps")
+    full = plan_module.dump_plan(plan)
+    by_ref = plan_module.dump_plan(plan, by_reference=True)
+    assert len(by_ref) * 5 < len(full)  # the workload (the trace's token pieces) stays behind
+    monkeypatch.setattr(plan_module, "_WORKLOADS", {})  # a fresh receiving process
+    with pytest.raises(LookupError, match="register_workload"):
+        plan_module.load_plan(by_ref)
+    shipped_once = pickle.loads(pickle.dumps(plan.traffic.workload))  # what the worker received, once
+    assert plan_module.register_workload(shipped_once) == plan.traffic.workload.digest
+    other = dataclasses.replace(plan, router=RouterSpec("kv_router"))
+    for original in (plan, other):
+        received = plan_module.load_plan(plan_module.dump_plan(original, by_reference=True))
+        assert received.traffic.workload is shipped_once
+        assert report_bytes(run_plan(received)) == report_bytes(run_plan(original))
+
+
+def test_the_workload_digest_follows_the_content():
+    a = plan_of("poisson").traffic.workload
+    b = plan_of("poisson").traffic.workload
+    c = plan_of("closed_loop").traffic.workload
+    assert a is not b and a.digest == b.digest
+    assert plan_of("trace_timestamps").traffic.workload.digest != a.digest
+    assert c.digest == a.digest  # same synthetic requests: only the arrivals differ
