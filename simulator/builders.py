@@ -90,7 +90,7 @@ def scheduler_config(args: EngineArgs) -> SchedulerConfig:
 
 def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: TimingModel, fast_forward: bool = True,
                   record_kv_events: bool = False, pool_label: str | None = None,
-                  record_timeline: bool = False) -> list[EngineWorker]:
+                  record_timeline: bool = False, track_queue: bool = False) -> list[EngineWorker]:
     cfg = scheduler_config(args)
     workers = []
     for i in range(replicas):
@@ -98,7 +98,8 @@ def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: Timing
         if pool_label:
             for r in ranks:
                 r.pool_label = pool_label
-        workers.append(EngineWorker(first_id + i, ranks, fast_forward=fast_forward, record_timeline=record_timeline))
+        workers.append(EngineWorker(first_id + i, ranks, fast_forward=fast_forward, record_timeline=record_timeline,
+                                    track_queue=track_queue))
     return workers
 
 

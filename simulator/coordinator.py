@@ -125,9 +125,12 @@ class KvTransferModel:
 
 class TrafficAccumulator:
     """The traffic window the Planner's throughput loop reads: arrivals (count, ISL, requested
-    OSL) and completions (TTFT, ITL, prefix-cache hit rate) since the window last closed."""
+    OSL) and completions (TTFT, ITL, prefix-cache hit rate) since the window last closed. The
+    hit rate is reported only where the router tracks KV (the live Planner reads it from the
+    KV router's events: 0 under round robin or random)."""
 
-    def __init__(self, start_ms: float = 0.0) -> None:
+    def __init__(self, start_ms: float = 0.0, reports_hit_rate: bool = True) -> None:
+        self.reports_hit_rate = reports_hit_rate
         self.reset(start_ms)
 
     def reset(self, now_ms: float) -> None:
@@ -175,7 +178,7 @@ class TrafficAccumulator:
             avg_osl=self.osl / n if n else 0.0,
             avg_ttft_ms=self.ttft / self.completed if self.completed else None,
             avg_itl_ms=self.itl / self.itl_n if self.itl_n else None,
-            avg_kv_hit_rate=self.reused / self.inputs if self.inputs else 0.0,
+            avg_kv_hit_rate=self.reused / self.inputs if self.inputs and self.reports_hit_rate else 0.0,
         )
 
 
@@ -245,7 +248,7 @@ class Coordinator:
             for wid in decode.worker_ids:
                 self._pool_of[wid] = decode
         self.lifecycle = Lifecycle(num_workers, [p.role for p in self._pool_of])
-        self._traffic = TrafficAccumulator()
+        self._traffic = TrafficAccumulator(reports_hit_rate=entry.router.needs_kv_events)
         self._ranks_of = [self._pool_of[w].num_ranks for w in range(num_workers)]
         # requests cross to the hosts as objects (one in-process host) or in their wire form
         self._direct = runtime.direct

@@ -68,7 +68,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
         make = partial(build_workers, a, 1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None,
-                       record_timeline=plan.capture_worker_timeline)
+                       record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, a.block_size,
                           caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
                           startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))

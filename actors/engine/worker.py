@@ -70,11 +70,16 @@ class TimelineColumns(NamedTuple):
         return cls(array("d"), array("q"), array("q"), array("q"))
 
 
+_IDLE_PASS = (0.0, 0, 0, 0, 0.0, 0, 0, 0.0)  # an empty forward-pass record (wall 0: no regression sample)
+_NO_QUEUE = (0, 0, 0.0, 0, 0, 0.0)
+
+
 class EngineWorker:
     """Engine worker actor (in-process form). Times are virtual milliseconds."""
 
     def __init__(self, worker_id: int, ranks: list[RankScheduler], fast_forward: bool = True,
-                 max_run_passes: int = MAX_RUN_PASSES, record_timeline: bool = False) -> None:
+                 max_run_passes: int = MAX_RUN_PASSES, record_timeline: bool = False,
+                 track_queue: bool = False) -> None:
         self.worker_id = worker_id
         self.ranks = ranks
         # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
@@ -96,6 +101,11 @@ class EngineWorker:
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
+        # forward-pass records carry the queue as of their pass's scheduling (the Planner reads
+        # them): per rank, the queue when the current pass or run started and when the last ended
+        self.track_queue = track_queue
+        self._queue_now: list[tuple] | None = None
+        self._queue_last: list[tuple] | None = None
 
     # -- queries --------------------------------------------------------------------
     @property
@@ -165,17 +175,27 @@ class EngineWorker:
         return out
 
     def forward_pass_metrics(self) -> list[tuple]:
-        """Per rank: (rank, pass ordinal, last pass metrics or None, queue stats). Call after sync()."""
+        """Per rank: (rank, pass ordinal, last pass metrics or None, queue stats). Call after sync().
+
+        The metrics are the last finished pass's (None before the first); an idle worker (nothing
+        running, nothing queued) reports an empty record, as a live engine's metrics publisher
+        does between passes. With ``track_queue`` the queue is as of that pass's scheduling,
+        else as of now."""
+        if not self.busy and not self.has_work:
+            return [(i, rank.pass_count, None if rank.last_pass is None else _IDLE_PASS, _NO_QUEUE)
+                    for i, rank in enumerate(self.ranks)]
         run = self._run
-        run_last = self._run_pass_metrics(run, run.n_done - 1) if run is not None and run.n_done else {}
+        in_run = run is not None and run.n_done
+        run_last = self._run_pass_metrics(run, run.n_done - 1) if in_run else {}
+        queues = (self._queue_now if in_run else self._queue_last) if self.track_queue else None
         out = []
         for i, rank in enumerate(self.ranks):
-            if run is not None and run.n_done:
-                last = run_last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
+            if in_run:
+                last = run_last.get(id(rank), _IDLE_PASS)
                 ordinal = rank.pass_count + run.n_done
             else:
                 last, ordinal = rank.last_pass, rank.pass_count
-            out.append((i, ordinal, last, rank.queue_stats()))
+            out.append((i, ordinal, last, queues[i] if queues is not None else rank.queue_stats()))
         return out
 
     def take_kv_events(self) -> list[tuple[int, int, list[int]]]:
@@ -226,6 +246,8 @@ class EngineWorker:
                 self.pass_start_ms = now_ms
                 self.pass_end_ms = run.end_ms
                 self.num_runs += 1
+                if self.track_queue:
+                    self._queue_now = [r.queue_stats() for r in self.ranks]
                 if self.timeline is not None:
                     self._sample(now_ms)
                 return self.pass_end_ms
@@ -239,6 +261,8 @@ class EngineWorker:
             self._sample(now_ms)  # also when nothing runs: rejections and preemptions changed the queues
         if duration < 0.0:
             return None
+        if self.track_queue:
+            self._queue_now = [r.queue_stats() for r in self.ranks]
         self._plans = plans
         self.busy = True
         self.pass_start_ms = now_ms
@@ -267,6 +291,7 @@ class EngineWorker:
             self.num_passes += 1
         self.busy_ms += now_ms - self.pass_start_ms
         self.busy = False
+        self._queue_last = self._queue_now
         if self.timeline is not None:
             self._sample(now_ms)
         return completed

@@ -1,16 +1,37 @@
-"""The Planner's performance model: forward-pass time from batch features, per role.
+"""The Planner's performance model of one engine role: forward-pass time by pass type.
 
-An online regression (non-negative least squares) of pass time on
-``[1, T, T^2, cached prefill tokens, decode batch, decode KV tokens]`` (scaled), where T is
-the prompt tokens computed in the pass. It keeps at most ``max_num_fpm_samples`` samples spread
-over sqrt(bucket_size) x sqrt(bucket_size) buckets of (work, KV) so one regime cannot crowd out
-the rest, and is ready after ``load_min_observations`` samples.
+As the live Dynamo Planner does, the model keeps four sample stores, one per pass type:
 
-It is bootstrapped from the engine's timing model (reference grid, granularity 8): prefill ISLs
-100 .. max_batched_tokens at batch 1; decode contexts {500, 2000, 4000, 8000} x batch
-1 .. max_sequences while batch x context fits the KV capacity; aggregated takes both. Unlike
-the reference (whose bootstrap comes from a different estimator than the simulated engines),
-the samples come from the same timing model the workers use, so the two agree from the start.
+- ``pure_prefill``: prompt tokens only;
+- ``pure_decode``: decodes only;
+- ``contains_locally_mixed``: prompt tokens and decodes in one rank's pass;
+- ``cross_rank_aggregated``: a pure rank pass inside a worker pass whose attention-data ranks
+  mix prefill and decode.
+
+A query is priced only by the store of its own pass type, and a store prices nothing until it
+holds ``min_observations`` samples (None: "not ready"). Each store keeps at most
+``max_samples`` samples over a sqrt(bucket_size) x sqrt(bucket_size) grid of (tokens in the
+pass / max_batched_tokens, KV read / max_kv_tokens); when full, the oldest sample of the
+fullest bucket goes. A store fits a non-negative least squares of pass time on standardised
+features with two regressors and a constant:
+
+    attention = decode KV tokens + prefill tokens x (prefix KV tokens + prefill tokens / 2) / prefill requests
+    ffn       = tokens in the pass (prefill tokens + decode requests)
+
+A feature that does not vary over the store's samples standardises to 0, so the constant
+absorbs the cost it cannot separate (the mixed store of an aggregated engine, which has seen
+only full ~8k-token chunks, prices every mixed pass near the chunk's time).
+
+The bootstrap (reference grid, granularity 8) fills only the pure stores: prefill ISLs 100 ..
+max_batched_tokens at batch 1 (``pure_prefill``) and decode contexts {500, 2000, 4000, 8000} x
+batch 1 .. max_sequences while batch x context fits the KV capacity (``pure_decode``); an
+aggregated engine takes both, so its mixed store fills only from observed mixed passes.
+
+The model also keeps the last 64 passes it saw (bootstrap passes first, then every observed
+record, idle ones included) for the running averages the estimates use: the average ISL
+(prefill tokens per prefill request, passes without prefill counting 0), the average decode
+length (KV tokens per decode request over passes with decodes) and the *typical mixed prefill*
+(the rounded-up mean prefill requests and tokens per pass, at least one request).
 """
 
 from __future__ import annotations
@@ -26,99 +47,229 @@ import numpy as np
 from actors.messages import Capabilities
 
 BENCHMARK_GRANULARITY = 8
-_SCALE = np.array([1.0, 1e-3, 1e-6, 1e-5, 1e-2, 1e-5])
+AVERAGE_WINDOW = 64  # passes behind the running averages
+
+PURE_PREFILL = "pure_prefill"
+PURE_DECODE = "pure_decode"
+MIXED = "contains_locally_mixed"
+CROSS_RANK = "cross_rank_aggregated"
+STORES = (PURE_PREFILL, PURE_DECODE, MIXED, CROSS_RANK)
 
 
-def features(prefill_tokens: float, prefill_kv: float, num_decode: float, decode_kv: float) -> np.ndarray:
-    t = float(prefill_tokens)
-    return np.array([1.0, t, t * t, float(prefill_kv), float(num_decode), float(decode_kv)]) * _SCALE
+@dataclass(frozen=True)
+class Pass:
+    """A forward pass as the model sees it (one rank)."""
+
+    num_prefill: int = 0
+    prefill_tokens: float = 0
+    prefill_kv: float = 0  # prefix KV tokens read by the prefill requests
+    num_decode: int = 0
+    decode_kv: float = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.prefill_tokens <= 0 and self.num_decode <= 0
+
+    @property
+    def pass_type(self) -> str:
+        if self.prefill_tokens > 0 and self.num_decode > 0:
+            return MIXED
+        return PURE_PREFILL if self.prefill_tokens > 0 else PURE_DECODE
+
+    def features(self) -> tuple[float, float]:
+        t = float(self.prefill_tokens)
+        attention = float(self.decode_kv) + (t * (float(self.prefill_kv) + t / 2.0) / max(1, self.num_prefill)
+                                             if t > 0 else 0.0)
+        return attention, t + float(self.num_decode)
+
+    def as_dict(self) -> dict:
+        return {"num_prefill": self.num_prefill, "prefill_tokens": self.prefill_tokens,
+                "prefill_kv": self.prefill_kv, "num_decode": self.num_decode, "decode_kv": self.decode_kv}
+
+
+class SampleStore:
+    """Samples of one pass type and their fit (see the module doc)."""
+
+    def __init__(self, caps: Capabilities, max_samples: int = 64, bucket_size: int = 16,
+                 min_observations: int = 5) -> None:
+        self.caps = caps
+        self.max_samples = max_samples
+        self.side = max(1, math.isqrt(bucket_size))
+        self.min_observations = min_observations
+        self._buckets: dict[tuple[int, int], deque] = {}
+        self._size = 0
+        self._fit: tuple[float, float, float, float, float, float] | None = None
+
+    def _bucket(self, p: Pass) -> tuple[int, int]:
+        c = self.caps
+        a = (p.prefill_tokens + p.num_decode) / max(1, c.max_batched_tokens)
+        b = (p.prefill_kv + p.decode_kv) / max(1, c.max_kv_tokens)
+        s = self.side
+        return min(s - 1, int(a * s)), min(s - 1, int(b * s))
+
+    def add(self, p: Pass, wall_ms: float) -> None:
+        if not math.isfinite(wall_ms) or wall_ms <= 0:
+            return
+        q = self._buckets.setdefault(self._bucket(p), deque())
+        q.append((p.features(), wall_ms))
+        self._size += 1
+        if self._size > self.max_samples:  # the oldest sample of the fullest bucket goes
+            fullest = max(sorted(self._buckets), key=lambda k: len(self._buckets[k]))
+            self._buckets[fullest].popleft()
+            self._size -= 1
+        self._fit = None
+
+    @property
+    def num_samples(self) -> int:
+        return self._size
+
+    def ready(self) -> bool:
+        return self._size >= self.min_observations
+
+    def _coefficients(self) -> tuple[float, float, float, float, float, float]:
+        """(constant, attention weight, ffn weight, attention mean, ffn mean, -) on standardised features."""
+        if self._fit is None:
+            from scipy.optimize import nnls
+
+            rows = [r for q in self._buckets.values() for r in q]
+            x = np.array([f for f, _ in rows], dtype=np.float64)
+            y = np.array([t for _, t in rows], dtype=np.float64)
+            mean = x.mean(axis=0)
+            std = x.std(axis=0)
+            z = np.where(std > 0, (x - mean) / np.where(std > 0, std, 1.0), 0.0)
+            a = np.column_stack([np.ones(len(y)), z])
+            coef, _ = nnls(a, y)
+            w_att = coef[1] / std[0] if std[0] > 0 else 0.0
+            w_ffn = coef[2] / std[1] if std[1] > 0 else 0.0
+            self._fit = (float(coef[0]), float(w_att), float(w_ffn), float(mean[0]), float(mean[1]), 0.0)
+        return self._fit
+
+    def price(self, p: Pass) -> float | None:
+        """Pass time in ms, or None before the store is ready."""
+        if not self.ready():
+            return None
+        c0, w_att, w_ffn, m_att, m_ffn, _ = self._coefficients()
+        att, ffn = p.features()
+        ms = c0 + w_att * (att - m_att) + w_ffn * (ffn - m_ffn)
+        return ms if ms > 0.0 else 0.0
+
+    def describe(self) -> dict:
+        out = {"ready": self.ready(), "num_samples": self._size}
+        if self.ready():
+            c0, w_att, w_ffn, m_att, m_ffn, _ = self._coefficients()
+            out.update({"constant_ms": c0, "attention_ms_per_token": w_att, "ffn_ms_per_token": w_ffn,
+                        "attention_mean": m_att, "ffn_mean": m_ffn})
+        return out
 
 
 class PerfModel:
+    """The four stores of one engine role plus the running averages (see the module doc)."""
+
     def __init__(self, role: str, caps: Capabilities, max_samples: int = 64, bucket_size: int = 16,
                  min_observations: int = 5) -> None:
         self.role = role  # prefill | decode | agg
         self.caps = caps
-        self.side = max(1, math.isqrt(bucket_size))
-        self.per_bucket = max(1, max_samples // (self.side * self.side))
-        self.min_observations = min_observations
-        self._buckets: dict[tuple[int, int], deque] = {}
-        self._coef: tuple[float, ...] | None = None  # fitted, scale folded in
+        self.stores = {name: SampleStore(caps, max_samples, bucket_size, min_observations) for name in STORES}
+        self._window: deque = deque(maxlen=AVERAGE_WINDOW)  # per pass: (isl, decode length or None, reqs, tokens)
         self.num_observed = 0
 
-    # -- samples ---------------------------------------------------------------------
-    def _bucket(self, prefill_tokens, prefill_kv, num_decode, decode_kv) -> tuple[int, int]:
-        c = self.caps
-        if self.role == "decode":
-            a, b = num_decode / max(1, c.max_sequences), decode_kv / max(1, c.max_kv_tokens)
-        else:
-            a = (prefill_tokens + num_decode) / max(1, c.max_batched_tokens)
-            b = (prefill_kv + decode_kv) / max(1, c.max_kv_tokens)
-        s = self.side
-        return min(s - 1, int(a * s)), min(s - 1, int(b * s))
+    # -- observations ----------------------------------------------------------------------
+    def observe(self, p: Pass, wall_ms: float, store: str | None = None, sample: bool = True) -> None:
+        """One pass record: into the averages, and (when it ran and ``sample``) into the store of
+        its pass type (``store`` overrides the type: cross-rank passes)."""
+        isl = p.prefill_tokens / p.num_prefill if p.num_prefill else 0.0
+        dec_len = p.decode_kv / p.num_decode if p.num_decode else None
+        self._window.append((isl, dec_len, p.num_prefill, p.prefill_tokens))
+        if sample and not p.empty:
+            self.stores[store or p.pass_type].add(p, wall_ms)
+            self.num_observed += 1
 
-    def add(self, prefill_tokens: float, prefill_kv: float, num_decode: float, decode_kv: float, wall_ms: float) -> None:
-        if not math.isfinite(wall_ms) or wall_ms <= 0:
-            return
-        key = self._bucket(prefill_tokens, prefill_kv, num_decode, decode_kv)
-        q = self._buckets.get(key)
-        if q is None:
-            q = self._buckets[key] = deque(maxlen=self.per_bucket)
-        q.append((features(prefill_tokens, prefill_kv, num_decode, decode_kv), wall_ms))
-        self.num_observed += 1
-        self._coef = None
+    def ready(self, store: str) -> bool:
+        return self.stores[store].ready()
+
+    def price(self, p: Pass) -> tuple[float | None, str]:
+        store = p.pass_type
+        return self.stores[store].price(p), store
+
+    # -- running averages ------------------------------------------------------------------
+    @property
+    def avg_isl(self) -> float:
+        w = self._window
+        return sum(x[0] for x in w) / len(w) if w else 0.0
 
     @property
-    def num_samples(self) -> int:
-        return sum(len(q) for q in self._buckets.values())
+    def avg_decode_length(self) -> float:
+        lens = [x[1] for x in self._window if x[1] is not None]
+        return sum(lens) / len(lens) if lens else 0.0
 
-    def ready(self) -> bool:
-        return self.num_samples >= self.min_observations
+    def typical_mixed_prefill(self) -> tuple[int, int]:
+        """(requests, tokens): the rounded-up mean prefill requests and tokens per pass."""
+        w = self._window
+        if not w:
+            return 1, 1
+        reqs = _up(sum(x[2] for x in w) / len(w))
+        tokens = _up(sum(x[3] for x in w) / len(w))
+        return max(1, reqs), max(1, tokens)
 
-    def _fit(self) -> tuple[float, ...]:
-        if self._coef is None:
-            from scipy.optimize import nnls
+    # -- estimates ---------------------------------------------------------------------------
+    def ttft_ms(self, queued_requests: float, queued_tokens: float, num_decode: float, decode_kv: float,
+                hit_rate: float | None = None) -> tuple[float | None, list[dict]]:
+        """TTFT of one more request of the average ISL behind the queue: the queue and the request
+        drained in chunks of max_batched_tokens, each chunk one pass holding every queued prompt
+        plus the request and the given decode load. Returns (ms or None, the priced passes)."""
+        tokens = queued_tokens + _up(self.avg_isl)
+        if hit_rate:
+            tokens *= 1.0 - min(max(hit_rate, 0.0), 0.95)
+        tokens = _up(tokens)
+        mbt = self.caps.max_batched_tokens
+        reqs = _up(queued_requests) + 1
+        nd, kv = _up(num_decode), _up(decode_kv)
+        full, rest = divmod(max(1, tokens), mbt)
+        chunks = [(mbt, full)] if full else []
+        if rest:
+            chunks.append((rest, 1))
+        total = 0.0
+        priced = []
+        for size, count in chunks:
+            ms, store = self.price(Pass(reqs, size, 0, nd, kv))
+            priced.append({"prefill_requests": reqs, "prefill_tokens": size, "num_decode": nd, "decode_kv": kv,
+                           "count": count, "store": store, "ms": ms})
+            if ms is None:
+                return None, priced
+            total += ms * count
+        return total, priced
 
-            rows = [r for q in self._buckets.values() for r in q]
-            a = np.array([x for x, _ in rows])
-            y = np.array([t for _, t in rows])
-            coef, _ = nnls(a, y)
-            self._coef = tuple((coef * _SCALE).tolist())
-        return self._coef
-
-    # -- estimates ---------------------------------------------------------------------
-    def forward_ms(self, prefill_tokens: float = 0, prefill_kv: float = 0, num_decode: float = 0,
-                   decode_kv: float = 0) -> float:
-        if prefill_tokens <= 0 and num_decode <= 0:
-            return 0.0
-        c0, c1, c2, c3, c4, c5 = self._coef or self._fit()
-        t = float(prefill_tokens)
-        ms = c0 + c1 * t + c2 * t * t + c3 * prefill_kv + c4 * num_decode + c5 * decode_kv
-        return ms if ms > 0.0 else 0.0
-
-    def chunked_ms(self, tokens: float, num_decode: float = 0, decode_kv: float = 0) -> float:
-        """Time to push ``tokens`` prompt tokens through passes of at most max_batched_tokens
-        (sharing each pass with ``num_decode`` decodes)."""
-        chunk = max(1, self.caps.max_batched_tokens - int(num_decode))
-        total, left, done = 0.0, float(tokens), 0.0
-        while left > 0:
-            t = min(chunk, left)
-            total += self.forward_ms(t, done, num_decode, decode_kv)
-            left -= t
-            done += t
-        return total
-
-    def prefill_ttft_ms(self, queued_tokens: float, avg_isl: float, hit_rate: float) -> float:
-        """Drain the queue plus one request of ``avg_isl`` tokens, less the cached share."""
-        return self.chunked_ms((queued_tokens + avg_isl) * (1.0 - hit_rate))
-
-    def decode_itl_ms(self, num_decode: float, decode_kv: float, accept_length: float = 1.0) -> float:
-        return self.forward_ms(0, 0, num_decode, decode_kv) / max(1.0, accept_length)
+    def itl_ms(self, num_decode: float, decode_kv: float, accept_length: float = 1.0) -> tuple[float | None, dict]:
+        """ITL with one more request of the average decode length: a pure decode pass for a
+        decode engine; for an aggregated engine a mixed pass that also carries the typical prefill."""
+        nd = _up(num_decode) + 1
+        kv = _up(decode_kv + self.avg_decode_length)
+        if self.role == "agg":
+            reqs, tokens = self.typical_mixed_prefill()
+            p = Pass(reqs, tokens, 0, nd, kv)
+        else:
+            p = Pass(0, 0, 0, nd, kv)
+        ms, store = self.price(p)
+        info = {**p.as_dict(), "store": store, "ms": ms}
+        return (None if ms is None else ms / max(1.0, accept_length)), info
 
     # -- capacity (max requests/s of one engine within the SLA) -------------------------
+    def _chunked(self, tokens: float, num_decode: int = 0, decode_kv: float = 0) -> float | None:
+        mbt = self.caps.max_batched_tokens
+        total, left = 0.0, float(tokens)
+        while left > 0:
+            t = min(mbt, left)
+            ms, _ = self.price(Pass(1, t, 0, num_decode, decode_kv))
+            if ms is None:
+                return None
+            total += ms
+            left -= t
+        return total
+
     def capacity_rps(self, isl: float, osl: float, hit_rate: float, ttft_ms: float, itl_ms: float,
                      accept_length: float = 1.0) -> tuple[float, bool]:
-        """(requests/s, whether any candidate batch met the SLA)."""
+        """(requests/s, whether any candidate batch met the SLA); (0, False) when the stores it
+        needs are not ready."""
         c = self.caps
         a = max(1.0, accept_length)
         isl_e = max(1, math.ceil(isl * (1.0 - min(max(hit_rate, 0.0), 0.95))))
@@ -129,14 +280,15 @@ class PerfModel:
         if self.role == "prefill":
             top = 1 if isl_e > mbt else min(c.max_sequences, mbt // isl_e)
             for b in _batches(top):
-                ttft = self.chunked_ms(b * isl_e)
-                if ttft > 0:
+                ttft = self._chunked(b * isl_e)
+                if ttft:
                     cands.append((b / (ttft / 1000.0), ttft <= ttft_ms))
         elif self.role == "decode":
             top = max(1, min(c.max_sequences, int(c.max_kv_tokens // max(1, ctx))))
             for b in _batches(top):
-                itl = self.forward_ms(0, 0, b, b * ctx) / a
-                if itl > 0:
+                ms, _ = self.price(Pass(0, 0, 0, b, b * ctx))
+                if ms:
+                    itl = ms / a
                     cands.append((b / (osl * itl / 1000.0), itl <= itl_ms))
         else:
             top = max(1, min(c.max_sequences, int(c.max_kv_tokens // max(1, ctx)), mbt - 1))
@@ -144,14 +296,26 @@ class PerfModel:
                 p = math.ceil(b * a * isl_e / osl)
                 if p > mbt - b:
                     continue
-                itl = self.forward_ms(p, 0, b, b * ctx) / a
-                ttft = self.chunked_ms(p + isl_e, b, b * ctx)
-                if itl > 0:
+                ms, _ = self.price(Pass(1, p, 0, b, b * ctx))
+                ttft = self._chunked(p + isl_e, b, b * ctx)
+                if ms and ttft is not None:
+                    itl = ms / a
                     cands.append((b / (osl * itl / 1000.0), itl <= itl_ms and ttft <= ttft_ms))
         if not cands:
             return 0.0, False
         ok = [r for r, e in cands if e]
         return (max(ok), True) if ok else (max(r for r, _ in cands), False)
+
+    def describe(self) -> dict:
+        reqs, tokens = self.typical_mixed_prefill()
+        return {"avg_isl": self.avg_isl, "avg_decode_length": self.avg_decode_length,
+                "typical_mixed_prefill": [reqs, tokens],
+                "stores": {name: [s.ready(), s.num_samples] for name, s in self.stores.items()}}
+
+
+def _up(x: float) -> int:
+    """Round up, as the reference sizes its priced passes (a hair of float noise stays put)."""
+    return math.ceil(x - 1e-9)
 
 
 def _batches(top: int) -> list[int]:
@@ -194,7 +358,8 @@ def bootstrap_samples(pass_ms, caps: Capabilities, role: str) -> BootstrapSample
 
 
 def install_bootstrap(model: PerfModel, samples: BootstrapSamples) -> None:
+    """Bootstrap passes into the pure stores and the averages window (prefill first)."""
     for isl, ms in samples.prefill:
-        model.add(isl, 0, 0, 0, ms)
+        model.observe(Pass(1, isl, 0, 0, 0), ms)
     for b, ctx, ms in samples.decode:
-        model.add(0, 0, b, b * ctx, ms)
+        model.observe(Pass(0, 0, 0, b, b * ctx), ms)

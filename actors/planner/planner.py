@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot
-from actors.planner.perf_model import PerfModel
+from actors.planner.perf_model import CROSS_RANK, MIXED, PURE_DECODE, PURE_PREFILL, Pass, PerfModel
 from actors.planner.predictors import Predictor, PredictorSpec
 
 EPS = 1e-9
@@ -87,9 +87,8 @@ class Planner:
         self._seen: dict[tuple[int, int], int] = {}
         self._last_isl = 0.0
         self._last_osl = 0.0
-        self._hit_rate = 0.0
+        self._hit_rate: float | None = None  # the traffic window's, once the throughput loop has read one
         self._accept = 1.0
-        self._avg_isl = 0.0
         self._started: dict[str, int] = {}  # starting replicas as counts for advisory
 
     # -- protocol -------------------------------------------------------------------------
@@ -114,7 +113,7 @@ class Planner:
         thr_due = s.enable_throughput_scaling and now_s - self._last_thr_s >= s.throughput_interval_s - EPS
         diagnostics: dict = {}
         current = {r: snap.roles[r].expected for r in s.roles}
-        if s.target == "sla":
+        if s.target == "sla" and (load_due or (thr_due and not s.enable_load_scaling)):
             self._feed_perf_models(snap)
         proposals: dict[str, int] = {}
         if thr_due:
@@ -152,18 +151,27 @@ class Planner:
 
     # -- observations -----------------------------------------------------------------------
     def _feed_perf_models(self, snap: Snapshot) -> None:
+        """Each engine rank's latest record: into its model's averages, and (a pass not sampled
+        before) into the store of its pass type; a pure rank pass of a worker whose ranks mix
+        prefill and decode is a cross-rank sample."""
         for role, st in snap.roles.items():
             model = self.perf_models.get("agg" if self.settings.mode == "agg" else role)
             if model is None:
                 continue
+            by_worker: dict[int, list[Fpm]] = {}
             for f in st.fpms:
-                key = (f.worker_id, f.dp_rank)
-                if f.wall_time_s > 0 and f.pass_ordinal != self._seen.get(key):
-                    self._seen[key] = f.pass_ordinal
-                    model.add(f.prefill_tokens, f.prefill_kv_tokens, f.num_decode, f.decode_kv_tokens, f.wall_time_s * 1000.0)
-                if f.num_prefill:
-                    self._avg_isl = 0.9 * self._avg_isl + 0.1 * (f.prefill_tokens / f.num_prefill) if self._avg_isl else \
-                        f.prefill_tokens / f.num_prefill
+                by_worker.setdefault(f.worker_id, []).append(f)
+            for fpms in by_worker.values():
+                passes = [_pass_of(f) for f in fpms]
+                types = {p.pass_type for p in passes if not p.empty}
+                cross = len(fpms) > 1 and (MIXED in types or len(types) > 1)
+                for f, p in zip(fpms, passes):
+                    key = (f.worker_id, f.dp_rank)
+                    new = f.wall_time_s > 0 and f.pass_ordinal != self._seen.get(key)
+                    if new:
+                        self._seen[key] = f.pass_ordinal
+                    store = CROSS_RANK if cross and p.pass_type != MIXED else None
+                    model.observe(p, f.wall_time_s * 1000.0, store, sample=new)
 
     def _observe_traffic(self, n: float, isl: float, osl: float) -> None:
         if n == 0 and (self._last_isl or self._last_osl):
@@ -184,6 +192,7 @@ class Planner:
         if w.num_req:
             self._hit_rate = w.avg_kv_hit_rate
             self._accept = max(1.0, w.avg_accept_length)
+        need = {"prefill": PURE_PREFILL, "decode": PURE_DECODE, "agg": MIXED}
         n_hat = self.predictors["num_req"].predict()
         isl_hat = self.predictors["isl"].predict()
         osl_hat = self.predictors["osl"].predict()
@@ -191,7 +200,7 @@ class Planner:
         info = {"predicted_num_req": n_hat, "predicted_isl": isl_hat, "predicted_osl": osl_hat, "demand_rps": demand}
         roles = ("prefill", "decode") if s.mode == "disagg" else ("agg",)
         models = {r: self.perf_models.get(r) for r in roles}
-        if any(m is None or not m.ready() for m in models.values()):
+        if any(m is None or not m.ready(need[r]) for r, m in models.items()):
             info["reason"] = "partner_not_ready" if s.mode == "disagg" else "insufficient_data"
             diag["throughput"] = info
             return
@@ -200,7 +209,7 @@ class Planner:
             diag["throughput"] = info
             return
         for r, m in models.items():
-            rps, ok = m.capacity_rps(isl_hat, osl_hat, self._hit_rate, s.ttft_ms, s.itl_ms, self._accept)
+            rps, ok = m.capacity_rps(isl_hat, osl_hat, self._hit_rate or 0.0, s.ttft_ms, s.itl_ms, self._accept)
             role = "decode" if r == "agg" else r
             info[f"{role}_capacity_rps"] = rps
             if not ok:
@@ -215,6 +224,8 @@ class Planner:
 
     # -- load-based scaling ------------------------------------------------------------------
     def _gate(self, st: RoleState, ready_ids: set) -> str | None:
+        """The load loop holds while workers start, without records, or when the records do
+        not cover exactly the ready workers."""
         if st.starting:
             return "scaling_in_progress"
         if not st.fpms:
@@ -279,57 +290,84 @@ class Planner:
         return kv / max(1, caps.max_kv_tokens)
 
     def _load_sla(self, snap: Snapshot, diag: dict) -> dict[str, int]:
-        """SLA target: up iff every engine misses the SLA, down iff every engine passes its
-        consolidation check (budgets scaled by the down sensitivity)."""
+        """SLA target, the "dynamo" decision policy (the live Planner's rules):
+
+        - idle rule: when every engine's latest record is empty, scale down by one (no model);
+        - up to N + 1 when every engine's TTFT estimate is above the TTFT SLA, or every engine's
+          ITL estimate is above the ITL SLA (an engine whose store is not ready votes no);
+        - down to N - 1 only when both sides pass their consolidation checks on every engine:
+          with c = N / (N - 1) and s = sensitivity, the TTFT side needs the queue-driven part of
+          the consolidated TTFT below (SLA - own-request TTFT) x s, the own request priced with
+          the consolidated decode load; the ITL side needs the consolidated ITL below SLA x s
+          and the consolidated KV to fit. A disaggregated role checks only its own side.
+        """
         s = self.settings
         sens = s.load_scaling_down_sensitivity / 100.0
-        h = min(max(self._hit_rate, 0.0), 0.95)
+        h = None if self._hit_rate is None else min(max(self._hit_rate, 0.0), 0.95)
         reasons = diag.setdefault("reasons", {})
-        est: dict[str, list] = {}
+        engines_diag: dict[str, list] = {}
         out: dict[str, int] = {}
         for role in s.roles:
             st = snap.roles[role]
             model = self.perf_models.get("agg" if s.mode == "agg" else role)
             gate = self._gate(st, set(st.active))
-            if gate is None and (model is None or not model.ready()):
+            if gate is None and model is None:
                 gate = "insufficient_data"
             if gate is not None:
                 reasons[role] = gate
                 continue
             n = len(st.active)
+            floor = s.floor(role)
+            if all(_pass_of(f).empty and not _queued(f) for f in st.fpms):
+                if n > floor:
+                    out[role], reasons[role] = n - 1, "scale_down_idle"
+                else:
+                    reasons[role] = "no_change"
+                engines_diag[role] = [{"worker_id": f.worker_id, "dp_rank": f.dp_rank, "idle": True} for f in st.fpms]
+                continue
             c = n / (n - 1) if n > 1 else 1.0
-            avg_isl = self._avg_isl or self._last_isl or 1.0
-            ups, downs = [], []
+            ttft_side = role == "prefill" or s.mode == "agg"
+            itl_side = role == "decode"
+            engines = []
             for f in st.fpms:
-                checks_up, checks_down = [], []
-                if role == "prefill" or s.mode == "agg":
-                    own = model.prefill_ttft_ms(0.0, avg_isl, h)
-                    ttft = model.prefill_ttft_ms(f.queued_prefill_tokens, avg_isl, h)
-                    post = model.prefill_ttft_ms(f.queued_prefill_tokens * c, avg_isl, h)
-                    budget = (s.ttft_ms - own) * sens
-                    checks_up.append(ttft > s.ttft_ms)
-                    checks_down.append(budget > 0 and post - own < budget)
-                if role == "decode":
-                    nd = f.num_decode + f.queued_decode + 1
-                    kv = f.decode_kv_tokens + f.queued_decode_kv_tokens
-                    ctx = kv / max(1, f.num_decode + f.queued_decode) if (f.num_decode + f.queued_decode) else avg_isl
-                    if s.mode == "agg":
-                        kv += f.queued_prefill_tokens
-                    itl = model.decode_itl_ms(nd, kv + ctx, self._accept)
-                    itl_post = model.decode_itl_ms(nd * c, (kv + ctx) * c, self._accept)
-                    checks_up.append(itl > s.itl_ms)
-                    checks_down.append(kv * c < st.caps.max_kv_tokens and itl_post < s.itl_ms * sens)
-                ups.append(any(checks_up))
-                downs.append(all(checks_down))
-            est[role] = {"up": ups, "down": downs}
-            if ups and all(ups):
+                e = {"worker_id": f.worker_id, "dp_rank": f.dp_rank}
+                dec_n = f.num_decode + f.queued_decode
+                dec_kv = f.decode_kv_tokens + f.queued_decode_kv_tokens
+                if ttft_side:
+                    ttft, passes = model.ttft_ms(f.queued_prefill, f.queued_prefill_tokens, f.num_decode,
+                                                 f.decode_kv_tokens, h)
+                    own, _ = model.ttft_ms(0, 0, dec_n * c, dec_kv * c, h)
+                    post, _ = model.ttft_ms(f.queued_prefill * c, f.queued_prefill_tokens * c, dec_n * c, dec_kv * c, h)
+                    budget = None if own is None else (s.ttft_ms - own) * sens
+                    e.update(ttft_ms=ttft, ttft_store=passes[0]["store"], ttft_ready=ttft is not None,
+                             ttft_up=ttft is not None and ttft > s.ttft_ms,
+                             ttft_down=own is not None and post is not None and budget > 0 and post - own < budget,
+                             ttft_own_ms=own, ttft_consolidated_ms=post)
+                if itl_side:
+                    itl, info = model.itl_ms(dec_n, dec_kv, self._accept)
+                    if s.mode == "agg":  # queued prompts will decode here too
+                        dn_c, kv_c = (dec_n + f.queued_prefill) * c, (dec_kv + f.queued_prefill_tokens) * c
+                    else:
+                        dn_c, kv_c = dec_n * c, dec_kv * c
+                    itl_c, _ = model.itl_ms(dn_c, kv_c, self._accept)
+                    e.update(itl_ms=itl, itl_store=info["store"], itl_ready=itl is not None,
+                             itl_up=itl is not None and itl > s.itl_ms,
+                             itl_down=itl_c is not None and itl_c < s.itl_ms * sens and kv_c < st.caps.max_kv_tokens,
+                             itl_consolidated_ms=itl_c)
+                engines.append(e)
+            engines_diag[role] = engines
+            up = (ttft_side and all(e["ttft_up"] for e in engines)) or (itl_side and all(e["itl_up"] for e in engines))
+            down = all((not ttft_side or e["ttft_down"]) and (not itl_side or e["itl_down"]) for e in engines)
+            if up:
                 out[role], reasons[role] = n + 1, "scale_up"
-            elif (n > 1 or st.starting) and downs and all(downs):
-                out[role], reasons[role] = max(n - 1, s.floor(role)), "scale_down"
+            elif (n > 1 or st.starting) and down:
+                out[role], reasons[role] = max(n - 1, floor), "scale_down"
+            elif any(not e.get("ttft_ready", True) or not e.get("itl_ready", True) for e in engines):
+                reasons[role] = "insufficient_data"  # a store the estimates need holds too few samples
             else:
-                reasons[role] = "scale_down_refused_consolidation" if n > s.floor(role) and downs and not all(downs) \
-                    and not any(ups) else "no_change"
-        diag["sla_checks"] = est
+                reasons[role] = "scale_down_refused_consolidation" if n > floor and not down else "no_change"
+        diag["engines"] = engines_diag
+        diag["perf_models"] = {k: m.describe() for k, m in self.perf_models.items()}
         return out
 
     # -- GPU budget -----------------------------------------------------------------------------
@@ -462,3 +500,11 @@ class Planner:
             "runtime_decision": {"target_prefill": decision.target_prefill, "target_decode": decision.target_decode,
                                  "next_tick_ms": decision.next_tick_ms, "router_parameters": None},
         }
+
+
+def _pass_of(f: Fpm) -> Pass:
+    return Pass(f.num_prefill, f.prefill_tokens, f.prefill_kv_tokens, f.num_decode, f.decode_kv_tokens)
+
+
+def _queued(f: Fpm) -> bool:
+    return bool(f.queued_prefill or f.queued_decode)
