@@ -37,7 +37,10 @@ CASES = {
         "router={policy: kv_router}"]),
     "sessions": ("quickstart.yaml", [SESSIONS, "traffic.load={type: poisson, sessions_per_second: 6}",
                                      "traffic.stop={sessions: 60}", "router={policy: kv_router}"]),
-    "planner_aggregated": ("planner-aggregated.yaml", PLANNER_SLICE + ["engine.workers.aggregated.startup_seconds=20"]),
+    "planner_aggregated": ("planner-aggregated.yaml", PLANNER_SLICE + [
+        "engine.workers.aggregated.startup_seconds=20", "planner.target=load",
+        "planner.load_adjustment_interval_seconds=2"]),
+    "planner_sla": ("planner-aggregated-fp8.yaml", PLANNER_SLICE),
     "planner_disaggregated": ("planner-disaggregated.yaml", PLANNER_SLICE + [
         "planner.target=load", "planner.load_adjustment_interval_seconds=2",
         "engine.workers.decode.startup_seconds=10"]),

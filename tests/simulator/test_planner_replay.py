@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from simulator.config.loading import validate_config
+from simulator.config.loading import load_config, validate_config
 from simulator.errors import InputError
 from simulator.metrics.output import canonical_json
 from simulator.replay import plan_from_config, run_config, run_trace_replay
-from tests.conftest import SLICE
+from tests.conftest import ROOT, SLICE
 from tests.helpers import WALL, without_wall
 
 FIXED = {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}
@@ -224,3 +224,19 @@ def test_prophet_without_its_extra_fails_at_configuration():
     with pytest.raises(InputError, match=r"pip install 'aisim\[prophet\]'") as info:
         run_config(cfg({"policy": "enabled", "target": "sla", "load_predictor": "prophet"}))
     assert info.value.where == "planner.load_predictor"
+
+
+def test_the_fp8_workflow_makes_the_reference_planners_first_decisions_on_the_trace_slice():
+    """The bundled slice is the conversation trace's first 1,000 requests: the reference Planner
+    scales 2 -> 3 at 50 s (every engine's ITL estimate ~105 ms > 50 ms once the mixed store holds 5
+    passes) and 3 -> 4 at 90 s (after the 30 s start-up), then holds at the 4-GPU ceiling."""
+    cfg, cdir = load_config(ROOT / "configs" / "planner-aggregated-fp8.yaml",
+                            ["traffic.source.paths=[data/conversation_slice.jsonl]",
+                             "traffic.stop={max_virtual_time_seconds: 200}"])
+    p = run_config(cfg, cdir).planner
+    assert [(e["at_s"], e["from_count"], e["to_count"]) for e in p["scaling_events"]] == [(50.0, 2, 3), (90.0, 3, 4)]
+    by_time = {t["at_ms"]: t["effects"]["diagnostics"] for t in p["ticks"]}
+    assert by_time[40_000.0]["reasons"]["decode"] == "insufficient_data"  # 3 mixed passes seen: not ready
+    engines = by_time[50_000.0]["engines"]["decode"]
+    assert all(e["itl_store"] == "contains_locally_mixed" and e["itl_ready"] and e["itl_ms"] > 90 for e in engines)
+    assert by_time[50_000.0]["perf_models"]["agg"]["stores"]["contains_locally_mixed"] == [True, 5]

@@ -3,10 +3,12 @@ advisory recommendations."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow
-from actors.planner.perf_model import PerfModel
+from actors.planner.perf_model import Pass, PerfModel
 from actors.planner.planner import Planner, PlannerSettings
 from actors.planner.predictors import PredictorSpec
 
@@ -152,11 +154,13 @@ def test_advisory_changes_nothing_and_relists_a_recommendation_after_a_hold():
 
 
 def sla_model(role="agg"):
+    """Every store priced by the same rule: 5 ms + 1 ms per 100 prompt tokens + 0.1 ms per decode."""
     m = PerfModel(role, CAPS, 64, 16, 5)
     for t in (500, 1000, 2000, 4000, 8000):
-        m.add(t, 0, 0, 0, 10 + t / 100)  # prefill: 10 ms + 1 ms per 100 tokens
-    for b in (1, 8, 32, 128):
-        m.add(0, 0, b, b * 1000, 5 + b * 0.1)  # decode: 5 ms + 0.1 ms per sequence
+        for b in (0, 1, 8, 32, 128):
+            m.observe(Pass(1 if t else 0, t, 0, b, 0), 5 + t / 100 + 0.1 * b)
+    for b in (1, 8, 32, 128, 200):
+        m.observe(Pass(0, 0, 0, b, b * 100), 5 + b * 0.1)
     return m
 
 
@@ -167,7 +171,9 @@ def test_sla_target_scales_up_when_every_engine_misses_and_down_when_all_pass():
     # 30k queued prompt tokens: drain + one request ~ 4 chunks ~ 340 ms > 200 ms on both engines
     d = tick(p, agg([0, 1], [fpm(0, queued_prefill_tokens=30_000), fpm(1, queued_prefill_tokens=30_000)]))
     assert d.target_decode == 3
-    p = Planner(s, perf_models={"agg": sla_model()})
+    # an aggregated ITL is a mixed pass carrying the typical prefill chunk (here ~36 ms): with a
+    # 200 ms ITL SLA both sides pass their consolidation checks on both engines
+    p = Planner(dataclasses.replace(s, itl_ms=200), perf_models={"agg": sla_model()})
     assert tick(p, agg([0, 1], [fpm(0, 1000, num_decode=1), fpm(1, 1000, num_decode=1)])).target_decode == 1
 
 

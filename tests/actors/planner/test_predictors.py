@@ -7,7 +7,7 @@ import math
 import pytest
 
 from actors.messages import Capabilities
-from actors.planner.perf_model import PerfModel, bootstrap_samples
+from actors.planner.perf_model import PURE_DECODE, PURE_PREFILL, Pass, PerfModel, bootstrap_samples
 from actors.planner.predictors import Predictor, PredictorSpec, PredictorUnavailable, check_available
 
 
@@ -55,17 +55,17 @@ def test_prophet_missing_names_the_extra():
             check_available(PredictorSpec("prophet"))
 
 
-def test_perf_model_recovers_a_linear_pass_time_and_keeps_bucketed_samples():
+def test_a_store_keeps_at_most_max_samples_dropping_the_oldest_of_the_fullest_bucket():
     caps = Capabilities(8192, 256, 32768, 1_000_000)
     m = PerfModel("agg", caps, max_samples=16, bucket_size=16, min_observations=5)
-    assert not m.ready()
-    for t in range(200, 8001, 200):
-        m.add(t, 0, 0, 0, 3 + 0.02 * t)
-    for b in range(1, 200, 7):
-        m.add(0, 0, b, b * 2000, 4 + 0.05 * b + 2e-5 * b * 2000)
-    assert m.ready() and m.num_samples <= 16 and m.num_observed > 16
-    assert m.forward_ms(4000) == pytest.approx(83, rel=0.05)
-    assert m.chunked_ms(16384) == pytest.approx(2 * m.forward_ms(8192), rel=0.1)
+    assert not m.ready(PURE_PREFILL)
+    for t in range(200, 8001, 200):  # 40 pure prefill passes, linear in their attention term
+        m.observe(Pass(1, t, 0, 0, 0), 3 + 1e-6 * t * t / 2)
+    store = m.stores[PURE_PREFILL]
+    assert m.ready(PURE_PREFILL) and store.num_samples == 16 and m.num_observed == 40
+    assert not m.ready(PURE_DECODE)
+    # the long prompts (one bucket of tokens/max_batched_tokens) lost their oldest samples first
+    assert m.price(Pass(1, 4000, 0, 0, 0)) == (pytest.approx(3 + 1e-6 * 4000 * 4000 / 2), PURE_PREFILL)
 
 
 def test_bootstrap_grid_matches_the_reference_spacing():
