@@ -6,6 +6,7 @@ without a Planner) in process and prints replay wall time, the Planner's share o
 its ticks: snapshot + decisions), GPU hours, goodput and latency.
 
     python scripts/bench_planner.py [--trace PATH] [--predictor kalman|constant|arima]
+    python scripts/bench_planner.py --workflow fp8   # planner-{aggregated,disaggregated}-fp8.yaml
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--predictor", default=None, help="override planner.load_predictor")
+    ap.add_argument("--workflow", choices=("seed", "fp8"), default="seed",
+                    help="seed: planner-{aggregated,disaggregated}.yaml; fp8: the -fp8 pair checked against "
+                         "the live Planner")
     args = ap.parse_args()
-    runs = [("aggregated, no Planner", "planner-aggregated.yaml", ["planner={policy: disabled}"]),
-            ("aggregated + Planner", "planner-aggregated.yaml", []),
-            ("disaggregated + Planner", "planner-disaggregated.yaml", [])]
+    suffix = "" if args.workflow == "seed" else "-fp8"
+    runs = [("aggregated, no Planner", f"planner-aggregated{suffix}.yaml", ["planner={policy: disabled}"]),
+            ("aggregated + Planner", f"planner-aggregated{suffix}.yaml", []),
+            ("disaggregated + Planner", f"planner-disaggregated{suffix}.yaml", [])]
     # build the measured-timing tables once so that no run pays for them
-    load_config(ROOT / "configs" / "planner-aggregated.yaml")
+    load_config(ROOT / "configs" / runs[0][1])
     print(f"{'run':26} {'replay s':>9} {'planner s':>10} {'share':>6} {'GPU h':>6} {'goodput/s':>9} "
           f"{'TTFT ms':>8} {'p90 ms':>8} {'ITL ms':>7} {'events':>6}")
     for name, config, sets in runs:

@@ -170,7 +170,8 @@ class PerfModel:
         self.role = role  # prefill | decode | agg
         self.caps = caps
         self.stores = {name: SampleStore(caps, max_samples, bucket_size, min_observations) for name in STORES}
-        self._window: deque = deque(maxlen=AVERAGE_WINDOW)  # per pass: (isl, decode length or None, reqs, tokens)
+        self._window: deque = deque()  # the last AVERAGE_WINDOW passes: (isl, decode length or None, reqs, tokens)
+        self._sums = [0.0, 0.0, 0, 0.0, 0.0]  # over the window: isl, decode length, passes with decodes, reqs, tokens
         self.num_observed = 0
 
     # -- observations ----------------------------------------------------------------------
@@ -179,10 +180,24 @@ class PerfModel:
         its pass type (``store`` overrides the type: cross-rank passes)."""
         isl = p.prefill_tokens / p.num_prefill if p.num_prefill else 0.0
         dec_len = p.decode_kv / p.num_decode if p.num_decode else None
-        self._window.append((isl, dec_len, p.num_prefill, p.prefill_tokens))
+        entry = (isl, dec_len, p.num_prefill, p.prefill_tokens)
+        self._window.append(entry)
+        self._account(entry, 1)
+        if len(self._window) > AVERAGE_WINDOW:
+            self._account(self._window.popleft(), -1)
         if sample and not p.empty:
             self.stores[store or p.pass_type].add(p, wall_ms)
             self.num_observed += 1
+
+    def _account(self, entry: tuple, sign: int) -> None:
+        isl, dec_len, reqs, tokens = entry
+        sums = self._sums
+        sums[0] += sign * isl
+        if dec_len is not None:
+            sums[1] += sign * dec_len
+            sums[2] += sign
+        sums[3] += sign * reqs
+        sums[4] += sign * tokens
 
     def ready(self, store: str) -> bool:
         return self.stores[store].ready()
@@ -194,22 +209,19 @@ class PerfModel:
     # -- running averages ------------------------------------------------------------------
     @property
     def avg_isl(self) -> float:
-        w = self._window
-        return sum(x[0] for x in w) / len(w) if w else 0.0
+        n = len(self._window)
+        return self._sums[0] / n if n else 0.0
 
     @property
     def avg_decode_length(self) -> float:
-        lens = [x[1] for x in self._window if x[1] is not None]
-        return sum(lens) / len(lens) if lens else 0.0
+        return self._sums[1] / self._sums[2] if self._sums[2] else 0.0
 
     def typical_mixed_prefill(self) -> tuple[int, int]:
         """(requests, tokens): the rounded-up mean prefill requests and tokens per pass."""
-        w = self._window
-        if not w:
+        n = len(self._window)
+        if not n:
             return 1, 1
-        reqs = _up(sum(x[2] for x in w) / len(w))
-        tokens = _up(sum(x[3] for x in w) / len(w))
-        return max(1, reqs), max(1, tokens)
+        return max(1, _up(self._sums[3] / n)), max(1, _up(self._sums[4] / n))
 
     # -- estimates ---------------------------------------------------------------------------
     def ttft_ms(self, queued_requests: float, queued_tokens: float, num_decode: float, decode_kv: float,

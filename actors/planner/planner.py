@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot
-from actors.planner.perf_model import CROSS_RANK, MIXED, PURE_DECODE, PURE_PREFILL, Pass, PerfModel
+from actors.planner.perf_model import CROSS_RANK, MIXED, PURE_DECODE, PURE_PREFILL, PerfModel
+from actors.planner.policy import POLICIES, PolicyContext, pass_of
 from actors.planner.predictors import Predictor, PredictorSpec
 
 EPS = 1e-9
@@ -49,6 +50,7 @@ class PlannerSettings:
     decode_scale_down_kv_rate: float | None = None
     prefill_engine_num_gpu: int = 1
     decode_engine_num_gpu: int = 1
+    decision_policy: str = "dynamo"  # how the sla target turns estimates into counts (actors.planner.policy)
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -90,6 +92,7 @@ class Planner:
         self._hit_rate: float | None = None  # the traffic window's, once the throughput loop has read one
         self._accept = 1.0
         self._started: dict[str, int] = {}  # starting replicas as counts for advisory
+        self.policy = POLICIES[self.settings.decision_policy]()
 
     # -- protocol -------------------------------------------------------------------------
     def initial_tick_ms(self) -> float:
@@ -162,7 +165,7 @@ class Planner:
             for f in st.fpms:
                 by_worker.setdefault(f.worker_id, []).append(f)
             for fpms in by_worker.values():
-                passes = [_pass_of(f) for f in fpms]
+                passes = [pass_of(f) for f in fpms]
                 types = {p.pass_type for p in passes if not p.empty}
                 cross = len(fpms) > 1 and (MIXED in types or len(types) > 1)
                 for f, p in zip(fpms, passes):
@@ -290,23 +293,13 @@ class Planner:
         return kv / max(1, caps.max_kv_tokens)
 
     def _load_sla(self, snap: Snapshot, diag: dict) -> dict[str, int]:
-        """SLA target, the "dynamo" decision policy (the live Planner's rules):
-
-        - idle rule: when every engine's latest record is empty, scale down by one (no model);
-        - up to N + 1 when every engine's TTFT estimate is above the TTFT SLA, or every engine's
-          ITL estimate is above the ITL SLA (an engine whose store is not ready votes no);
-        - down to N - 1 only when both sides pass their consolidation checks on every engine:
-          with c = N / (N - 1) and s = sensitivity, the TTFT side needs the queue-driven part of
-          the consolidated TTFT below (SLA - own-request TTFT) x s, the own request priced with
-          the consolidated decode load; the ITL side needs the consolidated ITL below SLA x s
-          and the consolidated KV to fit. A disaggregated role checks only its own side.
-        """
+        """SLA target: the decision policy proposes each role's count from the perf model's
+        estimates (after the common gates)."""
         s = self.settings
-        sens = s.load_scaling_down_sensitivity / 100.0
-        h = None if self._hit_rate is None else min(max(self._hit_rate, 0.0), 0.95)
         reasons = diag.setdefault("reasons", {})
         engines_diag: dict[str, list] = {}
         out: dict[str, int] = {}
+        ctx = PolicyContext(s, self._hit_rate, self._accept)
         for role in s.roles:
             st = snap.roles[role]
             model = self.perf_models.get("agg" if s.mode == "agg" else role)
@@ -316,56 +309,9 @@ class Planner:
             if gate is not None:
                 reasons[role] = gate
                 continue
-            n = len(st.active)
-            floor = s.floor(role)
-            if all(_pass_of(f).empty and not _queued(f) for f in st.fpms):
-                if n > floor:
-                    out[role], reasons[role] = n - 1, "scale_down_idle"
-                else:
-                    reasons[role] = "no_change"
-                engines_diag[role] = [{"worker_id": f.worker_id, "dp_rank": f.dp_rank, "idle": True} for f in st.fpms]
-                continue
-            c = n / (n - 1) if n > 1 else 1.0
-            ttft_side = role == "prefill" or s.mode == "agg"
-            itl_side = role == "decode"
-            engines = []
-            for f in st.fpms:
-                e = {"worker_id": f.worker_id, "dp_rank": f.dp_rank}
-                dec_n = f.num_decode + f.queued_decode
-                dec_kv = f.decode_kv_tokens + f.queued_decode_kv_tokens
-                if ttft_side:
-                    ttft, passes = model.ttft_ms(f.queued_prefill, f.queued_prefill_tokens, f.num_decode,
-                                                 f.decode_kv_tokens, h)
-                    own, _ = model.ttft_ms(0, 0, dec_n * c, dec_kv * c, h)
-                    post, _ = model.ttft_ms(f.queued_prefill * c, f.queued_prefill_tokens * c, dec_n * c, dec_kv * c, h)
-                    budget = None if own is None else (s.ttft_ms - own) * sens
-                    e.update(ttft_ms=ttft, ttft_store=passes[0]["store"], ttft_ready=ttft is not None,
-                             ttft_up=ttft is not None and ttft > s.ttft_ms,
-                             ttft_down=own is not None and post is not None and budget > 0 and post - own < budget,
-                             ttft_own_ms=own, ttft_consolidated_ms=post)
-                if itl_side:
-                    itl, info = model.itl_ms(dec_n, dec_kv, self._accept)
-                    if s.mode == "agg":  # queued prompts will decode here too
-                        dn_c, kv_c = (dec_n + f.queued_prefill) * c, (dec_kv + f.queued_prefill_tokens) * c
-                    else:
-                        dn_c, kv_c = dec_n * c, dec_kv * c
-                    itl_c, _ = model.itl_ms(dn_c, kv_c, self._accept)
-                    e.update(itl_ms=itl, itl_store=info["store"], itl_ready=itl is not None,
-                             itl_up=itl is not None and itl > s.itl_ms,
-                             itl_down=itl_c is not None and itl_c < s.itl_ms * sens and kv_c < st.caps.max_kv_tokens,
-                             itl_consolidated_ms=itl_c)
-                engines.append(e)
-            engines_diag[role] = engines
-            up = (ttft_side and all(e["ttft_up"] for e in engines)) or (itl_side and all(e["itl_up"] for e in engines))
-            down = all((not ttft_side or e["ttft_down"]) and (not itl_side or e["itl_down"]) for e in engines)
-            if up:
-                out[role], reasons[role] = n + 1, "scale_up"
-            elif (n > 1 or st.starting) and down:
-                out[role], reasons[role] = max(n - 1, floor), "scale_down"
-            elif any(not e.get("ttft_ready", True) or not e.get("itl_ready", True) for e in engines):
-                reasons[role] = "insufficient_data"  # a store the estimates need holds too few samples
-            else:
-                reasons[role] = "scale_down_refused_consolidation" if n > floor and not down else "no_change"
+            target, reasons[role], engines_diag[role] = self.policy.propose(role, st, model, ctx)
+            if target is not None:
+                out[role] = target
         diag["engines"] = engines_diag
         diag["perf_models"] = {k: m.describe() for k, m in self.perf_models.items()}
         return out
@@ -501,10 +447,3 @@ class Planner:
                                  "next_tick_ms": decision.next_tick_ms, "router_parameters": None},
         }
 
-
-def _pass_of(f: Fpm) -> Pass:
-    return Pass(f.num_prefill, f.prefill_tokens, f.prefill_kv_tokens, f.num_decode, f.decode_kv_tokens)
-
-
-def _queued(f: Fpm) -> bool:
-    return bool(f.queued_prefill or f.queued_decode)
