@@ -11,6 +11,7 @@ import glob
 import gzip
 import json
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -24,33 +25,125 @@ DYNAMO_SCHEMA = "dynamo.request.trace.v1"
 
 
 # -- paths ------------------------------------------------------------------------------
+_GIVE = "give an existing file, a directory of .jsonl/.jsonl.gz shards or a glob"
+_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
 def resolve_trace_paths(paths: list[str], field: str, config_dir: Path | None = None) -> list[Path]:
     """Expand files, directories of .jsonl/.jsonl.gz shards and globs.
 
     A relative path is looked up in the working directory first, then next to the config file.
+    A path that gives no trace file fails under ``field`` with what was found there instead (an
+    empty directory, a directory of other files, a FIFO, a device, a glob that matched nothing).
+    Nothing is opened here, so a FIFO never blocks.
     """
     out: list[Path] = []
     for raw in paths:
-        found = _expand_one(str(raw), Path.cwd())
-        if not found and config_dir is not None and not os.path.isabs(str(raw)):
-            found = _expand_one(str(raw), config_dir)
+        raw = str(raw)
+        bases = [Path.cwd()]
+        if config_dir is not None and not os.path.isabs(raw):
+            bases.append(config_dir)
+        found: list[Path] = []
+        for base in bases:
+            found = _expand_one(raw, base)
+            if found:
+                break
         if not found:
-            where = "the working directory" + (f" and {config_dir}" if config_dir is not None else "")
-            raise InputError(field, f"trace {raw!r} not found (looked in {where}); give an existing file, "
-                                    "a directory of .jsonl/.jsonl.gz shards or a glob")
+            why = next((d for d in (_why_no_trace(raw, base) for base in bases) if d is not None), None)
+            if why is not None:
+                raise InputError(field, f"{why}; {_GIVE}")
+            looked = "" if os.path.isabs(raw) else f" (looked in {' and '.join(_base_names(bases))})"
+            what = f"glob {raw!r} matched nothing" if _is_glob(raw) else f"trace {raw!r} not found"
+            raise InputError(field, f"{what}{looked}; {_GIVE}")
         out.extend(found)
     return out
 
 
+def _base_names(bases: list[Path]) -> list[str]:
+    return ["the working directory"] + [str(b) for b in bases[1:]]
+
+
+def _is_glob(raw: str) -> bool:
+    return any(ch in raw for ch in "*?[")
+
+
+def _is_shard(name: str) -> bool:
+    return name.endswith(".jsonl") or name.endswith(".jsonl.gz")
+
+
 def _expand_one(raw: str, base: Path) -> list[Path]:
     p = Path(raw) if os.path.isabs(raw) else base / raw
-    if any(ch in raw for ch in "*?["):
+    if _is_glob(raw):
         return sorted(Path(m) for m in glob.glob(str(p)) if Path(m).is_file())
     if p.is_dir():
-        return sorted(q for q in p.iterdir() if q.is_file() and (q.name.endswith(".jsonl") or q.name.endswith(".jsonl.gz")))
+        try:
+            return sorted(q for q in p.iterdir() if q.is_file() and _is_shard(q.name))
+        except OSError:
+            return []
     if p.is_file():
         return [p]
     return []
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _names(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _entry_kind(entry: os.DirEntry) -> str:
+    try:
+        return _kind(entry.stat().st_mode)
+    except OSError:
+        return "a broken symbolic link" if entry.is_symlink() else "cannot be accessed"
+
+
+def _why_no_trace(raw: str, base: Path) -> str | None:
+    """What ``raw`` (under ``base``) is, when it gave no trace file; None when nothing is there.
+    Only stats and lists: never opens a file (a FIFO would block)."""
+    p = Path(raw) if os.path.isabs(raw) else base / raw
+    if _is_glob(raw):
+        matches = sorted(glob.glob(str(p)))
+        if not matches:
+            return None
+        kinds = []
+        for m in matches:
+            try:
+                kinds.append(f"{m} ({_kind(os.stat(m).st_mode)})")
+            except OSError as exc:
+                kinds.append(f"{m} ({exc.strerror or exc})")
+        n = f"{len(matches)} path" + ("s" if len(matches) != 1 else "")
+        return f"glob {raw!r} matched {n} but no regular file: {_names(kinds)}"
+    try:
+        mode = os.stat(p).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(p):
+            return f"{p} is a broken symbolic link (to {os.readlink(p)})"
+        return None
+    except OSError as exc:
+        return f"{p} cannot be accessed ({exc.strerror or exc})"
+    if stat.S_ISDIR(mode):
+        try:
+            with os.scandir(p) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            return f"{p} is a directory that cannot be listed ({exc.strerror or exc})"
+        if not entries:
+            return f"{p} is an empty directory"
+        shards = [f"{e.name} ({_entry_kind(e)})" for e in entries if _is_shard(e.name)]
+        if shards:  # named like shards but not regular files (FIFOs, directories, broken links)
+            return f"{p} is a directory whose .jsonl/.jsonl.gz entries are not regular files: {_names(shards)}"
+        names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+        what = "files" if all(e.is_file() for e in entries) else "entries"
+        if len(entries) == 1:
+            what = what[:-1] if what == "files" else "entry"
+        return (f"{p} is a directory with no .jsonl or .jsonl.gz shards "
+                f"(it holds {len(entries)} other {what}: {_names(names)})")
+    return f"{p} is {_kind(mode)}, not a regular file"
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -208,6 +301,20 @@ class _Builder:
 
 
 # -- mooncake -----------------------------------------------------------------------------
+def _over_capacity(row: dict, inp: int, ids: list[int], block_size: int, where: str) -> None:
+    """A row whose input needs more blocks than it has hash ids: the trace was made with a larger
+    block size than ``block_size`` (or the row is broken). Never clamp: that silently cuts prompts."""
+    name = "input_length" if "input_length" in row else "input_tokens"
+    if not ids:
+        raise InputError(where, f"{name} {inp} exceeds hash_ids capacity 0 (hash_ids is empty); give one "
+                                f"hash id per {block_size}-token block, or leave {name} out")
+    need = -(-inp // len(ids))
+    raise InputError(where, f"{name} {inp} exceeds hash_ids capacity {len(ids) * block_size} ({len(ids)} ids x "
+                            f"block size {block_size}); the trace's block size is probably larger (at least "
+                            f"{need}): set traffic.source.block_size (now {block_size}; trace_block_size in "
+                            "the Python API) to the one the trace was made with")
+
+
 def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: bool = False) -> Workload:
     """Mooncake JSONL rows: timestamp|created_time (ms), input_length|input_tokens, output_length|
     output_tokens, hash_ids (one id per trace block; shared leading ids = shared prefix),
@@ -218,7 +325,10 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
         ids = _hash_ids(row, "hash_ids", where)
         cap = len(ids) * block_size
         inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
-        inp = cap if inp is None else min(inp, cap)
+        if inp is None:
+            inp = cap
+        elif inp > cap:
+            _over_capacity(row, inp, ids, block_size, where)
         out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
         ts = _num_field(row, ("timestamp", "created_time"), where)
         session = row.get("session_id")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import threading
 
 import numpy as np
 import pytest
 
 from simulator.errors import InputError, NotSupportedError
 from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
-from tests.conftest import SLICE
+from tests.conftest import SHARED_TRACES, SLICE
 
 
 def write(path, rows):
@@ -26,14 +28,64 @@ def test_mooncake_slice_columns():
     assert np.all(np.diff(w.piece_ptr) == -(-w.input_len // 512))
 
 
-def test_mooncake_input_length_is_clamped_to_hash_ids_and_defaults_to_them(tmp_path):
+def test_mooncake_input_length_fits_hash_ids_and_defaults_to_them(tmp_path):
     p = write(tmp_path / "t.jsonl", [
-        {"timestamp": 0, "input_length": 5000, "output_length": 3, "hash_ids": [1, 2]},
-        {"timestamp": 1, "output_tokens": 2, "hash_ids": [1, 2, 3]},
+        {"timestamp": 0, "input_length": 1024, "output_length": 3, "hash_ids": [1, 2]},  # exactly full
+        {"timestamp": 1, "output_tokens": 2, "hash_ids": [1, 2, 3]},  # no length: every block full
+        {"timestamp": 2, "input_tokens": 513, "output_length": 1, "hash_ids": [1, 2]},  # last block partial
+        {"timestamp": 3, "input_length": 0, "output_length": 1, "hash_ids": []},
     ])
     w = read_mooncake([p])
-    assert w.input_len.tolist() == [1024, 1536]
-    assert w.output_len.tolist() == [3, 2]
+    assert w.input_len.tolist() == [1024, 1536, 513, 0]
+    assert w.output_len.tolist() == [3, 2, 1, 1]
+    assert w.piece_ptr.tolist() == [0, 2, 5, 7, 7] and w.piece_len[5:7].tolist() == [512, 1]
+
+
+@pytest.mark.parametrize(
+    "row,phrases",
+    [
+        ({"input_length": 5000, "hash_ids": [1, 2]},
+         ["input_length 5000 exceeds hash_ids capacity 1024", "at least 2500",
+          "set traffic.source.block_size (now 512"]),
+        ({"input_tokens": 10**12, "hash_ids": [7]},
+         ["input_tokens 1000000000000 exceeds hash_ids capacity 512", "traffic.source.block_size (now 512"]),
+        ({"input_length": 1025, "hash_ids": [1, 2]}, ["input_length 1025 exceeds hash_ids capacity 1024"]),
+        ({"input_length": 3, "hash_ids": []}, ["input_length 3 exceeds hash_ids capacity 0", "hash_ids is empty"]),
+    ],
+)
+def test_mooncake_input_longer_than_hash_ids_is_refused_not_clamped(tmp_path, row, phrases):
+    p = write(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]},
+                                     {"timestamp": 1, "output_length": 1, **row}])
+    with pytest.raises(InputError) as info:
+        read_mooncake([p])
+    assert info.value.where == f"{p}:2" and info.value.category == "invalid_config"
+    for phrase in phrases:
+        assert phrase in info.value.message
+    assert "\n" not in str(info.value)
+
+
+def test_mooncake_block_size_smaller_than_the_traces_is_refused_at_its_first_row():
+    """The conversation slice was made with 512-token blocks; read at 64 its first row (6758 tokens,
+    14 ids) needs 106 blocks, not 14 (the reference: 'input_length 6758 exceeds hash_ids capacity 896')."""
+    with pytest.raises(InputError) as info:
+        read_mooncake([SLICE], 64)
+    assert info.value.where == f"{SLICE}:1"
+    msg = info.value.message
+    assert "input_length 6758 exceeds hash_ids capacity 896" in msg
+    assert "block size is probably larger (at least 483)" in msg and "traffic.source.block_size (now 64" in msg
+
+
+@pytest.mark.parametrize("name,requests", [("conversation_trace.jsonl", 12031), ("synthetic_trace.jsonl", 3993)])
+def test_real_traces_load_at_their_block_size(name, requests):
+    path = SHARED_TRACES / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    w = read_mooncake([path], 512)
+    assert w.num_requests == requests
+    assert np.all(np.diff(w.piece_ptr) == -(-w.input_len // 512))
+    assert np.all((w.piece_len >= 1) & (w.piece_len <= 512))
+    with pytest.raises(InputError, match="exceeds hash_ids capacity"):
+        read_mooncake([path], 64)
 
 
 def test_mooncake_sessions_are_turns_in_file_order(tmp_path):
@@ -109,3 +161,89 @@ def test_missing_trace_path_says_where_it_looked(tmp_path):
     with pytest.raises(InputError, match="not found") as info:
         resolve_trace_paths(["nope.jsonl"], "traffic.source.paths", tmp_path)
     assert info.value.where == "traffic.source.paths"
+
+
+def test_missing_absolute_path_and_empty_glob(tmp_path):
+    with pytest.raises(InputError) as info:
+        resolve_trace_paths([str(tmp_path / "nope.jsonl")], "traffic.source.paths", tmp_path)
+    assert info.value.where == "traffic.source.paths"
+    assert info.value.message.startswith(f"trace '{tmp_path / 'nope.jsonl'}' not found; give an existing file")
+    with pytest.raises(InputError) as info:
+        resolve_trace_paths(["shards/*.jsonl"], "traffic.source.paths", tmp_path)
+    assert info.value.where == "traffic.source.paths"
+    assert info.value.message.startswith(f"glob 'shards/*.jsonl' matched nothing (looked in the working "
+                                         f"directory and {tmp_path})")
+
+
+def resolve_error(raw, field="traffic.source.paths", config_dir=None) -> InputError:
+    """The InputError resolving ``raw`` raises; fails (instead of hanging) if resolving blocks."""
+    box: list = []
+
+    def go():
+        try:
+            resolve_trace_paths([str(raw)], field, config_dir)
+            box.append(None)
+        except InputError as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(10)
+    assert box, f"resolving {raw} blocked"
+    assert box[0] is not None, f"{raw} resolved"
+    assert box[0].where == field and "\n" not in str(box[0])
+    return box[0]
+
+
+def test_empty_directory_is_named(tmp_path):
+    d = tmp_path / "shards"
+    d.mkdir()
+    msg = resolve_error(d).message
+    assert msg.startswith(f"{d} is an empty directory; give")
+
+
+def test_directory_without_shards_lists_what_it_holds(tmp_path):
+    d = tmp_path / "shards"
+    d.mkdir()
+    for name in ("c.csv", "a.txt", "b.json"):
+        (d / name).write_text("{}\n")
+    msg = resolve_error(d).message
+    assert msg.startswith(f"{d} is a directory with no .jsonl or .jsonl.gz shards "
+                          "(it holds 3 other files: a.txt, b.json, c.csv)")
+    (d / "sub").mkdir()
+    for i in range(4):
+        (d / f"z{i}.md").write_text("")
+    msg = resolve_error(d, "trace_files").message
+    assert "(it holds 8 other entries: a.txt, b.json, c.csv, sub/, z0.md and 3 more)" in msg
+
+
+def test_relative_directory_found_next_to_the_config_is_described(tmp_path):
+    (tmp_path / "traces").mkdir()
+    msg = resolve_error("traces", config_dir=tmp_path).message
+    assert msg.startswith(f"{tmp_path / 'traces'} is an empty directory")
+
+
+def test_fifo_is_named_and_never_read(tmp_path):
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    assert resolve_error(fifo).message.startswith(f"{fifo} is a FIFO, not a regular file; give")
+    d = tmp_path / "shards"
+    d.mkdir()
+    os.mkfifo(d / "a.jsonl")
+    msg = resolve_error(d).message
+    assert msg.startswith(f"{d} is a directory whose .jsonl/.jsonl.gz entries are not regular files: "
+                          "a.jsonl (a FIFO)")
+    msg = resolve_error(tmp_path / "*.jsonl").message
+    assert msg.startswith(f"glob '{tmp_path / '*.jsonl'}' matched 1 path but no regular file: {fifo} (a FIFO)")
+
+
+def test_character_device_is_named():
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    assert resolve_error("/dev/zero").message.startswith("/dev/zero is a character device, not a regular file")
+
+
+def test_broken_symlink_is_named(tmp_path):
+    link = tmp_path / "t.jsonl"
+    link.symlink_to(tmp_path / "gone.jsonl")
+    assert resolve_error(link).message.startswith(f"{link} is a broken symbolic link (to {tmp_path / 'gone.jsonl'})")
