@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.engine.timing import MeasuredTables, MeasuredTiming
-from simulator.catalog.models import ModelSource
+from simulator.catalog.models import ModelSource, check_tensor_split
 from simulator.errors import InputError, NotSupportedError
 
 GRID_VERSION = 1
@@ -108,6 +108,8 @@ def measured_timing(
     if not pkg:
         raise InputError(field, "timing.type default needs the aiconfigurator-core package (pip install -e . installs it); "
                                 "or set timing.type: roofline")
+    # aiconfigurator asserts this deep inside (an AssertionError that read as "no data: use roofline")
+    check_tensor_split(src, tensor, _tensor_field(field))
     alias = backend_version or "current"
     parallel = [tensor, pipeline, attention_data, moe_tensor, moe_expert]
     key = _request_key(pkg, src, hardware, backend, alias, parallel)
@@ -130,6 +132,14 @@ def measured_timing(
                            f"{hardware}/{backend}/{data_version}")
     _MEMO[key] = model
     return model
+
+
+def _tensor_field(field: str) -> str:
+    """The tensor-parallelism key next to a timing ``field``: ``engine.workers.<role>.timing`` ->
+    ``engine.workers.<role>.parallelism.tensor``; else the engine argument's name."""
+    if field.endswith(".timing"):
+        return field.removesuffix(".timing") + ".parallelism.tensor"
+    return "tensor_parallel_size"
 
 
 def _request_key(pkg: str, src: ModelSource, hardware: str, backend: str, alias: str, parallel: list[int]) -> str:

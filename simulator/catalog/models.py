@@ -150,6 +150,44 @@ def geometry_of(src: ModelSource, field: str = "engine.model") -> ModelGeometry:
     return geometry_from_config(src.model_id, src.config, src.quant_config, field)
 
 
+def _text_config(cfg: dict) -> dict:
+    return {**cfg, **cfg["text_config"]} if "text_config" in cfg and "num_hidden_layers" not in cfg else cfg
+
+
+def tensor_split_ok(cfg: dict, tensor: int) -> bool | None:
+    """Whether tensor parallelism ``tensor`` splits the model's attention as an engine needs: the
+    attention heads divide by it, and the KV heads either divide by it or (fewer KV heads than
+    ranks, replicated) divide it; MLA has no separate KV heads. None: config.json has no heads."""
+    cfg = _text_config(cfg)
+    try:
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if heads <= 0 or kv <= 0:
+        return None
+    if heads % tensor:
+        return False
+    return bool(cfg.get("kv_lora_rank")) or kv % tensor == 0 or tensor % kv == 0
+
+
+def check_tensor_split(src: ModelSource, tensor: int, field: str) -> None:
+    """InputError at ``field`` when ``tensor`` cannot split ``src``'s attention heads (see
+    tensor_split_ok), naming the sizes that can; nothing when it can or the heads are unknown."""
+    if tensor <= 1 or tensor_split_ok(src.config, tensor) is not False:
+        return
+    cfg = _text_config(src.config)
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    good = [t for t in range(1, max(8, tensor) + 1) if tensor_split_ok(cfg, t)]
+    sizes = ", ".join(map(str, good[:-1])) + f" or {good[-1]}" if len(good) > 1 else str(good[0])
+    if heads % tensor:
+        what = f"{heads} attention heads"
+    else:
+        what = f"{kv} KV heads (it must divide them, or be a multiple of them)"
+    raise InputError(field, f"{tensor} does not divide {src.model_id}'s {what}; use {sizes}")
+
+
 def _dtype_bytes(cfg: dict) -> float:
     return _DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), 2.0)
 
@@ -191,8 +229,7 @@ def quantization_bytes(cfg: dict, quant: dict | None) -> tuple[float, float]:
 
 
 def geometry_from_config(name: str, cfg: dict, quant: dict | None = None, field: str = "engine.model") -> ModelGeometry:
-    if "text_config" in cfg and "num_hidden_layers" not in cfg:
-        cfg = {**cfg, **cfg["text_config"]}
+    cfg = _text_config(cfg)
 
     def need(key: str):
         if cfg.get(key) is None:

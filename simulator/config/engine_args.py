@@ -6,11 +6,11 @@ defaults are the reference's native ones (polynomial timing, 16,384 blocks, bloc
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
-from simulator.config.models import NonNegFloat, PosInt, Strict
+from simulator.config.models import Float, Fraction01, NonNegFloat, PosFloat, PosInt, Strict
 
 BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
 
@@ -19,8 +19,8 @@ class TimingModelArgs(Strict):
     type: Literal["polynomial", "fixed", "roofline", "default"] = "polynomial"
     prefill_ms: NonNegFloat | None = None
     decode_ms: NonNegFloat | None = None
-    compute_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
-    memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    compute_efficiency: Fraction01 | None = None
+    memory_efficiency: Fraction01 | None = None
     overhead_ms: NonNegFloat | None = None
 
     @model_validator(mode="after")
@@ -44,7 +44,7 @@ class EngineArgs(Strict):
     startup_time: NonNegFloat | None = None
     max_model_len: PosInt | None = None
     num_gpu_blocks: PosInt = 16384
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
+    gpu_memory_utilization: Fraction01 | None = None
     tensor_parallel_size: PosInt = 1
     pipeline_parallel_size: PosInt = 1
     prefill_context_parallel_size: PosInt = 1
@@ -54,11 +54,11 @@ class EngineArgs(Strict):
     timing_model: TimingModelArgs = TimingModelArgs()
     kv_cache_bytes_per_token: PosInt | None = None
     preemption_mode: Literal["lifo", "fifo"] = "lifo"
-    speedup_ratio: float = 1.0
-    decode_speedup_ratio: float = 1.0
+    speedup_ratio: Float = 1.0
+    decode_speedup_ratio: Float = 1.0
     prefill_schedule_interval: PosInt = 1
     # disaggregated KV transfer (read from the prefill role's arguments)
-    kv_transfer_bandwidth: Annotated[float, Field(gt=0)] | None = None  # GB/s
+    kv_transfer_bandwidth: PosFloat | None = None  # GB/s
     kv_transfer_bytes_per_token: PosInt | None = None  # None: the prefill role's KV bytes per token
     kv_transfer_timing_mode: Literal["destination_missing", "full_prompt"] = "destination_missing"  # as in the YAML
 

@@ -8,14 +8,34 @@ reference, then rejected with "not supported" by ``simulator.config.support``.
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Strict as StrictType
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+def _plain_int(v):
+    """Integral numbers of other types (numpy) as int; anything else is left to the strict check."""
+    return int(v) if isinstance(v, Integral) and not isinstance(v, (bool, int)) else v
+
+
+def _plain_float(v):
+    """Real numbers of other types (numpy, Fraction) as float; anything else is left to the strict check."""
+    return float(v) if isinstance(v, Real) and not isinstance(v, (bool, int, float)) else v
+
+
+# Every number field of the config models (here, in engine_args and in planner_config) uses these
+# types, never a bare int or float: a bool (``replicas: true``), a string (``"4"``) and, for an
+# integer, a float (``4.0``) are rejected instead of being taken as 1 / 4; a float field takes an
+# integer (``ttft_ms: 500``). tests/simulator/config/test_number_types.py checks every field.
+Int = Annotated[int, StrictType(), BeforeValidator(_plain_int)]
+Float = Annotated[float, StrictType(), BeforeValidator(_plain_float)]
+PosInt = Annotated[Int, Field(gt=0)]
+NonNegInt = Annotated[Int, Field(ge=0)]
+PosFloat = Annotated[Float, Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[Float, Field(ge=0, allow_inf_nan=False)]
+Fraction01 = Annotated[Float, Field(gt=0, le=1)]  # (0, 1]
 
 
 class Strict(BaseModel):
@@ -37,7 +57,7 @@ class SyntheticSource(Strict):
 
 
 class SessionShape(Strict):
-    turns: Annotated[int, Field(ge=2)] = 4
+    turns: Annotated[Int, Field(ge=2)] = 4
 
 
 class SyntheticSessionSource(Strict):
@@ -45,7 +65,7 @@ class SyntheticSessionSource(Strict):
     new_input_tokens_per_turn: PosInt = 1024
     output_tokens_per_turn: PosInt = 128
     session: SessionShape = SessionShape()
-    shared_prefix_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    shared_prefix_ratio: Annotated[Float, Field(ge=0, le=1)] = 0.0
     prefix_groups: NonNegInt = 0
     inter_turn_delay_ms: NonNegFloat = 0.0
 
@@ -96,7 +116,7 @@ class _RateLoad(Strict):
 
 class PoissonLoad(_RateLoad):
     type: Literal["poisson"]
-    seed: int = 42
+    seed: Int = 42
 
 
 class ConstantRateLoad(_RateLoad):
@@ -161,7 +181,7 @@ class Scheduler(Strict):
 
 class Capacity(Strict):
     type: Literal["default", "fixed"] = "default"
-    memory_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    memory_fraction: Fraction01 | None = None
     blocks: PosInt | None = None
     bytes: PosInt | None = None
     cuda_graph_reserved_bytes: NonNegInt = 0
@@ -192,8 +212,8 @@ class Timing(Strict):
     decode_ms: NonNegFloat | None = None
     forward_model: Literal["op_level", "fpm"] = "op_level"
     # roofline efficiency factors (aisim addition; only with type roofline)
-    compute_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
-    memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = None
+    compute_efficiency: Fraction01 | None = None
+    memory_efficiency: Fraction01 | None = None
     overhead_ms: NonNegFloat | None = None
 
     @model_validator(mode="after")
@@ -243,7 +263,7 @@ class Engine(Strict):
     enable_chunked_prefill: bool = True
     speculation: dict[str, Any] | None = None
     nextn: NonNegInt = 0
-    nextn_accepted: list[float] | None = None
+    nextn_accepted: list[Float] | None = None
     tokenization: Tokenization | None = None
 
     @model_validator(mode="after")
@@ -286,7 +306,7 @@ ROUTER_RESERVED = {
 class Router(Strict):
     policy: Literal["round_robin", "random", "kv_router"] = "round_robin"
     prefill_load_model: PrefillLoadModel = PrefillLoadModel()
-    overlap_score_credit: Annotated[float, Field(ge=0, le=1)] | None = None  # 1.0 with kv_router
+    overlap_score_credit: Annotated[Float, Field(ge=0, le=1)] | None = None  # 1.0 with kv_router
     prefill_load_scale: NonNegFloat | None = None  # 1.0 with kv_router
     temperature: NonNegFloat | None = None  # 0.0 with kv_router
     host_cache_hit_weight: NonNegFloat | None = None
@@ -337,13 +357,13 @@ class Resources(Strict):
     memory_limit_gb: Literal["auto"] | PosFloat = "auto"
     cpu_limit: Literal["auto"] | PosInt = "auto"
     reserve_memory_gb: NonNegFloat = 1.0
-    reserve_memory_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
-    available_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+    reserve_memory_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.0
+    available_memory_fraction: Fraction01 = 0.9
 
 
 class Execution(Strict):
     resources: Resources = Resources()
-    seed: int = 42  # aisim: root of every actor's random stream (the random and KV routers)
+    seed: Int = 42  # aisim: root of every actor's random stream (the random and KV routers)
     # aisim: where the actors live and how they synchronise (see README, "Running on Ray")
     backend: Literal["local", "ray"] = "local"
     router_sync_ms: NonNegFloat = 0.0  # 0: exact lockstep; W: the router sees worker state up to W ms old
@@ -364,7 +384,7 @@ class PlannerKnobs(Strict):
     max_throughput_scaling_replicas: PosInt = 8
     max_num_fpm_samples: PosInt = 64
     fpm_sample_bucket_size: PosInt = 16
-    load_scaling_down_sensitivity: Annotated[int, Field(ge=0, le=100)] = 80
+    load_scaling_down_sensitivity: Annotated[Int, Field(ge=0, le=100)] = 80
     load_min_observations: NonNegInt = 5
     load_predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
     load_predictor_log1p: bool = False
@@ -392,7 +412,7 @@ class Planner(PlannerKnobs):
     enable_load_scaling: bool | None = None
     throughput_adjustment_interval_seconds: PosInt | None = None
     load_adjustment_interval_seconds: PosFloat | None = None
-    max_num_gpus: int = 8
+    max_num_gpus: Int = 8
     min_workers: NonNegInt = 1
     prefill_min_workers: PosInt | None = None
     decode_min_workers: PosInt | None = None

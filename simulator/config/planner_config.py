@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 
 from simulator.config.loading import format_validation_error, read_yaml_mapping
-from simulator.config.models import NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
+from simulator.config.models import Float, Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
 from simulator.errors import InputError, NotSupportedError
 
 
@@ -38,17 +38,17 @@ class PlannerConfig(PlannerKnobs):
         180, validation_alias=AliasChoices("throughput_adjustment_interval", "throughput_adjustment_interval_seconds"))
     load_adjustment_interval: PosFloat = Field(
         5.0, validation_alias=AliasChoices("load_adjustment_interval", "load_adjustment_interval_seconds"))
-    max_gpu_budget: int = 8
-    min_gpu_budget: int = -1
+    max_gpu_budget: Int = 8
+    min_gpu_budget: Int = -1
     min_endpoint: NonNegInt = 1
     prefill_min_endpoint: PosInt | None = None
     decode_min_endpoint: PosInt | None = None
     ttft_ms: PosFloat = 500.0
     itl_ms: PosFloat = 50.0
-    prefill_scale_up_queue_tokens: Annotated[float, Field(ge=0)] | None = None
-    prefill_scale_down_queue_tokens: Annotated[float, Field(ge=0)] | None = None
-    decode_scale_up_kv_rate: Annotated[float, Field(ge=0, le=100)] | None = None
-    decode_scale_down_kv_rate: Annotated[float, Field(ge=0, le=100)] | None = None
+    prefill_scale_up_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
+    prefill_scale_down_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
+    decode_scale_up_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
+    decode_scale_down_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
     prefill_engine_num_gpu: PosInt | None = None
     decode_engine_num_gpu: PosInt | None = None
     scheduling: Scheduling = Scheduling()
@@ -70,6 +70,19 @@ class PlannerConfig(PlannerKnobs):
 IDENTITY_EXCLUSIONS = ("load_predictor_warmup_trace", "report_interval_hours", "live_dashboard_port")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
     """A mapping, an inline JSON string, or the path of a JSON or YAML file."""
     data = raw
@@ -79,7 +92,9 @@ def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
         text = str(raw).strip()
         if text.startswith("{"):
             try:
-                data = json.loads(text)
+                data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+            except _DuplicateKey as exc:
+                raise InputError(field, f"inline JSON has duplicate key {exc.args[0]!r}; keep one") from None
             except ValueError as exc:
                 raise InputError(field, f"inline JSON does not parse ({exc.msg})") from None
         else:
