@@ -17,6 +17,12 @@ COMPLETED = 2
 REJECTED = 3
 HANDED_OFF = 4  # prefill done on a prefill worker; its KV is held there until transferred
 
+# why a request was rejected at admission (``Request.reject_reason``; set by the scheduler)
+REJECT_CONTEXT_LENGTH = "context_length"  # prompt >= the context length
+REJECT_KV_CAPACITY = "kv_capacity"  # the prompt alone needs more KV blocks than the rank's cache holds
+REJECT_BATCH_TOKENS = "max_batched_tokens"  # chunked prefill off and the prompt exceeds one pass's tokens
+REJECT_UNKNOWN = "unknown"  # not expected: a rejection none of the checks explains
+
 
 class HashSource(Protocol):
     """Gives the chained block hashes of a request's full sequence (prompt + output)."""
@@ -60,6 +66,9 @@ class Request:
         "materialized",
         "handoff",
         "routing",
+        # admission rejection: a code (REJECT_*) and a sentence with the numbers; None otherwise
+        "reject_reason",
+        "reject_detail",
     )
 
     def __init__(
@@ -101,6 +110,8 @@ class Request:
         self.routing: list[dict] = []  # one entry per routing decision (when captured)
         self.materialized = False
         self.handoff: dict | None = None  # disaggregated timestamps and placement
+        self.reject_reason: str | None = None
+        self.reject_detail: str | None = None
 
     @property
     def num_known(self) -> int:
@@ -124,7 +135,8 @@ class Request:
 #: identity fields (set once at arrival) then progress fields (the engine's view of the request)
 WIRE_IDENTITY = ("index", "arrival_ms", "prompt_len", "max_output", "session_id", "turn_index")
 WIRE_PROGRESS = ("num_computed", "num_generated", "prefill_done", "status", "worker", "rank", "first_admit_ms",
-                 "first_token_ms", "second_token_ms", "last_token_ms", "terminal_ms", "materialized")
+                 "first_token_ms", "second_token_ms", "last_token_ms", "terminal_ms", "materialized", "reject_reason",
+                 "reject_detail")
 
 
 def request_to_wire(req: Request) -> list:

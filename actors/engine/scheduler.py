@@ -9,7 +9,8 @@ A pass (per rank):
    frees its blocks, ``num_computed = 0``, it goes to the front of the waiting queue) and the
    allocation is retried; preempting the request itself ends the loop.
 3. Waiting requests next, FCFS with head-of-line blocking, only if nothing was preempted,
-   while ``running < max_sequences`` and budget is left: reject requests that can never run,
+   while ``running < max_sequences`` and budget is left: reject requests that can never run
+   (``Request.reject_reason``: ``context_length``, ``kv_capacity`` or ``max_batched_tokens``),
    look up the cached prefix (only full blocks, never the whole prompt), admit when the whole
    sequence's blocks minus its active cached blocks fit in the blocks not held by live
    requests, and schedule ``min(remaining, budget)`` tokens.
@@ -24,7 +25,17 @@ from collections import deque
 from dataclasses import dataclass
 
 from actors.engine.kv_cache import KVCache
-from actors.engine.request import COMPLETED, HANDED_OFF, REJECTED, RUNNING, WAITING, Request
+from actors.engine.request import (
+    COMPLETED,
+    HANDED_OFF,
+    REJECT_BATCH_TOKENS,
+    REJECT_CONTEXT_LENGTH,
+    REJECT_KV_CAPACITY,
+    REJECTED,
+    RUNNING,
+    WAITING,
+    Request,
+)
 from actors.engine.timing import PassShape, TimingModel
 
 
@@ -165,10 +176,12 @@ class RankScheduler:
             while waiting and budget > 0 and len(running) < max_seqs:
                 req = waiting[0]
                 known = req.prompt_len + req.num_generated
-                if req.num_generated == 0 and self._never_fits(req):
-                    waiting.popleft()
-                    self._reject(req, now_ms)
-                    continue
+                if req.num_generated == 0:
+                    why = self._never_fits(req)
+                    if why:
+                        waiting.popleft()
+                        self._reject(req, now_ms, why)
+                        continue
                 hashes = req.block_hashes(bs) if cfg.enable_prefix_caching else None
                 if hashes is not None:
                     hits, active_hits = kv.match_prefix(hashes, (known - 1) // bs)
@@ -229,17 +242,34 @@ class RankScheduler:
         var_d = sq_kv / num_decode - (decode_kv / num_decode) ** 2 if num_decode else 0.0
         return RankPass(items, shape, duration, num_preempted, var_p, var_d)
 
-    def _never_fits(self, req: Request) -> bool:
+    def _never_fits(self, req: Request) -> str | None:
+        """The reason code (``REJECT_*``, truthy) when ``req`` can never run here, else None."""
         cfg = self.config
         if req.prompt_len >= self.context_limit:
-            return True
+            return REJECT_CONTEXT_LENGTH
         if -(-req.prompt_len // cfg.block_size) > cfg.num_gpu_blocks:
-            return True
+            return REJECT_KV_CAPACITY
         if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_batched_tokens:
-            return True
-        return False
+            return REJECT_BATCH_TOKENS
+        return None
 
-    def _reject(self, req: Request, now_ms: float) -> None:
+    def rejection_detail(self, req: Request, code: str) -> str:
+        """The sentence for a rejection (built only when one happens)."""
+        cfg = self.config
+        n = req.prompt_len
+        if code == REJECT_CONTEXT_LENGTH:
+            return f"prompt of {n:,} tokens >= context length {self.context_limit:,}"
+        if code == REJECT_KV_CAPACITY:
+            cache = "the cache" if self.pool_label == "agg" else f"the {self.pool_label} cache"
+            return (f"prompt of {n:,} tokens needs {-(-n // cfg.block_size):,} KV blocks, "
+                    f"{cache} holds {cfg.num_gpu_blocks:,} (block size {cfg.block_size})")
+        if code == REJECT_BATCH_TOKENS:
+            return f"prompt of {n:,} tokens > max batched tokens {cfg.max_batched_tokens:,} with chunked prefill off"
+        return ""
+
+    def _reject(self, req: Request, now_ms: float, code: str) -> None:
+        req.reject_reason = code
+        req.reject_detail = self.rejection_detail(req, code)
         req.status = REJECTED
         req.terminal_ms = now_ms
         req.hashes = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 
-from actors.engine.request import COMPLETED, REJECTED, Request
+from actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
 
 NAN = float("nan")
 
@@ -50,6 +50,9 @@ class RequestLog:
         self.first_reused = array("q")
         self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
         self.records: list[dict] | None = [] if capture else None
+        # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
+        self.rejection_counts: dict[str, int] = {}
+        self.rejection_examples: dict[str, tuple[int, str]] = {}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -59,6 +62,8 @@ class RequestLog:
             final_status = (
                 STATUS_COMPLETED if req.status == COMPLETED else STATUS_REJECTED if req.status == REJECTED else STATUS_INCOMPLETE
             )
+        if final_status == STATUS_REJECTED:
+            self._count_rejection(req)
         self.index.append(req.index)
         self.status.append(final_status)
         self.arrival.append(req.arrival_ms)
@@ -76,6 +81,13 @@ class RequestLog:
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
             self.records.append(self._record(req, final_status, reused))
+
+    def _count_rejection(self, req: Request) -> None:
+        code = req.reject_reason or REJECT_UNKNOWN
+        self.rejection_counts[code] = self.rejection_counts.get(code, 0) + 1
+        ex = self.rejection_examples.get(code)
+        if ex is None or req.index < ex[0]:
+            self.rejection_examples[code] = (req.index, req.reject_detail or "")
 
     def _record(self, req: Request, status: int, reused: int) -> dict:
         """One requests.jsonl row (aggregated mode fields; keys sorted when written)."""
@@ -115,6 +127,8 @@ class RequestLog:
             "last_token_ms": last,
             "terminal_time_ms": req.terminal_ms,
             "terminal_status": STATUS_LABELS[status],
+            "rejection_reason": (req.reject_reason or REJECT_UNKNOWN) if status == STATUS_REJECTED else None,
+            "rejection_detail": req.reject_detail if status == STATUS_REJECTED else None,
             "ttft_ms": ttft,
             "ttst_ms": ttst,
             "itl_ms": itl,

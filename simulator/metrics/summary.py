@@ -108,6 +108,10 @@ def summarize(
     s["completed_requests"] = completed
     s["rejected_requests"] = int((status == STATUS_REJECTED).sum())
     s["incomplete_requests"] = int((status == STATUS_INCOMPLETE).sum())
+    # why requests were rejected at admission: code -> count, and code -> the detail of its
+    # lowest-index request (e.g. "prompt of 41,000 tokens >= context length 40,960"); {} when none
+    s["rejection_reasons"] = {k: log.rejection_counts[k] for k in sorted(log.rejection_counts)}
+    s["rejection_examples"] = {k: log.rejection_examples[k][1] for k in sorted(log.rejection_examples)}
     s["total_input_tokens"] = total_in
     s["total_output_tokens"] = total_out
     s["duration_ms"] = duration_ms

@@ -12,7 +12,9 @@ ROWS = (
 SCALARS = (
     ("Output Token Throughput (tokens/sec)", "output_throughput_tok_s"),
     ("Request Throughput (requests/sec)", "request_throughput_rps"),
-    ("Request Count (requests)", "completed_requests"),
+    ("Completed Requests (requests)", "completed_requests"),
+    ("Rejected Requests (requests)", "rejected_requests"),
+    ("Incomplete Requests (requests)", "incomplete_requests"),
 )
 COLUMNS = ("avg", "min", "max", "p99", "p90", "p75", "std")
 _STAT_OF = {"avg": "mean", "min": "min", "max": "max", "p99": "p99", "p90": "p90", "p75": "p75", "std": "std"}
@@ -24,6 +26,19 @@ def _fmt(v) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return f"{v:,.2f}"
+
+
+def rejection_lines(summary: dict) -> list[str]:
+    """One line per rejection reason, most frequent first (then by code): none when nothing was rejected."""
+    reasons = summary.get("rejection_reasons") or {}
+    examples = summary.get("rejection_examples") or {}
+    out = []
+    for code, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        text = f"Rejected ({code}): {n:,} request{'s' if n != 1 else ''}"
+        if examples.get(code):
+            text += f", e.g. {examples[code]}"
+        out.append(text)
+    return out
 
 
 def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dict | None = None) -> str:
@@ -48,6 +63,7 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dic
     lines = [title.center(total).rstrip(), line("┏", "┳", "┓", "━"), row(header, "┃"), line("┡", "╇", "┩", "━")]
     lines += [row(r, "│") for r in body]
     lines.append(line("└", "┴", "┘", "─"))
+    lines += rejection_lines(summary)
     dep = summary.get("deployment")
     if dep:
         pools = ", ".join(f"{n} {role}" for role, n in dep["workers"].items())

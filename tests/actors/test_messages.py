@@ -34,7 +34,8 @@ def test_a_request_crosses_the_wire_with_its_progress_and_admissions():
     back = request_from_wire(roundtrip(request_to_wire(req)), source=None)
     for f in ("index", "arrival_ms", "prompt_len", "max_output", "session_id", "turn_index", "num_computed",
               "num_generated", "prefill_done", "worker", "rank", "first_admit_ms", "first_token_ms",
-              "second_token_ms", "last_token_ms", "terminal_ms", "materialized", "admissions"):
+              "second_token_ms", "last_token_ms", "terminal_ms", "materialized", "reject_reason", "reject_detail",
+              "admissions"):
         assert getattr(back, f) == getattr(req, f), f
     other = Request(7, None, 12.5, 1500, 200)
     other.routing = [{"pool": "agg"}]
@@ -53,3 +54,15 @@ def test_snapshot_traffic_and_decision_cross_the_wire():
     assert traffic_from_wire(roundtrip(traffic_to_wire(w))) == w and traffic_from_wire(None) is None
     d = Decision(None, 3, 15000.0)
     assert decision_from_wire(roundtrip(decision_to_wire(d))) == d
+
+
+def test_a_rejected_request_crosses_the_wire_with_its_reason():
+    req = Request(3, None, 0.0, 50000, 10)
+    req.status, req.terminal_ms = 3, 5.0
+    req.reject_reason, req.reject_detail = "context_length", "prompt of 50,000 tokens >= context length 40,960"
+    back = request_from_wire(roundtrip(request_to_wire(req)), source=None)
+    assert (back.status, back.reject_reason, back.reject_detail) == (3, req.reject_reason, req.reject_detail)
+    other = Request(3, None, 0.0, 50000, 10)
+    assert other.reject_reason is None and other.reject_detail is None
+    apply_wire_progress(other, roundtrip(request_to_wire(req)))
+    assert (other.reject_reason, other.reject_detail) == (req.reject_reason, req.reject_detail)

@@ -40,6 +40,8 @@ def test_report_shape_and_summary_keys(quick):
               "processed_tokens", "committed_prefill_tokens", "kv_eviction_policy", "prediction_provenance", *WALL):
         assert k in s, k
     assert s["completed_requests"] == s["num_requests"] == 1000
+    assert (s["rejected_requests"], s["incomplete_requests"]) == (0, 0)
+    assert s["rejection_reasons"] == {} and s["rejection_examples"] == {}
     assert s["prediction_provenance"]["aggregated"]["kv_capacity_blocks_per_rank"] == 29249
     # static pools: worker seconds = replicas x duration; aggregated is accounted under decode
     assert s["decode_worker_seconds"] == pytest.approx(2 * s["duration_ms"] / 1000)

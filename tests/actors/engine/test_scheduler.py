@@ -90,8 +90,11 @@ def test_context_length_rejects_long_prompts_and_stops_generation(tmp_path):
     rep = replay_rows(tmp_path, rows, {"max_model_len": 20, "block_size": 4})
     r = by_uuid(rep)
     assert r["r1"]["terminal_status"] == "completed" and r["r1"]["output_length"] == 4
-    assert r["r2"]["terminal_status"] == "rejected"
+    assert r["r2"]["terminal_status"] == "rejected" and r["r2"]["rejection_reason"] == "context_length"
+    assert r["r2"]["rejection_detail"] == "prompt of 20 tokens >= context length 20"
+    assert r["r1"]["rejection_reason"] is None and r["r1"]["rejection_detail"] is None
     assert rep.summary["rejected_requests"] == 1 and rep.summary["completed_requests"] == 1
+    assert rep.summary["rejection_reasons"] == {"context_length": 1}
 
 
 def test_max_sequences_one_serialises_requests(tmp_path):
@@ -106,6 +109,8 @@ def test_chunked_prefill_disabled(tmp_path):
     eng = {**FIXED, "max_num_batched_tokens": 512, "enable_chunked_prefill": False}
     r = by_uuid(replay_rows(tmp_path, rows, eng))
     assert r["r1"]["terminal_status"] == "rejected"  # can never fit one pass
+    assert r["r1"]["rejection_reason"] == "max_batched_tokens"
+    assert r["r1"]["rejection_detail"] == "prompt of 600 tokens > max batched tokens 512 with chunked prefill off"
     assert r["r2"]["ttft_ms"] == 100.0
 
 
@@ -121,3 +126,14 @@ def test_zero_output_request_completes_without_a_token(tmp_path):
     rep = replay_rows(tmp_path, [row(0, 100, 0, rid=1)], FIXED)
     r = by_uuid(rep)["r1"]
     assert r["terminal_status"] == "completed" and r["ttft_ms"] is None and r["terminal_time_ms"] == 100.0
+
+
+def test_prompt_needing_more_blocks_than_the_cache_is_rejected_with_its_reason(tmp_path):
+    # 4 blocks of 4 tokens: 16 tokens fit exactly, 17 never can
+    rows = [row(0, 17, 3, rid=1), row(0, 16, 1, rid=2)]
+    rep = replay_rows(tmp_path, rows, {**FIXED, "num_gpu_blocks": 4, "block_size": 4})
+    r = by_uuid(rep)
+    assert r["r1"]["terminal_status"] == "rejected" and r["r1"]["rejection_reason"] == "kv_capacity"
+    assert r["r1"]["rejection_detail"] == "prompt of 17 tokens needs 5 KV blocks, the cache holds 4 (block size 4)"
+    assert r["r2"]["terminal_status"] == "completed" and r["r2"]["ttft_ms"] == 100.0
+    assert rep.summary["rejection_reasons"] == {"kv_capacity": 1}
