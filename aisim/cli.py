@@ -3,16 +3,25 @@
     aisim predict                                   # the bundled quickstart, table on stdout
     aisim predict -c my.yaml --set router.policy=round_robin --output-dir out/
 
-Exit codes: 0 success, 1 execution failure, 2 bad input (config, trace, override, flag),
-3 resource limit, 124 initialisation timeout, 130 interrupted.
+Exit codes: 0 success, 1 execution failure (also: no request completed; the outputs are still
+written), 2 bad input (config, trace, override, flag, output directory), 3 resource limit,
+124 initialisation timeout, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+
+--output-dir is written as one transaction (simulator.metrics.output.OutputTransaction): the run
+writes into a staging directory next to it and swaps it into place only when complete, so an
+interrupted or failed run (any signal, even SIGKILL) leaves the previous outputs exactly as they
+were; the directory is locked while a run writes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -35,11 +44,16 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
                     help="override a config key before validation, e.g. --set 'planner={policy: disabled}' (repeatable)")
     pr.add_argument("--output-dir", type=Path, default=None,
-                    help="write prediction.json (and requests.jsonl) here; without it nothing is written")
-    pr.add_argument("--overwrite", action="store_true", help="replace known aisim outputs in a non-empty --output-dir")
+                    help="write prediction.json (and requests.jsonl) here, all at once when the run completes; "
+                         "without it nothing is written")
+    pr.add_argument("--overwrite", action="store_true",
+                    help="replace known aisim outputs in a non-empty --output-dir (other files stay)")
     pr.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
     pr.add_argument("--capture-per-request", action="store_true",
-                    help="fill prediction.json per_request and write requests.jsonl (needs --output-dir)")
+                    help="write every request's record to requests.jsonl; prediction.json's per_request points "
+                         "to it (needs --output-dir)")
+    pr.add_argument("--per-request-in-prediction", action="store_true",
+                    help="with --capture-per-request: also keep the records in prediction.json's per_request")
     pr.add_argument("--capture-worker-timeline", action="store_true",
                     help="write worker_timeline.csv: each worker's waiting/running requests and KV usage over "
                          "time (needs --output-dir)")
@@ -63,31 +77,184 @@ def _execution_overrides(args) -> list[str]:
     return out
 
 
-def _predict(args, t0: float) -> int:
+class _Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread (``signum`` says which)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT and SIGTERM both interrupt the run (``_Interrupted``), so every ``finally`` runs and the
+    output transaction is rolled back. Inside ``deferred()`` a signal waits for the block to end (the
+    output directory is never left half-changed); after ``finish()`` (the outputs are being put in
+    place) a signal no longer changes the outcome. Installed only in the main thread."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._previous: dict = {}
+        self._depth = 0
+        self._pending: int | None = None
+        self._finished = False
+        self._replaced: set = set()
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.HANDLED:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _reinstall(self) -> None:
+        """Take the signals back from whoever replaced our handlers (``ray.init`` installs a SIGTERM
+        handler that calls ``sys.exit``)."""
+        for s in self._previous:
+            if signal.getsignal(s) != self._handle:
+                self._replaced.add(s)
+                signal.signal(s, self._handle)
+
+    def replaced_sigterm(self) -> bool:
+        """Whether a library's SIGTERM handler (not ours) was in place: its ``sys.exit(15)`` means SIGTERM."""
+        self._reinstall()
+        return signal.SIGTERM in self._replaced
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self._finished:
+            return
+        if self._depth:
+            if self._pending is None:
+                self._pending = signum
+            return
+        raise _Interrupted(signum)
+
+    @contextmanager
+    def deferred(self):
+        self._reinstall()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if not self._depth and self._pending is not None and not self._finished:
+            signum, self._pending = self._pending, None
+            raise _Interrupted(signum)
+
+    def finish(self) -> None:
+        self._reinstall()
+        self._finished = True
+
+
+_INTERRUPT_EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+
+#: the table's box-drawing characters, for a stdout that cannot encode them (PYTHONIOENCODING=ascii)
+_ASCII_BOX = str.maketrans({**{c: "+" for c in "┏┳┓┡╇┩└┴┘┌┬┐├┼┤╞╪╡"},
+                            "━": "=", "─": "-", "┃": "|", "│": "|"})
+
+
+def _encodable(text: str, stream) -> bool:
+    try:
+        text.encode(getattr(stream, "encoding", None) or "utf-8")
+    except (UnicodeError, LookupError):
+        return False
+    return True
+
+
+def _for_stream(text: str, stream) -> str:
+    """``text`` as ``stream`` can encode it: box-drawing characters become + - = |, anything else
+    unencodable becomes ``?``."""
+    if _encodable(text, stream):
+        return text
+    text = text.translate(_ASCII_BOX)
+    enc = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return text.encode(enc, errors="replace").decode(enc)
+    except LookupError:
+        return text.encode("ascii", errors="replace").decode("ascii")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _counts(reasons: dict) -> str:
+    return ", ".join(f"{code} {n:,}" for code, n in sorted(reasons.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+
+
+def _outcome(summary: dict) -> tuple[str | None, str | None]:
+    """(failure, warning): failure when no request completed, a warning when some were rejected.
+    ``rejection_reasons`` ({reason: count}) is read defensively (older summaries lack it)."""
+    def count(key: str) -> int:
+        v = summary.get(key)
+        return v if isinstance(v, int) else 0
+
+    offered, completed, rejected, incomplete = (count(k) for k in ("num_requests", "completed_requests",
+                                                                   "rejected_requests", "incomplete_requests"))
+    reasons = summary.get("rejection_reasons")
+    reasons = {k: v for k, v in reasons.items() if isinstance(v, int) and v > 0} if isinstance(reasons, dict) else {}
+    if completed == 0:
+        parts = []
+        if rejected:
+            parts.append(f"{rejected:,} rejected" + (f": {_counts(reasons)}" if reasons else ""))
+        if incomplete:
+            parts.append(f"{incomplete:,} incomplete when the replay stopped")
+        detail = "; ".join(parts) if parts else f"{offered:,} offered"
+        return f"no request completed ({detail})", None
+    if rejected:
+        text = f"{rejected:,} of {offered:,} requests rejected"
+        text += f" ({_counts(reasons)}); see rejection_reasons" if reasons else "; see rejected_requests"
+        return None, text
+    return None, None
+
+
+def _predict(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim predict``; ``t0`` is the ``time.perf_counter()`` at which the command started (the
     initialisation timeout and the recorded runtime count from it, not from when this module was imported)."""
-    from simulator.config.loading import load_config
-    from simulator.errors import InitTimeoutError, InputError
-    from simulator.metrics.output import (
-        atomic_write_lines,
-        atomic_write_text,
-        canonical_json,
-        prepare_output_dir,
-        write_resource_runtime,
-    )
-    from simulator.metrics.table import render_table
-    from simulator.metrics.timeline import write_csv as write_timeline_csv
-    from simulator.replay import plan_from_config, run_plan
-    from simulator.runtime.resources import ResourceGuard, apply_cpu_limit, memory_limit_bytes, peak_rss_bytes
+    from simulator.errors import InputError
 
     if args.capture_per_request and args.output_dir is None:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
     if args.capture_worker_timeline and args.output_dir is None:
         raise InputError("--capture-worker-timeline", "needs --output-dir to write worker_timeline.csv")
+    if args.per_request_in_prediction and not args.capture_per_request:
+        raise InputError("--per-request-in-prediction", "needs --capture-per-request")
+    if args.output_dir is None:
+        return _run(args, t0, signals, None)
+    from simulator.metrics.output import OutputTransaction
+
+    out = OutputTransaction(args.output_dir, args.overwrite)
+    try:
+        with signals.deferred():
+            out.open()  # lock, leftovers, writability: all before the run
+        return _run(args, t0, signals, out)
+    finally:
+        with signals.deferred():
+            out.close()  # without a commit: the previous outputs stay exactly as they were
+
+
+def _run(args, t0: float, signals: _Signals, out) -> int:
+    from simulator.config.loading import load_config
+    from simulator.errors import InitTimeoutError
+    from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
+    from simulator.metrics.table import render_table
+    from simulator.metrics.timeline import write_csv as write_timeline_csv
+    from simulator.replay import plan_from_config, run_plan
+    from simulator.runtime.resources import ResourceGuard, apply_cpu_limit, memory_limit_bytes, peak_rss_bytes
+
     cfg, config_dir = load_config(args.config, args.overrides + _execution_overrides(args), default_path=QUICKSTART)
     plan = plan_from_config(cfg, config_dir, args.capture_per_request,
-                            capture_worker_timeline=args.capture_worker_timeline)  # every input checked before any output
-    out_dir = prepare_output_dir(args.output_dir, args.overwrite) if args.output_dir is not None else None
+                            capture_worker_timeline=args.capture_worker_timeline)  # every input checked before the run
     res = cfg.execution.resources
     apply_cpu_limit(res)
     guard = ResourceGuard(memory_limit_bytes(res))
@@ -95,29 +262,55 @@ def _predict(args, t0: float) -> int:
     if init_s > res.initialization_timeout_seconds:
         raise InitTimeoutError(f"initialisation took {init_s:.1f} s, over execution.resources.initialization_timeout_seconds "
                                f"({res.initialization_timeout_seconds} s); raise it for very large traces")
+
+    def finish(status: str, reason: str | None, code: int, peak: int) -> None:
+        """Record how the run ended, then put the outputs in place."""
+        write_resource_runtime(out.staging, status, reason, code, guard.limit_bytes, peak, time.perf_counter() - t0)
+        signals.finish()  # from here a signal no longer changes the outcome
+        out.commit()
+
     try:
         guard.check()
         report = run_plan(plan, guard)
     except Exception as exc:
-        if out_dir is not None and getattr(exc, "exit_code", 1) == 3:
-            write_resource_runtime(out_dir, "resource_limited", str(exc), 3, guard.limit_bytes, guard.peak_observed,
-                                   time.perf_counter() - t0)
+        if out is not None and getattr(exc, "exit_code", 1) == 3:
+            finish("resource_limited", str(exc), 3, guard.peak_observed)
         raise
-    if out_dir is not None:
-        atomic_write_text(out_dir / "prediction.json", canonical_json(report.to_dict()) + "\n")
+    failure, warning = _outcome(report.summary)
+    code = 1 if failure else 0
+    if out is not None:
+        doc = report.to_dict()
+        if report.per_request is not None and not args.per_request_in_prediction:
+            doc["per_request"] = {"path": "requests.jsonl", "records": len(report.per_request)}  # one copy
+        atomic_write_text(out.staging / "prediction.json", canonical_json(doc) + "\n")
         if report.per_request is not None:
-            atomic_write_lines(out_dir / "requests.jsonl", report.per_request)
+            atomic_write_lines(out.staging / "requests.jsonl", report.per_request)
         if report.timelines is not None:
-            write_timeline_csv(out_dir / "worker_timeline.csv", report.timelines)
-        write_resource_runtime(out_dir, "completed", None, 0, guard.limit_bytes,
-                               max(guard.peak_observed, peak_rss_bytes()), time.perf_counter() - t0)
+            write_timeline_csv(out.staging / "worker_timeline.csv", report.timelines)
     if args.format == "json":
-        print(canonical_json(report.summary, indent=None))
+        text = canonical_json(report.summary, indent=None)
+        if not _encodable(text, sys.stdout):
+            text = canonical_json(report.summary, indent=None, ensure_ascii=True)
     else:
-        print(render_table(report.summary, runtime=report.diagnostics.get("runtime")))
-        if out_dir is not None:
-            print(f"Saved full report to: {out_dir / 'prediction.json'}")
-    return 0
+        text = render_table(report.summary, runtime=report.diagnostics.get("runtime"))
+        if out is not None:
+            text += f"\nSaved full report to: {args.output_dir / 'prediction.json'}"
+    stdout_error = None
+    try:
+        sys.stdout.write(_for_stream(text, sys.stdout) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, UnicodeError) as exc:  # a closed pipe, a closed stream
+        stdout_error = f"could not write the report to stdout: {exc}"
+        _silence_stdout()
+        code = 1
+    if out is not None:
+        peak = max(guard.peak_observed, peak_rss_bytes())
+        finish("failed" if code else "completed", failure or stdout_error, code, peak)
+    if failure or stdout_error:
+        sys.stderr.write(f"aisim {args.command} failed: {failure or stdout_error}\n")
+    elif warning:
+        sys.stderr.write(f"aisim {args.command}: warning: {warning}\n")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,20 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = os.environ.get("AISIM_DEBUG") == "1"
-    try:
-        return _predict(args, t0)
-    except KeyboardInterrupt:
-        sys.stderr.write("aisim: interrupted\n")
-        return 130
-    except Exception as exc:  # the CLI turns every error into one line
-        code = getattr(exc, "exit_code", 1)
-        if debug:
+    with _Signals() as signals:
+        try:
+            return _predict(args, t0, signals)
+        except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
+            code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]
+            sys.stderr.write(f"aisim: {what}\n")
+            return code
+        except SystemExit as exc:
+            if exc.code == signal.SIGTERM and signals.replaced_sigterm():  # Ray's SIGTERM handler
+                code, what = _INTERRUPT_EXIT[signal.SIGTERM]
+                sys.stderr.write(f"aisim: {what}\n")
+                return code
             raise
-        if code == 1:
-            sys.stderr.write(f"aisim {args.command} failed: {type(exc).__name__}: {exc}\n")
-        else:
-            sys.stderr.write(f"aisim {args.command}: error: {exc}\n")
-        return code
+        except Exception as exc:  # the CLI turns every error into one line
+            code = getattr(exc, "exit_code", 1)
+            if debug:
+                raise
+            if code == 1:
+                sys.stderr.write(f"aisim {args.command} failed: {type(exc).__name__}: {exc}\n")
+            else:
+                sys.stderr.write(f"aisim {args.command}: error: {exc}\n")
+            return code
 
 
 if __name__ == "__main__":  # pragma: no cover

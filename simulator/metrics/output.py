@@ -1,18 +1,57 @@
-"""Writing results: canonical JSON, atomic files, the output directory contract."""
+"""Writing results: canonical JSON, atomic files, the output directory contract.
+
+The output directory is written as one transaction (``OutputTransaction``):
+
+- ``open()`` locks the directory, clears leftovers of interrupted runs, checks the directory can be
+  written and creates an empty staging directory next to it, ``.<name>.aisim-tmp-<pid>`` (same
+  parent, so the same filesystem), all before the run starts;
+- the run writes every file into the staging directory;
+- ``commit()`` puts the staging directory in place in one step: ``rename`` when the directory does
+  not exist yet; an atomic exchange (Linux ``renameat2(RENAME_EXCHANGE)``) of the two directories
+  when it does, after which the old one is deleted. Where the exchange is not available the old
+  directory is renamed aside (``.<name>.aisim-old-<pid>``) and the new one renamed in; a run killed
+  between those two renames is rolled back by the next run into the same directory;
+- ``close()`` without a commit deletes the staging directory (and any parent directories
+  ``open()`` created), so an interrupted or failed run leaves the previous outputs as they were.
+
+``--overwrite`` keeps its contract: the new run's files replace aisim's own files
+(``KNOWN_OUTPUTS``); any other file or folder in the directory stays. Those are carried into the new
+directory as hard links (same inodes, nothing copied; a file that cannot be hard-linked, e.g. across
+a mount, is copied), and the new directory gets the old one's permission bits. Because the directory
+itself is replaced, it may not be a mount point, the working directory or one of its parents.
+
+The lock is an exclusive ``flock`` on ``.<name>.aisim-lock`` in the parent directory, holding the
+owner's pid. The kernel releases it when the process exits in any way (even SIGKILL), so a stale
+lock file never blocks; a clean exit deletes the file. While a run holds the lock, every
+``.<name>.aisim-tmp-*`` / ``.<name>.aisim-old-*`` sibling of a dead process is a leftover of an
+interrupted run, and is deleted (or, for the one case above, restored).
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
+import hashlib
 import json
 import math
 import os
-import tempfile
+import re
+import secrets
+import shutil
+import stat
+import time
 from pathlib import Path
+from typing import Iterable
 
 from simulator.errors import InputError
 
-#: every file aisim writes into an output directory (``--overwrite`` deletes only these)
+#: every file aisim writes into an output directory (``--overwrite`` replaces only these)
 KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "resource-plan.json",
                  "resource-runtime.json")
+
+#: temporary files of earlier aisim versions, which wrote in place (``.prediction.json.<random>.tmp``)
+_LEGACY_TMP = re.compile(r"\.(?:%s)\..+\.tmp" % "|".join(re.escape(n) for n in KNOWN_OUTPUTS))
 
 
 def _clean(x):
@@ -26,17 +65,29 @@ def _clean(x):
     return x
 
 
-def canonical_json(obj, indent: int | None = 2) -> str:
-    return json.dumps(_clean(obj), sort_keys=True, indent=indent, allow_nan=False, ensure_ascii=False)
+def canonical_json(obj, indent: int | None = 2, ensure_ascii: bool = False) -> str:
+    return json.dumps(_clean(obj), sort_keys=True, indent=indent, allow_nan=False, ensure_ascii=ensure_ascii)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename over ``path``."""
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new ``.<name>.<random>.tmp`` next to ``path``, created with mode 0666 less the umask (as
+    ``open()`` creates files; ``tempfile.mkstemp`` would make it 0600)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[str]) -> None:
+    """Write ``chunks`` to a temporary file in the same directory, fsync, then rename over ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            for chunk in chunks:
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -48,13 +99,20 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over ``path``."""
+    atomic_write_chunks(path, (text,))
+
+
 def atomic_write_lines(path: Path, rows) -> None:
-    atomic_write_text(path, "".join(canonical_json(r, indent=None) + "\n" for r in rows))
+    """One canonical JSON object per line, serialised row by row (never the whole file in memory)."""
+    atomic_write_chunks(path, (canonical_json(r, indent=None) + "\n" for r in rows))
 
 
 def write_resource_runtime(out_dir: Path, status: str, reason: str | None, exit_code: int,
                            memory_limit_bytes: int | None, peak_rss_bytes: int, wall_seconds: float) -> None:
-    """``resource-runtime.json``: how the run ended against its execution.resources budget."""
+    """``resource-runtime.json``: how the run ended (``status`` completed, failed or resource_limited;
+    ``exit_code`` the command's exit status) against its execution.resources budget."""
     doc = {
         "schema_version": "1.0",
         "status": status,
@@ -68,20 +126,330 @@ def write_resource_runtime(out_dir: Path, status: str, reason: str | None, exit_
     atomic_write_text(Path(out_dir) / "resource-runtime.json", canonical_json(doc) + "\n")
 
 
-def prepare_output_dir(directory: Path, overwrite: bool) -> Path:
-    """Create ``directory``; refuse a non-empty one unless ``overwrite`` (which deletes only known outputs)."""
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise InputError("--output-dir", f"{directory} exists and is not a directory")
-    if directory.is_dir() and any(directory.iterdir()):
-        if not overwrite:
-            raise InputError("--output-dir", f"output directory {directory} is not empty; pass --overwrite to replace known aisim outputs")
-        for name in KNOWN_OUTPUTS:
-            p = directory / name
-            if p.is_file():
-                p.unlink()
+# --- the output directory as a transaction ------------------------------------------------------
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _renameat2():
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError("--output-dir", f"cannot create {directory}: {exc}") from None
-    return directory
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or filesystem cannot, OSError on any other failure."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Recreate ``src`` at ``dst`` without copying data: directories are made anew, everything else
+    is hard-linked (a regular file or symlink that cannot be linked is copied)."""
+    st = os.lstat(src)
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst)
+        with os.scandir(src) as it:
+            for entry in it:
+                _link_tree(Path(entry.path), dst / entry.name)
+        shutil.copystat(src, dst, follow_symlinks=False)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISREG(st.st_mode):
+            shutil.copy2(src, dst)
+        else:
+            raise
+
+
+def _is_aisim_file(name: str) -> bool:
+    return name in KNOWN_OUTPUTS or _LEGACY_TMP.fullmatch(name) is not None
+
+
+class OutputTransaction:
+    """One run's output directory: ``open()`` before the run, write into ``staging``, ``commit()``
+    when complete, ``close()`` always (see the module docstring)."""
+
+    def __init__(self, directory: Path, overwrite: bool) -> None:
+        self.requested = Path(directory)
+        self.overwrite = overwrite
+        self.target = Path(os.path.realpath(self.requested))  # a symlinked directory is replaced where it lives
+        self.parent = self.target.parent
+        name = self.target.name
+        # siblings' names must stay within NAME_MAX
+        self._stem = name if len(os.fsencode(name)) <= 200 else hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+        self.staging: Path | None = None
+        self.committed = False
+        self._lock_fd: int | None = None
+        self._lock_path = self.parent / f".{self._stem}.aisim-lock"
+        self._created: list[Path] = []  # parent directories open() made, deepest last
+
+    # -- public -------------------------------------------------------------------------------
+
+    def open(self) -> "OutputTransaction":
+        try:
+            self._check_placement()
+            self._make_parents()
+            self._lock()
+            self._recover()
+            self._check_target()
+            self._stage()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def commit(self) -> None:
+        """Put the staging directory in place (one rename or one exchange)."""
+        staging, target = self.staging, self.target
+        assert staging is not None and not self.committed
+        _fsync_dir(staging)
+        if not os.path.lexists(target):
+            os.rename(staging, target)
+        else:
+            with os.scandir(target) as it:
+                carried = [entry.name for entry in it if not _is_aisim_file(entry.name)]
+            for name in carried:
+                if not os.path.lexists(staging / name):
+                    _link_tree(target / name, staging / name)
+            st = os.stat(target)
+            os.chmod(staging, stat.S_IMODE(st.st_mode))  # the directory keeps its permissions ...
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+                try:
+                    os.chown(staging, st.st_uid, st.st_gid)  # ... and, where we may, its owner
+                except OSError:
+                    pass
+            if exchange_paths(staging, target):
+                old = staging  # the staging name now holds the previous directory
+            else:
+                old = self.parent / f".{self._stem}.aisim-old-{os.getpid()}"
+                os.rename(target, old)
+                try:
+                    os.rename(staging, target)  # killed before this line: the next run renames `old` back
+                except BaseException:
+                    os.rename(old, target)
+                    raise
+            self.committed = True
+            shutil.rmtree(old, ignore_errors=True)
+        self.committed = True
+        self.staging = None
+        _fsync_dir(self.parent)
+
+    def close(self) -> None:
+        """Without a commit: delete the staging directory and the parents open() made. Release the lock."""
+        if not self.committed and self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        self._unlock()
+        if not self.committed:
+            for d in reversed(self._created):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
+            self._created = []
+
+    def __enter__(self) -> "OutputTransaction":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _error(self, message: str) -> InputError:
+        return InputError("--output-dir", message)
+
+    def _check_placement(self) -> None:
+        target = self.target
+        if target == self.parent:
+            raise self._error(f"{self.requested} is the filesystem root; choose a directory below it")
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise self._error(f"{self.requested} exists and is not a directory")
+        cwd = Path(os.path.realpath(os.getcwd()))
+        if cwd == target or target in cwd.parents:
+            raise self._error(f"{self.requested} is the working directory or one of its parents; aisim replaces "
+                              "the output directory as a whole when the run completes, so choose a subdirectory")
+        if os.path.isdir(target) and os.path.ismount(target):
+            raise self._error(f"{self.requested} is a mount point; aisim replaces the output directory as a whole "
+                              "when the run completes, so choose a subdirectory of it")
+
+    def _make_parents(self) -> None:
+        missing = []
+        p = self.parent
+        while not os.path.isdir(p):
+            if os.path.lexists(p):
+                raise self._error(f"cannot create {self.requested}: {p} is not a directory")
+            missing.append(p)
+            if p.parent == p:
+                break
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise self._error(f"cannot create {self.requested}: {exc.strerror}: {d}") from None
+            self._created.append(d)
+
+    def _not_writable(self, where: Path, exc: OSError | None = None) -> InputError:
+        why = exc.strerror if exc is not None and exc.strerror else "permission denied"
+        return self._error(f"cannot write to output directory {self.requested}: {why}: {where}")
+
+    def _lock(self) -> None:
+        if not os.access(self.parent, os.W_OK | os.X_OK):
+            raise self._not_writable(self.parent)
+        while True:
+            try:
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as exc:
+                raise self._not_writable(self.parent, exc) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self._read_owner(fd)
+                os.close(fd)
+                who = f"pid {owner}" if owner else "pid unknown"
+                raise self._error(f"{self.requested} is in use by another aisim process ({who}); wait for it "
+                                  "to finish or choose another directory") from None
+            except OSError as exc:
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    os.close(fd)  # this filesystem has no locks: go on unlocked
+                    return
+                os.close(fd)
+                raise self._not_writable(self.parent, exc) from None
+            try:
+                same = os.stat(self._lock_path)
+                mine = os.fstat(fd)
+            except FileNotFoundError:
+                same = mine = None
+            if same is None or (same.st_dev, same.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)  # the previous owner deleted the file as we locked it: lock the new one
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._lock_fd = fd
+            return
+
+    @staticmethod
+    def _read_owner(fd: int) -> int | None:
+        for _ in range(20):  # the owner writes its pid right after taking the lock
+            try:
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            except OSError:
+                return None
+            if text.isdigit():
+                return int(text)
+            time.sleep(0.025)
+        return None
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        try:
+            os.unlink(self._lock_path)  # safe: whoever locks next checks it locked the file at this path
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _leftovers(self) -> tuple[list[Path], list[Path]]:
+        pattern = re.compile(r"\.%s\.aisim-(tmp|old)-(\d+)" % re.escape(self._stem))
+        tmp, old = [], []
+        try:
+            with os.scandir(self.parent) as it:
+                for entry in it:
+                    m = pattern.fullmatch(entry.name)
+                    if m and (int(m[2]) == os.getpid() or not _pid_alive(int(m[2]))):
+                        (tmp if m[1] == "tmp" else old).append(Path(entry.path))
+        except OSError:
+            pass
+        return tmp, old
+
+    def _recover(self) -> None:
+        """Under the lock: roll back an interrupted two-rename swap, delete interrupted runs' staging."""
+        tmp, old = self._leftovers()
+        if old and not os.path.lexists(self.target):
+            newest = max(old, key=lambda p: os.lstat(p).st_mtime)
+            os.rename(newest, self.target)
+            old.remove(newest)
+        for p in tmp + old:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def _check_target(self) -> None:
+        target = self.target
+        if not os.path.lexists(target):
+            return
+        if not os.path.isdir(target):
+            raise self._error(f"{self.requested} exists and is not a directory")
+        try:
+            with os.scandir(target) as it:
+                names = [entry.name for entry in it]
+        except OSError as exc:
+            raise self._error(f"cannot read output directory {self.requested}: {exc.strerror}") from None
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise self._not_writable(target)
+        leftovers_only = all(_LEGACY_TMP.fullmatch(n) for n in names)  # an old version's interrupted write
+        if names and not leftovers_only and not self.overwrite:
+            raise self._error(f"output directory {self.requested} is not empty; pass --overwrite to replace "
+                              "known aisim outputs")
+        for name in names:  # other files are carried into the new directory: check now that they can be
+            if not _is_aisim_file(name) and os.path.isdir(target / name) and not os.path.islink(target / name):
+                for d, _, _ in os.walk(target / name, onerror=self._unreadable):
+                    if not os.access(d, os.R_OK | os.X_OK):
+                        self._unreadable(PermissionError(errno.EACCES, "Permission denied", d))
+
+    def _unreadable(self, exc: OSError) -> None:
+        raise self._error(f"cannot carry {exc.filename} over into the new {self.requested} (--overwrite keeps "
+                          f"files that are not aisim's): {exc.strerror}") from None
+
+    def _stage(self) -> None:
+        staging = self.parent / f".{self._stem}.aisim-tmp-{os.getpid()}"
+        try:
+            os.mkdir(staging, 0o777)  # mode from the umask, as mkdir(1)
+        except OSError as exc:
+            raise self._not_writable(self.parent, exc) from None
+        self.staging = staging

@@ -38,11 +38,13 @@ def test_outputs_json_format_and_overwrite(tmp_path):
     summary = json.loads(p.stdout)
     pred = json.loads((out / "prediction.json").read_text())
     assert pred["summary"]["completed_requests"] == summary["completed_requests"] == 1000
-    assert pred["coverage"]["per_request_records"] == 1000 and len(pred["per_request"]) == 1000
+    assert pred["coverage"]["per_request_records"] == 1000
+    assert pred["per_request"] == {"path": "requests.jsonl", "records": 1000}  # the records live in requests.jsonl
     rows = (out / "requests.jsonl").read_text().splitlines()
     assert len(rows) == 1000 and list(json.loads(rows[0])) == sorted(json.loads(rows[0]))
     assert json.loads((out / "resource-runtime.json").read_text())["status"] == "completed"
     assert not [f for f in out.iterdir() if f.name.endswith(".tmp")]
+    assert sorted(f.name for f in out.parent.iterdir()) == ["out"]  # no staging directory, no lock left
     err = one_line_error(aisim("predict", "--output-dir", str(out)))
     assert "not empty" in err and "--overwrite" in err
     assert aisim("predict", "--output-dir", str(out), "--overwrite").returncode == 0
