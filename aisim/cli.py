@@ -273,7 +273,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         guard.check()
         report = run_plan(plan, guard)
     except Exception as exc:
-        if out is not None and getattr(exc, "exit_code", 1) == 3:
+        if out is not None and getattr(exc, "exit_code", 1) == 3 and not out.has_previous_outputs:
+            # the resource report of a run that ended at its limit; never over a previous run's outputs
             finish("resource_limited", str(exc), 3, guard.peak_observed)
         raise
     failure, warning = _outcome(report.summary)

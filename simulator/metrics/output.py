@@ -240,6 +240,15 @@ class OutputTransaction:
             raise
         return self
 
+    @property
+    def has_previous_outputs(self) -> bool:
+        """Whether the target already holds aisim outputs (a failed run must leave them alone)."""
+        try:
+            with os.scandir(self.target) as it:
+                return any(_is_aisim_file(entry.name) for entry in it)
+        except OSError:
+            return False
+
     def commit(self) -> None:
         """Put the staging directory in place (one rename or one exchange)."""
         staging, target = self.staging, self.target

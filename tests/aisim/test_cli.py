@@ -88,6 +88,16 @@ def test_resource_limit_exits_3_and_records_why(tmp_path):
     assert not (out / "prediction.json").exists()
 
 
+
+def test_a_run_at_its_resource_limit_leaves_a_previous_runs_outputs_alone(tmp_path):
+    out = tmp_path / "out"
+    assert aisim("predict", "--set", "traffic.stop={max_virtual_time_seconds: 5}", "--output-dir", str(out)).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    one_line_error(aisim("predict", "--set", "execution.resources.memory_limit_gb=0.001", "--output-dir", str(out),
+                         "--overwrite"), code=3)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def _clock_after_import(monkeypatch, step_s: float, start_s: float = 0.0):
     """From now on ``time.perf_counter`` reads ``start_s`` later than the real clock, plus ``step_s``
     more on every read: simulated time, no sleeping."""
