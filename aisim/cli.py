@@ -245,23 +245,25 @@ def _predict(args, t0: float, signals: _Signals) -> int:
 
 def _run(args, t0: float, signals: _Signals, out) -> int:
     from simulator.config.loading import load_config
-    from simulator.errors import InitTimeoutError
     from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
     from simulator.metrics.table import render_table
     from simulator.metrics.timeline import write_csv as write_timeline_csv
     from simulator.replay import plan_from_config, run_plan
-    from simulator.runtime.resources import ResourceGuard, apply_cpu_limit, memory_limit_bytes, peak_rss_bytes
+    from simulator.runtime.resources import (
+        InitWatchdog,
+        ResourceGuard,
+        apply_cpu_limit,
+        memory_limit_bytes,
+        peak_rss_bytes,
+        set_phase,
+    )
 
     cfg, config_dir = load_config(args.config, args.overrides + _execution_overrides(args), default_path=QUICKSTART)
-    plan = plan_from_config(cfg, config_dir, args.capture_per_request,
-                            capture_worker_timeline=args.capture_worker_timeline)  # every input checked before the run
     res = cfg.execution.resources
     apply_cpu_limit(res)
-    guard = ResourceGuard(memory_limit_bytes(res))
-    init_s = time.perf_counter() - t0
-    if init_s > res.initialization_timeout_seconds:
-        raise InitTimeoutError(f"initialisation took {init_s:.1f} s, over execution.resources.initialization_timeout_seconds "
-                               f"({res.initialization_timeout_seconds} s); raise it for very large traces")
+    label = f"aisim {args.command}"
+    guard = ResourceGuard(memory_limit_bytes(res), label=label)
+    watchdog = InitWatchdog(res.initialization_timeout_seconds, started_at=t0, label=label)
 
     def finish(status: str, reason: str | None, code: int, peak: int) -> None:
         """Record how the run ended, then put the outputs in place."""
@@ -269,13 +271,25 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         signals.finish()  # from here a signal no longer changes the outcome
         out.commit()
 
+    def limited(exc) -> None:
+        # the resource report of a run that ended at its limit; never over a previous run's outputs
+        if out is not None and not out.committed and not out.has_previous_outputs:
+            finish("resource_limited", str(exc), 3, max(guard.peak_observed, peak_rss_bytes()))
+
+    guard.on_hard_exit = limited  # last resort (main thread unresponsive): record, then exit 3
     try:
-        guard.check()
-        report = run_plan(plan, guard)
+        with guard:  # the memory limit from here on, loading included; already over it: exit 3 now
+            with watchdog:  # initialisation bounded from t0: exit 124 when the limit passes
+                set_phase("loading the trace")
+                plan = plan_from_config(cfg, config_dir, args.capture_per_request,
+                                        capture_worker_timeline=args.capture_worker_timeline)
+                set_phase("starting the actors")
+                guard.on_next_check(watchdog.stop)  # the coordinator's first check: the replay runs
+                guard.on_next_check(lambda: set_phase("replaying"))
+                report = run_plan(plan, guard)
     except Exception as exc:
-        if out is not None and getattr(exc, "exit_code", 1) == 3 and not out.has_previous_outputs:
-            # the resource report of a run that ended at its limit; never over a previous run's outputs
-            finish("resource_limited", str(exc), 3, guard.peak_observed)
+        if getattr(exc, "exit_code", 1) == 3:
+            limited(exc)
         raise
     failure, warning = _outcome(report.summary)
     code = 1 if failure else 0

@@ -66,6 +66,81 @@ def test_a_dead_actor_is_one_clear_error_not_a_hang(ray_session):
         rt.close()
 
 
+def test_what_ray_prints_for_a_dead_actor_never_reaches_stdout():
+    """A worker killed under the driver (the OOM killer, a crash): Ray's ``(raylet) A worker died ...``
+    line goes to stderr, so stdout stays aisim's own (``--format json``). In a child with its own Ray."""
+    from tests.simulator.runtime.test_ray_start import RayEnv, reap
+
+    ray_env = RayEnv()
+    try:
+        p = ray_env.run("""
+            import io, json, os, signal, sys, time
+
+            class Tee(io.TextIOBase):  # stderr, remembered: did Ray's line come (and where)?
+                def __init__(self, stream):
+                    self.stream, self.text = stream, []
+                def write(self, s):
+                    self.text.append(s)
+                    return self.stream.write(s)
+                def flush(self):
+                    self.stream.flush()
+
+            sys.stderr = tee = Tee(sys.stderr)
+            from simulator.errors import RuntimeFailure
+            from simulator.runtime.ray_runtime import RayRuntime
+            from simulator.traffic.build import synthetic_workload
+
+            def actor_pids():
+                mark = ("AISIM_TEST_RAY=" + os.environ["AISIM_TEST_RAY"]).encode()
+                out = []
+                for d in filter(str.isdigit, os.listdir("/proc")):
+                    try:
+                        cmd = open(f"/proc/{d}/cmdline", "rb").read()
+                        env = open(f"/proc/{d}/environ", "rb").read().split(b"\\0")
+                    except OSError:
+                        continue
+                    if cmd.startswith(b"ray::EngineHostActor") and mark in env:
+                        out.append(int(d))
+                return out
+
+            rt = RayRuntime({}, synthetic_workload(1, 16, 1, 0), [], 1, {})
+            ray, failure = rt.ray, None
+            try:
+                host = rt.hosts[0]
+                (pid,) = actor_pids()
+                os.kill(pid, signal.SIGKILL)  # not ray.kill: an unexpected death, which the raylet reports
+                for _ in range(600):
+                    try:
+                        ray.get(host.ready.remote(), timeout=10)
+                    except ray.exceptions.RayActorError:
+                        break
+                    time.sleep(0.05)
+                try:
+                    rt.step({0: ([], [])}, 0.0, 1.0)
+                except RuntimeFailure as exc:
+                    failure = str(exc)
+                for _ in range(600):  # the raylet's line comes asynchronously
+                    if "(raylet)" in "".join(tee.text):
+                        break
+                    time.sleep(0.1)
+            finally:
+                rt.close()
+            sys.stdout.write(json.dumps({"failure": failure, "raylet_line": "(raylet)" in "".join(tee.text)}) + "\\n")
+        """, timeout=300)
+    finally:
+        left = reap(ray_env.mark)
+        import shutil
+
+        shutil.rmtree(ray_env.dir, ignore_errors=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1, p.stdout  # nothing but the child's own line
+    doc = json.loads(lines[0])
+    assert "actor died" in doc["failure"]
+    assert doc["raylet_line"] and "(raylet)" in p.stderr and "worker died" in p.stderr
+    assert not left, f"Ray processes left behind: {left}"
+
+
 def test_ray_that_cannot_start_fails_in_one_line_with_nothing_written(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
