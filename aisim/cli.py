@@ -2,6 +2,7 @@
 
     aisim predict                                   # the bundled quickstart, table on stdout
     aisim predict -c my.yaml --set router.policy=round_robin --output-dir out/
+    aisim trace convert --from mooncake --to dynamo in.jsonl out.jsonl [--split-at-seconds S --history-out H]
 
 Exit codes: 0 success, 1 execution failure (also: no request completed; the outputs are still
 written), 2 bad input (config, trace, override, flag, output directory), 3 resource limit,
@@ -61,7 +62,61 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="where the simulated workers, router and Planner live (overrides execution.backend)")
     pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
                     help="join a running Ray cluster instead of starting a local one (implies --backend ray)")
+    _add_trace_parser(sub)
     return p
+
+
+#: ``aisim trace convert`` conversions: (--from, --to) -> the converter's name in simulator.traffic.convert
+TRACE_CONVERSIONS = {("mooncake", "dynamo"): "mooncake_to_dynamo"}
+#: the converter's argument names -> the command line's
+_CONVERT_ARGS = {"in_path": "IN", "out_path": "OUT", "block_size": "--block-size",
+                 "split_at_seconds": "--split-at-seconds", "history_out": "--history-out"}
+
+
+def _block_size_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (tokens per trace hash id), got {text!r}")
+    return value
+
+
+def _seconds_arg(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _add_trace_parser(sub) -> None:
+    tr = sub.add_parser("trace", help="convert request traces between formats")
+    tr.set_defaults(trace_help=tr.print_help)
+    actions = tr.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    cv = actions.add_parser(
+        "convert", help="convert a mooncake trace to dynamo.request.trace.v1, optionally split into history and replay",
+        description="Convert a mooncake JSONL trace to dynamo.request.trace.v1. Every request keeps its "
+                    "timestamp; a converted row has no total_time_ms (a mooncake row records no latency). "
+                    "With --split-at-seconds S the requests in [0, S) seconds after the first request go to "
+                    "--history-out and the rest to OUT. Existing files are replaced atomically.")
+    cv.add_argument("--from", dest="from_format", required=True, choices=sorted({f for f, _ in TRACE_CONVERSIONS}),
+                    help="input format")
+    cv.add_argument("--to", dest="to_format", required=True, choices=sorted({t for _, t in TRACE_CONVERSIONS}),
+                    help="output format")
+    cv.add_argument("input", metavar="IN", help="input trace: a file, a directory of .jsonl/.jsonl.gz shards or a glob")
+    cv.add_argument("output", metavar="OUT", type=Path, help="output trace (.jsonl); the replay part with a split")
+    cv.add_argument("--block-size", type=_block_size_arg, default=512,
+                    help="tokens per trace hash id, embedded in every record (default: 512)")
+    cv.add_argument("--split-at-seconds", type=_seconds_arg, default=None, metavar="S",
+                    help="split at S seconds after the first request (needs --history-out)")
+    cv.add_argument("--history-out", type=Path, default=None, metavar="H",
+                    help="with --split-at-seconds: write the requests before S here (the predictor history)")
 
 
 def _execution_overrides(args) -> list[str]:
@@ -328,6 +383,39 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
     return code
 
 
+def _trace(args, t0: float, signals: _Signals) -> int:
+    """Run ``aisim trace convert``: one summary line on stdout."""
+    from simulator.errors import InputError
+    from simulator.traffic import convert
+
+    if (args.split_at_seconds is None) != (args.history_out is None):
+        flag, other = ("--split-at-seconds", "--history-out") if args.history_out is None else \
+            ("--history-out", "--split-at-seconds")
+        raise InputError(flag, f"needs {other}: give both (history before the split, replay from it) or neither")
+    converter = getattr(convert, TRACE_CONVERSIONS[(args.from_format, args.to_format)])
+    try:
+        counts = converter(args.input, args.output, args.block_size, args.split_at_seconds, args.history_out,
+                           on_commit=signals.finish)  # once the files are complete, a signal changes nothing
+    except InputError as exc:
+        if exc.where not in _CONVERT_ARGS:
+            raise
+        raise type(exc)(_CONVERT_ARGS[exc.where], exc.message, category=exc.category) from None
+    if args.history_out is None:
+        text = f"wrote {counts['out']:,} requests to {args.output} ({args.to_format}, block size {counts['block_size']})"
+    else:
+        s = f"{args.split_at_seconds:g} s"
+        text = (f"wrote {counts['out']:,} requests to {args.output} (from {s}) and {counts['history']:,} to "
+                f"{args.history_out} (before {s}); {args.to_format}, block size {counts['block_size']}")
+    try:
+        sys.stdout.write(_for_stream(text, sys.stdout) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, UnicodeError) as exc:  # a closed pipe, a closed stream
+        _silence_stdout()
+        sys.stderr.write(f"aisim trace convert failed: could not write the summary to stdout: {exc}\n")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()  # the command starts now, however long ago this module was imported
     parser = _build_parser()
@@ -335,10 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command == "trace" and args.action is None:
+        args.trace_help()
+        return 2
+    name = args.command if getattr(args, "action", None) is None else f"{args.command} {args.action}"
     debug = os.environ.get("AISIM_DEBUG") == "1"
     with _Signals() as signals:
         try:
-            return _predict(args, t0, signals)
+            return (_trace if args.command == "trace" else _predict)(args, t0, signals)
         except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
             code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]
             sys.stderr.write(f"aisim: {what}\n")
@@ -354,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
             if debug:
                 raise
             if code == 1:
-                sys.stderr.write(f"aisim {args.command} failed: {type(exc).__name__}: {exc}\n")
+                sys.stderr.write(f"aisim {name} failed: {type(exc).__name__}: {exc}\n")
             else:
-                sys.stderr.write(f"aisim {args.command}: error: {exc}\n")
+                sys.stderr.write(f"aisim {name}: error: {exc}\n")
             return code
 
 
