@@ -80,8 +80,9 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             continue
 
 
-def atomic_write_chunks(path: Path, chunks: Iterable[str]) -> None:
-    """Write ``chunks`` to a temporary file in the same directory, fsync, then rename over ``path``."""
+def write_temp(path: Path, chunks: Iterable[str]) -> Path:
+    """``chunks`` written and fsynced to a new temporary sibling of ``path`` (mode 0666 less the
+    umask); the caller renames it into place (or several together). Nothing is left on failure."""
     path = Path(path)
     fd, tmp = _create_temp(path)
     try:
@@ -90,6 +91,19 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str]) -> None:
                 fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[str]) -> None:
+    """Write ``chunks`` to a temporary file in the same directory, fsync, then rename over ``path``."""
+    tmp = write_temp(path, chunks)
+    try:
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -168,7 +182,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path) -> None:
+    """fsync a directory (its entries' renames), best effort."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -253,7 +268,7 @@ class OutputTransaction:
         """Put the staging directory in place (one rename or one exchange)."""
         staging, target = self.staging, self.target
         assert staging is not None and not self.committed
-        _fsync_dir(staging)
+        fsync_dir(staging)
         if not os.path.lexists(target):
             os.rename(staging, target)
         else:
@@ -283,7 +298,7 @@ class OutputTransaction:
             shutil.rmtree(old, ignore_errors=True)
         self.committed = True
         self.staging = None
-        _fsync_dir(self.parent)
+        fsync_dir(self.parent)
 
     def close(self) -> None:
         """Without a commit: delete the staging directory and the parents open() made. Release the lock."""

@@ -49,13 +49,13 @@ import json
 import math
 import os
 import re
-import secrets
 import signal
 import threading
 from pathlib import Path
 from typing import Callable
 
 from simulator.errors import InputError, NotSupportedError
+from simulator.metrics.output import fsync_dir, write_temp
 from simulator.traffic.traces import DYNAMO_SCHEMA, MASK64, _rows, read_mooncake, resolve_trace_paths
 
 #: ``model`` of a converted record (a mooncake trace names none)
@@ -205,7 +205,7 @@ def _write_all(files: list[tuple[Path, list[str]]], on_commit: Callable[[], None
     current = files[0][0]
     try:
         for current, lines in files:
-            temps.append((_write_temp(current, lines), current))
+            temps.append((write_temp(current, (line + "\n" for line in lines)), current))
         if on_commit is not None:
             on_commit()
         with _signals_held():
@@ -221,32 +221,7 @@ def _write_all(files: list[tuple[Path, list[str]]], on_commit: Callable[[], None
             except OSError:
                 pass
     for parent in {os.path.realpath(p.parent if str(p.parent) else ".") for p, _ in files}:
-        _fsync_dir(parent)
-
-
-def _write_temp(path: Path, lines: list[str]) -> Path:
-    """``.<name>.<random>.tmp`` next to ``path`` (mode 0666 less the umask), written and fsynced."""
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line)
-                fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return tmp
+        fsync_dir(parent)
 
 
 class _signals_held:
@@ -266,14 +241,3 @@ class _signals_held:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
