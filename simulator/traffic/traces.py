@@ -278,7 +278,8 @@ class _Builder:
             self.any_request_id = True
         self.request_ids.append(None if request_id is None else str(request_id))
 
-    def build(self, block: int, description: str) -> Workload:
+    def build(self, block: int, description: str, recorded_total_ms: list[float] | None = None,
+              origin_ms: float = 0.0) -> Workload:
         counts = np.array(self.counts, dtype=np.int64)
         ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         lens = np.full(int(ptr[-1]), block, dtype=np.int64)
@@ -297,6 +298,8 @@ class _Builder:
             session_names=list(self.session_names),
             request_ids=self.request_ids if self.any_request_id else None,
             description=description,
+            recorded_total_ms=None if recorded_total_ms is None else np.array(recorded_total_ms, dtype=np.float64),
+            origin_ms=origin_ms,
         )
 
 
@@ -351,7 +354,7 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
 def read_dynamo(paths: list[Path]) -> Workload:
     """``request_end`` records; start = request_received_ms, else end - total_time_ms;
     timestamps normalised to the earliest start; one embedded block size for all records."""
-    recs: list[tuple[float, int, list, int, int, str]] = []
+    recs: list[tuple[float, int, list, int, int, str, float]] = []
     block: int | None = None
     seen: dict[str, str] = {}
     order = 0
@@ -388,20 +391,20 @@ def read_dynamo(paths: list[Path]) -> Workload:
         inp = cap if inp is None else min(inp, cap)
         out = _int_field(req, ("output_tokens",), where + " request", required=True)
         start = _num_field(req, ("request_received_ms",), where)
+        total = _num_field(req, ("total_time_ms",), where)
         if start is None:
             end = _num_field(row, ("event_time_unix_ms",), where)
-            total = _num_field(req, ("total_time_ms",), where)
             if end is None or total is None:
                 raise InputError(where, "need 'request.request_received_ms', or 'event_time_unix_ms' and "
                                         "'request.total_time_ms', to place the request in time")
             start = end - total
-        recs.append((start, order, ids, inp, out, rid))
+        recs.append((start, order, ids, inp, out, rid, float("nan") if total is None else float(total)))
         order += 1
     if not recs:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no request_end records")
     recs.sort(key=lambda r: (r[0], r[1]))
     t0 = recs[0][0]
     b = _Builder()
-    for start, _, ids, inp, out, rid in recs:
+    for start, _, ids, inp, out, rid, _total in recs:
         b.add(ids, inp, out, block, start - t0, None, None, rid)
-    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}")
+    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}", [r[6] for r in recs], float(t0))

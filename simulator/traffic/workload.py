@@ -46,6 +46,10 @@ class Workload:
     session_names: list[str] = field(default_factory=list)
     request_ids: list[str] | None = None
     description: str = ""
+    # recorded traces (dynamo): each request's recorded total time (NaN: not recorded) and the
+    # absolute time of t = 0 (timestamps are relative to it), for windows of the recorded run
+    recorded_total_ms: np.ndarray | None = None
+    origin_ms: float = 0.0
 
     def __post_init__(self) -> None:
         _read_only(self.__dict__)
