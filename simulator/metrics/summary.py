@@ -157,6 +157,7 @@ def summarize(
         good = int(ok.sum())
         s["goodput_completed_requests"] = good
         s["goodput_request_throughput_rps"] = rate(good)
+        s["goodput_output_tokens"] = int(out_len[ok].sum())
         s["goodput_output_throughput_tok_s"] = rate(int(out_len[ok].sum()))
 
     processed = counters.committed_prefill_tokens + counters.generated_tokens
