@@ -23,6 +23,7 @@ from simulator.config import models as m
 from simulator.config.engine_args import EngineArgs
 from simulator.config.loading import format_validation_error
 from simulator.config.planner_config import parse_planner_config
+from simulator.config.retune import check_api_arguments, check_history, not_implemented
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError, NotSupportedError
 from simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, router_spec
@@ -96,14 +97,16 @@ _DEPLOYMENT_ARGS = ("extra_engine_args", "prefill_engine_args", "decode_engine_a
 def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers: int,
               num_prefill_workers: int, num_decode_workers: int, router_mode: str, router_config, planner_config,
               sla_ttft_ms, sla_itl_ms, sla_e2e_ms, capture_per_request: bool, capture_planner_details: bool,
-              fast_forward: bool, seed: int, backend: str, router_sync_ms: float, ray_address, engine_actors) -> ReplayPlan:
-    """The plan the API's arguments describe (the same plan types a config gives)."""
+              fast_forward: bool, seed: int, backend: str, router_sync_ms: float, ray_address, engine_actors,
+              trace_format: str | None = None) -> ReplayPlan:
+    """The plan the API's arguments describe (the same plan types a config gives); ``trace_format``:
+    run_trace_replay's (None: synthetic traffic)."""
     extra_args, prefill_args, decode_args = extra_engine_args, prefill_engine_args, decode_engine_args
     num_prefill, num_decode = num_prefill_workers, num_decode_workers
     execution = _execution(backend, router_sync_ms, ray_address, engine_actors)
     planner = parse_planner_config(planner_config) if planner_config is not None else None
     if planner is not None and planner.retune is not None:
-        raise NotSupportedError("planner_config.retune", "retune is not supported yet; remove it")
+        check_api_arguments(planner.retune, trace_format=trace_format, traffic=traffic, router_mode=router_mode)
     router = _router_spec(router_mode, router_config)
     transfer = None
     if prefill_args is not None or decode_args is not None:
@@ -126,6 +129,9 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
         args = _engine_args(extra_args)
         pools = [PoolPlan(args.worker_type, num_workers, args)]
     html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
+    if planner is not None and planner.retune is not None:
+        check_history(planner, traffic.workload, "planner_config")  # the recorded history (throughput scaling)
+        raise not_implemented("planner_config")  # valid, but the sweeps are not built yet: never ignore it
     return ReplayPlan(traffic, pools, router, _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request,
                       fast_forward, transfer, seed, planner, capture_planner_details, html, "planner_config", execution)
 
@@ -209,7 +215,7 @@ def run_trace_replay(
                        {"source.block_size": "trace_block_size", "load.concurrency": "replay_concurrency",
                         "load.speedup": "arrival_speedup_ratio"})
     given = locals()
-    return run_plan(_api_plan(traffic, **{k: given[k] for k in _DEPLOYMENT_ARGS}))
+    return run_plan(_api_plan(traffic, trace_format=trace_format, **{k: given[k] for k in _DEPLOYMENT_ARGS}))
 
 
 def run_synthetic_trace_replay(

@@ -18,6 +18,7 @@ from simulator.catalog.models import load_geometry
 from simulator.config import models as m
 from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from simulator.config.planner_config import PlannerConfig, from_replay_section
+from simulator.config.retune import check_history, check_replay_sections, not_implemented
 from simulator.config.support import check_supported
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError
@@ -139,11 +140,17 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         kt = e.kv_transfer or m.KvTransfer()
         bpt = pools[0].args.kv_cache_bytes_per_token if kt.bytes_per_token == "auto" else kt.bytes_per_token
         transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+    if cfg.planner.retune is not None:  # (the section model rejects it under policy disabled)
+        check_replay_sections(cfg)  # the traffic and router retune needs, before the trace is read
     traffic = build_traffic(cfg.traffic, config_dir)
     planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
-    return ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
+    plan = ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
                       transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution),
                       capture_worker_timeline=capture_worker_timeline)
+    if planner is not None and planner.retune is not None:
+        check_history(planner, traffic.workload, "planner")  # the recorded history (throughput scaling)
+        raise not_implemented("planner")  # valid, but the sweeps are not built yet: never ignore it
+    return plan
 
 
 def router_spec(r: m.Router) -> RouterSpec:

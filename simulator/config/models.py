@@ -405,6 +405,15 @@ class PlannerKnobs(Strict):
         return v
 
 
+def _retune_section(v):
+    """``planner.retune`` as a ``RetuneConfig`` (its errors keep their location under planner.retune)."""
+    if v is None:
+        return None
+    from simulator.config.retune import RetuneConfig  # (retune.py builds on this module's number types)
+
+    return RetuneConfig.model_validate(v)
+
+
 class Planner(PlannerKnobs):
     policy: Literal["enabled", "disabled"] = "disabled"
     target: Literal["throughput", "latency", "load", "sla"] = "throughput"
@@ -416,7 +425,16 @@ class Planner(PlannerKnobs):
     min_workers: NonNegInt = 1
     prefill_min_workers: PosInt | None = None
     decode_min_workers: PosInt | None = None
-    retune: dict[str, Any] | None = None
+    retune: Annotated[Any, BeforeValidator(_retune_section)] = None  # a RetuneConfig (simulator.config.retune)
+
+    @field_validator("retune")
+    @classmethod
+    def _retune_needs_policy(cls, v, info):
+        if v is not None and info.data.get("policy") == "disabled":
+            raise ValueError("retune re-tunes a running Planner and needs policy: enabled; set planner.policy: enabled "
+                             "(planner.enable_load_scaling and enable_throughput_scaling false: retune-only mode, "
+                             "fixed replicas) or remove planner.retune")
+        return v
 
     @model_validator(mode="after")
     def _advisory(self):

@@ -7,7 +7,11 @@ The seed's rules live here, so both entry points obey them:
 - target load fixes the thresholds (decode KV rate 90/70; prefill queue tokens 1/0 when
   disaggregated); policy disabled rejects advisory;
 - intervals: throughput an integer > 0, load > 0 and strictly shorter than the throughput
-  interval when both loops run; the tick is their (millisecond) GCD.
+  interval when both loops run; the tick is their (millisecond) GCD;
+- retune (``simulator.config.retune``): the section is validated into a ``RetuneConfig`` and
+  resolved against the Planner (tick, loops, SLA); retune-only mode (both scaling flags false
+  with retune set, any target) runs no loop and ticks every load interval; both flags false
+  without retune keep the rules above.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pydantic import AliasChoices, Field, ValidationError, model_validator
 
 from simulator.config.loading import format_validation_error, read_yaml_mapping
 from simulator.config.models import Float, Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
-from simulator.errors import InputError, NotSupportedError
+from simulator.config.retune import RetuneConfig
+from simulator.config.retune import resolve as resolve_retune
+from simulator.errors import InputError
 
 
 class Scheduling(Strict):
@@ -54,7 +60,7 @@ class PlannerConfig(PlannerKnobs):
     scheduling: Scheduling = Scheduling()
     report_interval_hours: PosFloat | None = 24.0
     live_dashboard_port: NonNegInt | None = 8080
-    retune: dict[str, Any] | None = None
+    retune: RetuneConfig | None = None
 
     @model_validator(mode="after")
     def _rules(self):
@@ -87,7 +93,7 @@ def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
     """A mapping, an inline JSON string, or the path of a JSON or YAML file."""
     data = raw
     if isinstance(raw, PlannerConfig):
-        return raw
+        return _with_retune(raw, field)
     if isinstance(raw, (str, Path)):
         text = str(raw).strip()
         if text.startswith("{"):
@@ -105,17 +111,16 @@ def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
     if not isinstance(data, dict):
         raise InputError(field, f"expected a mapping, inline JSON or a file path, got {type(raw).__name__}")
     try:
-        return PlannerConfig.model_validate(data)
+        pc = PlannerConfig.model_validate(data)
     except ValidationError as exc:
         err = format_validation_error(exc)
         raise InputError(f"{field}.{err.where}", err.message, category=err.category) from None
+    return _with_retune(pc, field)  # the API scores against the Planner's own ttft_ms / itl_ms
 
 
 def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
     """The ``planner`` YAML section (replay key names) -> PlannerConfig, with the seed's rules."""
     p = section
-    if p.retune is not None:
-        raise NotSupportedError("planner.retune", "retune is not supported yet; remove planner.retune")
     disagg = engine_mode == "disaggregated"
     if not disagg and (p.prefill_min_workers is not None or p.decode_min_workers is not None):
         key = "prefill_min_workers" if p.prefill_min_workers is not None else "decode_min_workers"
@@ -131,6 +136,10 @@ def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
         data["throughput_adjustment_interval"] = p.throughput_adjustment_interval_seconds
     if p.load_adjustment_interval_seconds is not None:
         data["load_adjustment_interval"] = p.load_adjustment_interval_seconds
+    if p.retune is not None:
+        data["retune"] = p.retune
+        if p.enable_throughput_scaling is False and p.enable_load_scaling is False:  # retune-only mode
+            data.update(enable_throughput_scaling=False, enable_load_scaling=False)
     if p.target == "sla":
         data["enable_throughput_scaling"] = True if p.enable_throughput_scaling is None else p.enable_throughput_scaling
         data["enable_load_scaling"] = False if p.enable_load_scaling is None else p.enable_load_scaling
@@ -152,11 +161,33 @@ def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
         err = format_validation_error(exc)
         raise InputError(f"planner.{err.where}", err.message, category=err.category) from None
     tick_interval_s(pc, "planner", replay_keys=True)  # the interval rules, checked with the config
-    return pc
+    return _with_retune(pc, "planner", sla, replay_keys=True)
+
+
+def _with_retune(pc: PlannerConfig, field: str, sla=None, replay_keys: bool = False) -> PlannerConfig:
+    """``pc`` with its retune section checked against the Planner and its defaults resolved
+    (scoring SLA: ``sla`` (evaluation.sla) where set, else the Planner's ttft_ms / itl_ms)."""
+    if pc.retune is None:
+        return pc
+    thr, load = effective_loops(pc)
+    rc = resolve_retune(
+        pc.retune, field=field, tick_s=tick_interval_s(pc, field, replay_keys), throughput=thr, load=load,
+        target=pc.optimization_target, load_predictor=pc.load_predictor,
+        throughput_interval_s=pc.throughput_adjustment_interval,
+        ttft_ms=sla.ttft_ms if sla is not None and sla.ttft_ms is not None else pc.ttft_ms,
+        itl_ms=sla.itl_ms if sla is not None and sla.itl_ms is not None else pc.itl_ms)
+    return pc.model_copy(update={"retune": rc})
+
+
+def retune_only(pc: PlannerConfig) -> bool:
+    """Retune-only mode: retune set and both scaling flags false; the Planner never scales."""
+    return pc.retune is not None and not pc.enable_throughput_scaling and not pc.enable_load_scaling
 
 
 def effective_loops(pc: PlannerConfig) -> tuple[bool, bool]:
-    """(throughput scaling, load scaling) as a live Planner runs them."""
+    """(throughput scaling, load scaling) as a live Planner runs them (neither in retune-only mode)."""
+    if retune_only(pc):
+        return False, False
     if pc.optimization_target != "sla":
         return False, True
     return pc.enable_throughput_scaling, pc.enable_load_scaling
@@ -164,6 +195,10 @@ def effective_loops(pc: PlannerConfig) -> tuple[bool, bool]:
 
 def tick_interval_s(pc: PlannerConfig, field: str, replay_keys: bool = False) -> float:
     thr, load = effective_loops(pc)
+    if retune_only(pc):  # ticks every load interval
+        if pc.scheduling.scale_interval_seconds is not None:
+            return pc.scheduling.scale_interval_seconds
+        return round(pc.load_adjustment_interval * 1000) / 1000.0
     if not thr and not load:
         raise InputError(f"{field}.enable_load_scaling", "at least one of enable_throughput_scaling and "
                                                          "enable_load_scaling must be on")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.config.loading import load_config
-from simulator.errors import InputError, NotSupportedError
+from simulator.errors import InputError
 from simulator.metrics.output import canonical_json
 from simulator.replay import run_config, run_synthetic_trace_replay, run_trace_replay
 from tests.conftest import ROOT, SLICE
@@ -90,8 +90,9 @@ def test_api_errors_name_the_argument(tmp_path):
     with pytest.raises(InputError) as info:
         run_trace_replay(str(SLICE), extra_engine_args={"num_gpu_block": 5})
     assert info.value.where == "extra_engine_args.num_gpu_block"
-    with pytest.raises(NotSupportedError):
+    with pytest.raises(InputError) as info:
         run_trace_replay(str(SLICE), planner_config={"mode": "agg", "retune": {"interval_seconds": 600}})
+    assert info.value.where == "planner_config.retune" and "trace_format='dynamo'" in info.value.message
     with pytest.raises(InputError) as info:
         run_trace_replay(str(SLICE), planner_config={"mode": "agg", "optimization_targt": "sla"})
     assert info.value.where == "planner_config.optimization_targt"

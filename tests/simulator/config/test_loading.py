@@ -98,7 +98,6 @@ def test_cross_field_rules():
         (("engine", "mode"), "afd", "engine.mode"),
         (("router", "active_prefill_tokens_threshold"), 4096, "router.active_prefill_tokens_threshold"),
         (("router", "prefill_load_model"), {"type": "aic"}, "router.prefill_load_model.type"),
-        (("planner",), {"policy": "enabled", "retune": {"interval_seconds": 600}}, "planner.retune"),
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
         (("engine", "speculation"), {"draft": 3}, "engine.speculation"),

@@ -1,0 +1,575 @@
+"""The ``planner.retune`` section (reference §6, seed "Simulate Retune"): its keys, their search
+domains, and every requirement and rejection the seed states, checked before anything runs.
+
+The same block is the YAML ``planner.retune`` and the Python API's ``planner_config["retune"]``
+(PlannerConfig names). Validation happens in three places, each with one-line errors that name
+the key and the fix:
+
+1. ``RetuneConfig`` (this model): the keys, their types and every rule inside the section.
+2. ``resolve`` (called by ``simulator.config.planner_config``): the rules that need the Planner
+   (tick, loops, target) and the defaults that come from it; the PlannerConfig then carries the
+   resolved section.
+3. ``check_replay_sections`` / ``check_api_arguments`` (traffic and router) and ``check_history``
+   (the recorded history against the replayed trace), called by ``simulator.plan`` and
+   ``simulator.api``.
+
+The sweeps themselves are not built yet: a section that passes every check ends in
+``not_implemented`` (a ``NotSupportedError``), so nothing silently ignores it.
+
+Keys and defaults (reference §6.2; "our choice" where the reference leaves it open):
+
+- ``interval_seconds``: required, > 0, a multiple of the Planner tick (windows end on ticks).
+- ``grace_seconds``: 60, >= 0.
+- ``router``: map knob -> domain (below); an omitted knob searches its default domain
+  (``ROUTER_DEFAULT_DOMAINS``, the recommend defaults). Knobs: ``overlap_score_credit`` [0, 1],
+  ``prefill_load_scale`` >= 0, ``temperature`` >= 0. ``host_cache_hit_weight``,
+  ``disk_cache_hit_weight`` and ``shared_cache_multiplier`` are rejected with the seed's reason.
+  Needs ``router.policy: kv_router``. Omitted (null): the router is not retuned.
+- ``planner``: ``default`` (``load_scaling_down_sensitivity`` in {70, 80, 90} when load scaling
+  runs; the predictor pre-sweep over the 11 presets when throughput scaling runs), or a map of
+  Planner runtime knob -> domain over ``PLANNER_KNOBS`` (our choice of allow-list: the knobs a
+  running Planner can change without a restart). Omitted (null): no Planner field is retuned.
+- ``decision_latency_seconds``: 0; seconds >= 0, or ``measured`` (the sweep's wall time).
+- ``decision_latency_scale``: 1, > 0; only with ``measured``; above 1 needs
+  ``timeout_seconds <= interval_seconds / scale`` (so the default timeout is then rejected).
+- ``timeout_seconds``: ``interval_seconds``, > 0 (wall-clock bound per sweep).
+- ``max_parallel``: null = the CPU count when the sweep starts (``parallel``), >= 1.
+- ``min_improvement_percentage``: 3, >= 0.
+- ``sla_ttft_ms``, ``sla_itl_ms``: > 0; from ``evaluation.sla`` (YAML), else the Planner's
+  ``ttft_ms`` / ``itl_ms``.
+- ``history_seconds``: > 0; only with throughput scaling; default throughput interval x 50 (the
+  largest ``prophet_window_size`` among the predictor presets).
+- ``sampler``: ``grid`` (every point of the Cartesian product) | ``tpe`` | ``random``;
+  ``tpe``/``random`` need ``max_candidates`` >= 1, ``grid`` takes none and no continuous domain.
+- ``max_candidates``: candidates per sweep for ``tpe``/``random``.
+- ``warm_start``: false; true (our choice: seed the sampler with the earlier windows' scored
+  candidates) needs ``sampler: tpe``.
+
+Domains: a scalar pins the knob; a non-empty list of distinct values searches those;
+``{low, high, step}`` searches low, low + step, ... <= high; ``{low, high}`` (uniform) and
+``{low, high, log: true}`` (log-uniform, low > 0) are continuous, for ``tpe``/``random`` only.
+Categorical knobs (``load_predictor``, ``load_predictor_log1p``) take a value or a list.
+
+Requirements outside the section (seed): ``planner.policy: enabled``; trace source with
+``format: dynamo`` and ``load.type: trace_timestamps`` (speedup allowed), no closed loop, no
+``stop.max_virtual_time_seconds``, no agentic requests (the dynamo reader rejects
+``agent_context`` rows); ``router.policy: kv_router`` with ``retune.router``; with throughput
+scaling, ``load_predictor_warmup_trace`` is the recorded history: a Dynamo request trace ending at
+or before the first replayed request, on the same absolute timestamps. Retune-only mode (both
+scaling flags explicitly false with retune set) is valid: the Planner never scales and ticks
+every load interval. Advisory is allowed. The Python API takes retune only through
+``run_trace_replay(..., trace_format="dynamo")``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from functools import cache
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Strict as StrictType
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from simulator.config.models import (
+    ROUTER_RESERVED,
+    Float,
+    Int,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    Strict,
+)
+from simulator.errors import InputError, NotSupportedError
+
+__all__ = ["Domain", "RouterDomains", "PlannerDomains", "RetuneConfig", "ROUTER_KNOBS", "ROUTER_DEFAULT_DOMAINS",
+           "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve",
+           "check_replay_sections", "check_api_arguments", "check_history", "history_end_ms", "not_implemented"]
+
+
+# -- knobs -------------------------------------------------------------------------------
+# knob -> (kind, value type). kind: "int" | "float" (ranges allowed) | "choice" (values only)
+ROUTER_KNOBS: dict[str, tuple[str, Any]] = {
+    "overlap_score_credit": ("float", Annotated[Float, Field(ge=0, le=1, allow_inf_nan=False)]),
+    "prefill_load_scale": ("float", NonNegFloat),
+    "temperature": ("float", NonNegFloat),
+}
+
+# The Planner runtime knobs retune may search (our choice of allow-list): knob -> (kind, value
+# type, what must run for the knob to act, predictor family it belongs to). Intervals, budgets,
+# minimum workers and the FPM sample stores are not runtime knobs (they shape the tick, the GPU
+# band or the performance model), so retune does not change them.
+PLANNER_KNOBS: dict[str, tuple[str, Any, str, str | None]] = {
+    "load_scaling_down_sensitivity": ("int", Annotated[Int, Field(ge=0, le=100)], "load", None),
+    "load_min_observations": ("int", NonNegInt, "perf_model", None),
+    "max_throughput_scaling_replicas": ("int", PosInt, "throughput", None),
+    "load_predictor": ("choice", Literal["constant", "arima", "prophet", "kalman"], "throughput", None),
+    "load_predictor_log1p": ("choice", Annotated[bool, StrictType()], "throughput", None),
+    "prophet_window_size": ("int", PosInt, "throughput", "prophet"),
+    "kalman_q_level": ("float", NonNegFloat, "throughput", "kalman"),
+    "kalman_q_trend": ("float", NonNegFloat, "throughput", "kalman"),
+    "kalman_r": ("float", PosFloat, "throughput", "kalman"),
+    "kalman_min_points": ("int", PosInt, "throughput", "kalman"),
+}
+
+# why each reserved router knob cannot be retuned (the seed's reason, with the replay's own)
+_NOT_RETUNABLE = {
+    "host_cache_hit_weight": "it also sets how the startup router counts cached tokens, which a runtime update "
+                             "does not change",
+    "disk_cache_hit_weight": "it also sets how the startup router counts cached tokens, which a runtime update "
+                             "does not change",
+    "shared_cache_multiplier": "replay reports no shared cache hits for it",
+}
+
+PRESET_MAX_PROPHET_WINDOW = 50  # the largest prophet_window_size among the predictor presets (§5.2)
+
+
+def _loc_error(title: str, loc: tuple, message: str, value: Any) -> ValidationError:
+    """A validation error at ``loc`` (relative to the model being validated), with ``message``."""
+    return ValidationError.from_exception_data(title, [InitErrorDetails(
+        type=PydanticCustomError("value_error", "{message}", {"message": message}), loc=loc, input=value)])
+
+
+@cache
+def _adapter(tp) -> TypeAdapter:
+    return TypeAdapter(tp)
+
+
+def _check_value(tp, value, what: str = "") -> Any:
+    """``value`` validated as ``tp``; a bad one raises ValueError with the config's wording."""
+    from simulator.config.loading import format_validation_error  # (loading imports the models)
+
+    if value is None:
+        raise ValueError(f"{what}null is not a value; give one")
+    try:
+        return _adapter(tp).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(what + format_validation_error(exc).message) from None
+
+
+# -- domains -----------------------------------------------------------------------------
+class Domain(Strict):
+    """One knob's candidates: ``values`` (one value pins the knob) or a range ``low``..``high``
+    (with ``step``: a grid; without: continuous, uniform or ``log``-uniform)."""
+
+    values: tuple[Int | Float | bool | str, ...] | None = None
+    low: Int | Float | None = None
+    high: Int | Float | None = None
+    step: Int | Float | None = None
+    log: bool = False
+
+    @property
+    def pinned(self) -> bool:
+        return self.values is not None and len(self.values) == 1
+
+    @property
+    def continuous(self) -> bool:
+        return self.values is None and self.step is None
+
+    def points(self) -> tuple:
+        """The grid points (``values``, or low, low + step, ... <= high); a continuous domain has none."""
+        if self.values is not None:
+            return self.values
+        if self.step is None:
+            raise ValueError("a continuous domain has no grid points")
+        n = int(math.floor((self.high - self.low) / self.step + 1e-9))
+        if isinstance(self.step, int) and isinstance(self.low, int):
+            return tuple(self.low + i * self.step for i in range(n + 1))
+        return tuple(round(self.low + i * self.step, 12) for i in range(n + 1))
+
+
+_RANGE_KEYS = ("low", "high", "step", "log")
+
+
+def _parse_domain(raw, kind: str, tp) -> Domain | None:
+    if raw is None or isinstance(raw, Domain):
+        return raw
+    if isinstance(raw, (list, tuple)):
+        if not raw:
+            raise ValueError("an empty list searches nothing; list at least one value (a scalar pins the knob)")
+        vals = [_check_value(tp, v, f"list item {i}: ") for i, v in enumerate(raw)]
+        for i, v in enumerate(vals):
+            if any(type(v) is type(w) and v == w for w in vals[:i]):
+                raise ValueError(f"lists {v!r} twice; list each value once")
+        return Domain(values=tuple(vals))
+    if isinstance(raw, dict):
+        if kind == "choice":
+            raise ValueError("is categorical: give a value (pins it) or a list of values, not a range")
+        unknown = [k for k in raw if k not in _RANGE_KEYS]
+        if unknown:
+            raise ValueError(f"unknown range key {unknown[0]!r}; a range is {{low, high, step}} (a grid), "
+                             "{low, high} or {low, high, log: true}")
+        if "low" not in raw or "high" not in raw:
+            raise ValueError("a range needs low and high ({low, high, step} or {low, high, log: true})")
+        low = _check_value(tp, raw["low"], "low: ")
+        high = _check_value(tp, raw["high"], "high: ")
+        if not low < high:
+            raise ValueError(f"range low ({low!r}) must be below high ({high!r}); a scalar pins the knob")
+        log = raw.get("log", False)
+        if not isinstance(log, bool):
+            raise ValueError(f"range log must be true or false, got {log!r}")
+        step = raw.get("step")
+        if step is not None:
+            if log:
+                raise ValueError("a range takes step or log: true, not both; drop step for a log-uniform search "
+                                 "(sampler tpe or random) or drop log for a grid")
+            step = _check_value(PosInt if kind == "int" else PosFloat, step, "step: ")
+        if log and low <= 0:
+            raise ValueError(f"a log range needs low > 0, got {low!r}")
+        return Domain(low=low, high=high, step=step, log=log)
+    return Domain(values=(_check_value(tp, raw),))
+
+
+def _domain_field(kind: str, tp):
+    return Annotated[Domain | None, BeforeValidator(lambda v: _parse_domain(v, kind, tp))]
+
+
+def _not_retunable(knob: str):
+    def check(v):
+        if v is None:
+            return None
+        raise ValueError(f"{knob} is not retunable: {_NOT_RETUNABLE[knob]} ({ROUTER_RESERVED[knob]}); "
+                         f"remove it from retune.router")
+    return Annotated[Any, BeforeValidator(check)]
+
+
+_ROUTER_DEFAULTS = {
+    "overlap_score_credit": (0.0, 0.5, 1.0),
+    "prefill_load_scale": (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+    "temperature": (0.0, 0.2, 0.5, 1.0),
+}
+ROUTER_DEFAULT_DOMAINS: dict[str, Domain] = {k: Domain(values=v) for k, v in _ROUTER_DEFAULTS.items()}
+DEFAULT_SENSITIVITY_DOMAIN = Domain(values=(70, 80, 90))
+
+
+class RouterDomains(Strict):
+    """``retune.router``: the KV-router knobs searched; an omitted knob searches its default domain."""
+
+    overlap_score_credit: _domain_field(*ROUTER_KNOBS["overlap_score_credit"]) = None
+    prefill_load_scale: _domain_field(*ROUTER_KNOBS["prefill_load_scale"]) = None
+    temperature: _domain_field(*ROUTER_KNOBS["temperature"]) = None
+    host_cache_hit_weight: _not_retunable("host_cache_hit_weight") = None
+    disk_cache_hit_weight: _not_retunable("disk_cache_hit_weight") = None
+    shared_cache_multiplier: _not_retunable("shared_cache_multiplier") = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data):
+        if isinstance(data, dict):
+            for k, v in data.items():
+                if k not in ROUTER_KNOBS and k not in _NOT_RETUNABLE:
+                    raise _loc_error("RouterDomains", (k,), f"unknown router knob; retune.router takes "
+                                     f"{', '.join(ROUTER_KNOBS)}", v)
+        return data
+
+    def given(self) -> dict[str, Domain]:
+        """The domains the section sets."""
+        return {k: getattr(self, k) for k in ROUTER_KNOBS if getattr(self, k) is not None}
+
+    def domains(self) -> dict[str, Domain]:
+        """Every knob's domain: the given one, else the default."""
+        return {k: getattr(self, k) or ROUTER_DEFAULT_DOMAINS[k] for k in ROUTER_KNOBS}
+
+
+class PlannerDomains(Strict):
+    """``retune.planner`` as a map: the Planner runtime knobs searched (only those given)."""
+
+    load_scaling_down_sensitivity: _domain_field(*PLANNER_KNOBS["load_scaling_down_sensitivity"][:2]) = None
+    load_min_observations: _domain_field(*PLANNER_KNOBS["load_min_observations"][:2]) = None
+    max_throughput_scaling_replicas: _domain_field(*PLANNER_KNOBS["max_throughput_scaling_replicas"][:2]) = None
+    load_predictor: _domain_field(*PLANNER_KNOBS["load_predictor"][:2]) = None
+    load_predictor_log1p: _domain_field(*PLANNER_KNOBS["load_predictor_log1p"][:2]) = None
+    prophet_window_size: _domain_field(*PLANNER_KNOBS["prophet_window_size"][:2]) = None
+    kalman_q_level: _domain_field(*PLANNER_KNOBS["kalman_q_level"][:2]) = None
+    kalman_q_trend: _domain_field(*PLANNER_KNOBS["kalman_q_trend"][:2]) = None
+    kalman_r: _domain_field(*PLANNER_KNOBS["kalman_r"][:2]) = None
+    kalman_min_points: _domain_field(*PLANNER_KNOBS["kalman_min_points"][:2]) = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data):
+        if isinstance(data, dict):
+            if not data:
+                raise _loc_error("PlannerDomains", (), "an empty map searches nothing; give Planner knob -> domain, "
+                                 "or default", data)
+            for k, v in data.items():
+                if k not in PLANNER_KNOBS:
+                    raise _loc_error("PlannerDomains", (k,), "not a Planner runtime knob retune can change "
+                                     f"(retune.planner takes {', '.join(PLANNER_KNOBS)}, or default)", v)
+        return data
+
+    def given(self) -> dict[str, Domain]:
+        return {k: getattr(self, k) for k in PLANNER_KNOBS if getattr(self, k) is not None}
+
+
+# -- the section -------------------------------------------------------------------------
+class RetuneConfig(Strict):
+    """``planner.retune`` (YAML) / ``planner_config["retune"]`` (API). After ``resolve`` (the
+    PlannerConfig carries the resolved section): ``timeout_seconds``, ``sla_ttft_ms`` and
+    ``sla_itl_ms`` are set, and ``history_seconds`` is set exactly when throughput scaling runs."""
+
+    interval_seconds: PosFloat
+    grace_seconds: NonNegFloat = 60.0
+    router: RouterDomains | None = None
+    planner: PlannerDomains | Literal["default"] | None = None
+    decision_latency_seconds: Literal["measured"] | NonNegFloat = 0.0
+    decision_latency_scale: PosFloat = 1.0
+    timeout_seconds: PosFloat | None = None
+    max_parallel: PosInt | None = None
+    min_improvement_percentage: NonNegFloat = 3.0
+    sla_ttft_ms: PosFloat | None = None
+    sla_itl_ms: PosFloat | None = None
+    history_seconds: PosFloat | None = None
+    sampler: Literal["grid", "tpe", "random"] = "grid"
+    max_candidates: PosInt | None = None
+    warm_start: bool = False
+
+    @field_validator("planner", mode="wrap")
+    @classmethod
+    def _planner(cls, v, handler):
+        if isinstance(v, dict):
+            return PlannerDomains.model_validate(v)  # its errors keep their knob's location
+        if v is None or v == "default" or isinstance(v, PlannerDomains):
+            return handler(v)
+        raise ValueError(f"takes default or a map of Planner runtime knob -> domain, got {v!r}")
+
+    @model_validator(mode="after")
+    def _rules(self):
+        def fail(loc: tuple, message: str, value=None):
+            raise _loc_error("RetuneConfig", loc, message, value)
+
+        if self.sampler in ("tpe", "random") and self.max_candidates is None:
+            fail(("max_candidates",), f"sampler {self.sampler} draws max_candidates points per sweep; set "
+                                      "max_candidates >= 1", None)
+        if self.sampler == "grid" and self.max_candidates is not None:
+            fail(("max_candidates",), "applies only to sampler tpe or random (grid evaluates every point of the "
+                                      "domain); remove it or set sampler: tpe", self.max_candidates)
+        if self.sampler == "grid":
+            planner = self.planner.given() if isinstance(self.planner, PlannerDomains) else {}
+            for section, doms in (("router", self.router.given() if self.router else {}), ("planner", planner)):
+                for knob, d in doms.items():
+                    if d.continuous:
+                        shape = "{low, high, log: true}" if d.log else "{low, high} without step"
+                        fail((section, knob), f"{shape} is a continuous domain, which sampler grid cannot enumerate; "
+                                              "add a step (or list the values), or set sampler: tpe (or random) "
+                                              "with max_candidates", None)
+        if self.warm_start and self.sampler != "tpe":
+            fail(("warm_start",), f"warm_start seeds the tpe sampler with the earlier windows' scored candidates; "
+                                  f"sampler {self.sampler} has no use for it: set sampler: tpe or remove warm_start",
+                 self.warm_start)
+        if self.decision_latency_scale != 1 and self.decision_latency_seconds != "measured":
+            fail(("decision_latency_scale",), "scales the measured sweep time only; set decision_latency_seconds: "
+                                              "measured, or remove decision_latency_scale", self.decision_latency_scale)
+        if self.decision_latency_scale > 1:
+            bound = self.interval_seconds / self.decision_latency_scale
+            timeout = self.timeout_seconds
+            if timeout is None or timeout > bound:
+                now = (f"the default timeout (interval_seconds, {self.interval_seconds:g} s)" if timeout is None
+                       else f"{timeout:g} s")
+                fail(("timeout_seconds",), f"with decision_latency_scale {self.decision_latency_scale:g} a sweep's "
+                                           f"scaled time must fit in one window: set timeout_seconds <= "
+                                           f"interval_seconds / decision_latency_scale = {bound:g} s ({now} is "
+                                           "longer)", timeout)
+        return self
+
+    @property
+    def parallel(self) -> int:
+        """Worker processes per sweep: ``max_parallel``, else the CPU count."""
+        return self.max_parallel or os.cpu_count() or 1
+
+    def router_domains(self) -> dict[str, Domain]:
+        """Router knob -> domain searched ({} when the router is not retuned)."""
+        return self.router.domains() if self.router is not None else {}
+
+    def planner_domains(self, load_scaling: bool) -> dict[str, Domain]:
+        """Planner knob -> domain searched; ``default`` searches the load-scaling sensitivity when load
+        scaling runs (its predictor pre-sweep is ``predictor_presweep``)."""
+        if self.planner == "default":
+            return {"load_scaling_down_sensitivity": DEFAULT_SENSITIVITY_DOMAIN} if load_scaling else {}
+        return self.planner.given() if self.planner is not None else {}
+
+    def predictor_presweep(self, throughput_scaling: bool) -> bool:
+        """``planner: default`` with throughput scaling runs the pre-sweep over the predictor presets."""
+        return self.planner == "default" and throughput_scaling
+
+
+# -- rules that need the Planner ------------------------------------------------------------
+def _multiple_of(interval: float, tick: float) -> bool:
+    k = interval / tick
+    return round(k) >= 1 and abs(k - round(k)) <= 1e-9 * max(1.0, k)
+
+
+def resolve(rc: RetuneConfig, *, field: str, tick_s: float, throughput: bool, load: bool, target: str,
+            load_predictor: str, throughput_interval_s: float, ttft_ms: float, itl_ms: float) -> RetuneConfig:
+    """Check the rules that need the Planner (``throughput``/``load``: the loops it runs) and fill
+    the defaults that come from it; ``ttft_ms``/``itl_ms``: the scoring SLA's fallback
+    (``evaluation.sla``, else the Planner's own). ``field``: how errors name the planner
+    (``planner`` or ``planner_config``)."""
+    where = f"{field}.retune"
+    if not _multiple_of(rc.interval_seconds, tick_s):
+        lo = max(1, math.floor(rc.interval_seconds / tick_s)) * tick_s
+        raise InputError(f"{where}.interval_seconds", f"must be a multiple of the Planner tick ({tick_s:g} s), so "
+                                                      f"windows end on ticks; got {rc.interval_seconds:g}, use e.g. "
+                                                      f"{lo:g} or {lo + tick_s:g}")
+    if not throughput and not load and rc.planner is not None:
+        raise InputError(f"{where}.planner", "retune-only mode (enable_throughput_scaling and enable_load_scaling "
+                                             "both false) never scales, so no Planner field is tuned; remove "
+                                             "retune.planner or turn a scaling loop on")
+    if isinstance(rc.planner, PlannerDomains):
+        given = rc.planner.given()
+        searched = given.get("load_predictor")
+        families = {load_predictor} | (set(searched.points()) if searched is not None else set())
+        for knob in given:
+            _, _, needs, family = PLANNER_KNOBS[knob]
+            if needs == "load" and not load:
+                raise InputError(f"{where}.planner.{knob}", "acts only while load scaling runs, which is off here "
+                                                            "(target sla with enable_load_scaling false); remove it")
+            if needs == "throughput" and not throughput:
+                raise InputError(f"{where}.planner.{knob}", "acts only while throughput scaling runs (target sla with "
+                                                            "enable_throughput_scaling true), which is off here; "
+                                                            "remove it")
+            if needs == "perf_model" and target != "sla":
+                raise InputError(f"{where}.planner.{knob}", "is the performance model's cold-start threshold, which "
+                                                            f"only target sla uses (target is {target}); remove it")
+            if family is not None and family not in families:
+                raise InputError(f"{where}.planner.{knob}", f"tunes the {family} predictor, but the Planner's "
+                                                            f"load_predictor is {load_predictor} and retune.planner "
+                                                            f"does not search {family}; add {family} to "
+                                                            "retune.planner.load_predictor or remove the knob")
+    if rc.history_seconds is not None and not throughput:
+        raise InputError(f"{where}.history_seconds", "sizes the load-predictor history, which retune reads only with "
+                                                     "throughput scaling (target sla); remove it")
+    update: dict[str, Any] = {}
+    if rc.timeout_seconds is None:
+        update["timeout_seconds"] = rc.interval_seconds
+    if rc.sla_ttft_ms is None:
+        update["sla_ttft_ms"] = float(ttft_ms)
+    if rc.sla_itl_ms is None:
+        update["sla_itl_ms"] = float(itl_ms)
+    if throughput and rc.history_seconds is None:
+        update["history_seconds"] = float(throughput_interval_s * PRESET_MAX_PROPHET_WINDOW)
+    return rc.model_copy(update=update) if update else rc
+
+
+# -- rules that need the traffic and the router -----------------------------------------------
+def check_replay_sections(cfg) -> None:
+    """The ``predict`` config's traffic and router sections, as retune needs them."""
+    from simulator.config import models as m
+
+    rc = cfg.planner.retune
+    src, load, stop = cfg.traffic.source, cfg.traffic.load, cfg.traffic.stop
+    if not isinstance(src, m.TraceSource):
+        raise InputError("traffic.source.type", f"retune replays windows of a recorded Dynamo request trace, not "
+                                                f"{src.type} traffic; use type: trace with format: dynamo")
+    if src.format != "dynamo":
+        raise InputError("traffic.source.format", f"retune needs format: dynamo (got {src.format}): it replays windows "
+                                                  "of a Dynamo request trace; convert one with aisim trace convert "
+                                                  "--from mooncake --to dynamo")
+    if isinstance(load, m.ConcurrencyLoad):
+        raise InputError("traffic.load.type", "retune needs open-loop arrivals on the trace's timestamps, not a closed "
+                                              "loop (concurrency); use type: trace_timestamps (speedup allowed)")
+    if not isinstance(load, m.TraceTimestampsLoad):
+        raise InputError("traffic.load.type", f"retune needs type: trace_timestamps (speedup allowed), got "
+                                              f"{load.type}: its windows are cut on the recorded arrival times")
+    if stop.max_virtual_time_seconds is not None:
+        raise InputError("traffic.stop.max_virtual_time_seconds", "is not allowed with retune (it replays the whole "
+                                                                  "trace); remove it, or cut the trace instead")
+    if rc.router is not None and cfg.router.policy != "kv_router":
+        raise InputError("router.policy", f"planner.retune.router tunes the KV router's parameters, but the router is "
+                                          f"{cfg.router.policy}; set router.policy: kv_router or remove "
+                                          "planner.retune.router")
+
+
+def check_api_arguments(rc: RetuneConfig, *, trace_format: str | None, traffic, router_mode: str) -> None:
+    """The Python API's arguments, as retune needs them (``trace_format`` None: synthetic traffic)."""
+    from simulator.traffic.arrivals import ClosedLoop
+
+    if trace_format is None:
+        raise InputError("planner_config.retune", "run_synthetic_trace_replay does not take retune: it replays windows "
+                                                  "of a recorded Dynamo request trace; use run_trace_replay(..., "
+                                                  "trace_format='dynamo') or remove retune")
+    if trace_format != "dynamo":
+        raise InputError("planner_config.retune", f"retune needs trace_format='dynamo' (got {trace_format!r}): it "
+                                                  "replays windows of a Dynamo request trace; convert the trace (aisim "
+                                                  "trace convert --from mooncake --to dynamo) or remove retune")
+    if isinstance(traffic.arrivals, ClosedLoop):
+        raise InputError("replay_concurrency", "retune needs open-loop arrivals on the trace's timestamps, not a "
+                                               "closed loop; leave replay_concurrency None (arrival_speedup_ratio is "
+                                               "allowed)")
+    if traffic.stop_ms is not None:
+        raise InputError("max_sim_time_ms", "is not allowed with retune (it replays the whole trace); leave it None, "
+                                            "or cut the trace instead")
+    if rc.router is not None and router_mode != "kv_router":
+        raise InputError("router_mode", f"retune.router tunes the KV router's parameters, but router_mode is "
+                                        f"{router_mode!r}; use router_mode='kv_router' or remove retune.router")
+
+
+# -- the recorded history ------------------------------------------------------------------
+def _first_row(path) -> tuple[Any, int]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        return json.loads(line), n
+                    except ValueError:
+                        return None, n
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise InputError(str(path), f"cannot read trace: {exc}") from None
+    return None, 0
+
+
+def history_end_ms(spec: str, where: str) -> float:
+    """When the recorded history ``spec`` ends, in its absolute milliseconds: the latest request end
+    (start + ``total_time_ms``; the start where no total time is recorded). It must be a Dynamo
+    request trace (its first row's ``schema``); paths resolve against the working directory."""
+    from simulator.traffic.traces import DYNAMO_SCHEMA, read_dynamo, resolve_trace_paths
+
+    paths = resolve_trace_paths([spec], where)
+    for p in paths:
+        row, n = _first_row(p)
+        schema = row.get("schema") if isinstance(row, dict) else None
+        if schema != DYNAMO_SCHEMA:
+            raise InputError(where, f"is not a Dynamo request trace ({p}:{n} has schema {schema!r}, not "
+                                    f"{DYNAMO_SCHEMA!r}); with throughput scaling retune reads it as its recorded "
+                                    "history: give a dynamo trace (aisim trace convert --split-at-seconds S "
+                                    "--history-out H converts and splits a mooncake trace)")
+    try:
+        w = read_dynamo(paths)
+    except InputError as exc:
+        raise type(exc)(where, f"{exc.where}: {exc.message}", category=exc.category) from None
+    total = np.zeros(len(w)) if w.recorded_total_ms is None else np.nan_to_num(w.recorded_total_ms, nan=0.0)
+    return float(w.origin_ms + np.max(w.timestamp_ms + total))
+
+
+def check_history(pc, replay, field: str) -> None:
+    """With throughput scaling, ``load_predictor_warmup_trace`` is retune's recorded history: a
+    Dynamo request trace that ends at or before the first request of ``replay`` (the replayed
+    workload), on the same absolute timestamps. ``pc``: the PlannerConfig with its resolved retune."""
+    rc = pc.retune
+    if rc is None or rc.history_seconds is None:  # resolved: set exactly when throughput scaling runs
+        return
+    where = f"{field}.load_predictor_warmup_trace"
+    if not pc.load_predictor_warmup_trace:
+        raise InputError(where, "retune with throughput scaling reads the load-predictor history from it; set it to a "
+                                "Dynamo request trace that ends at or before the first replayed request (aisim trace "
+                                "convert --split-at-seconds S --history-out H writes one)")
+    end = history_end_ms(pc.load_predictor_warmup_trace, where)
+    first = float(replay.origin_ms)
+    if end > first:
+        raise InputError(where, f"the history must end at or before the first replayed request on the same absolute "
+                                f"timestamps: its last request ends at {end:g} ms, the replay's first request starts "
+                                f"at {first:g} ms; give the part of the recorded trace before the replay (aisim trace "
+                                "convert --split-at-seconds S --history-out H)")
+
+
+def not_implemented(field: str) -> NotSupportedError:
+    """What a retune section that passed every check ends in, until the sweeps are built."""
+    return NotSupportedError(f"{field}.retune", "retune sweeps are not implemented yet in this build; the section is "
+                                                f"valid — remove {field}.retune to run without it")
