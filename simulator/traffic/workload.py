@@ -74,6 +74,33 @@ class Workload:
         s = int(self.session_index[i])
         return self.session_names[s] if s >= 0 else None
 
+    def subset(self, indices, shift_ms: float = 0.0) -> "Workload":
+        """The requests at ``indices`` (ascending), as a workload of their own: the same prompt
+        content (so shared prefixes stay shared; each output is private to its request, as
+        before), timestamps less ``shift_ms``, request ids kept (a request keeps its uuid in
+        reports). Session traces cannot be cut into windows."""
+        if self.has_sessions():
+            raise ValueError("a workload with sessions cannot be subset")
+        idx = np.asarray(indices, dtype=np.int64)
+        start = self.piece_ptr[idx]
+        counts = self.piece_ptr[idx + 1] - start
+        ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        # the pieces of every selected request, in order: start + 0 .. count - 1
+        pieces = np.repeat(start - ptr[:-1], counts) + np.arange(int(ptr[-1]), dtype=np.int64)
+        ids = self.request_ids if self.request_ids is not None else [self.request_uuid(int(i)) for i in range(len(self))]
+        return Workload(
+            input_len=self.input_len[idx].copy(),
+            output_len=self.output_len[idx].copy(),
+            timestamp_ms=self.timestamp_ms[idx] - shift_ms,
+            piece_ptr=ptr,
+            piece_src=self.piece_src[pieces],
+            piece_len=self.piece_len[pieces],
+            request_ids=[ids[int(i)] for i in idx],
+            description=f"{self.description} [{len(idx)} of {len(self)} requests]",
+            recorded_total_ms=None if self.recorded_total_ms is None else self.recorded_total_ms[idx].copy(),
+            origin_ms=self.origin_ms + shift_ms,
+        )
+
     @cached_property
     def digest(self) -> str:
         """A content digest (sha256 of every column): equal digests, equal workloads."""

@@ -91,3 +91,20 @@ def test_traffic_rules(traffic, where):
     with pytest.raises(InputError) as info:
         plan(traffic)
     assert info.value.where == where
+
+
+def test_a_subset_keeps_each_requests_tokens_and_identity():
+    from simulator.traffic.traces import read_mooncake
+    from simulator.traffic.workload import BlockHashStore
+    from tests.conftest import SLICE
+
+    w = read_mooncake([SLICE], 512)
+    idx = [3, 4, 10, 999]
+    sub = w.subset(idx, shift_ms=1000.0)
+    assert sub.num_requests == 4 and sub.input_len.tolist() == w.input_len[idx].tolist()
+    assert (sub.timestamp_ms == w.timestamp_ms[idx] - 1000.0).all()
+    assert [sub.request_uuid(i) for i in range(4)] == [w.request_uuid(i) for i in idx]
+    full, part = BlockHashStore(w), BlockHashStore(sub)
+    for k, i in enumerate(idx):  # the same prompt block hashes: shared prefixes stay shared
+        n = int(w.input_len[i]) // 64
+        assert part.block_hashes(k, 64)[:n] == full.block_hashes(i, 64)[:n]
