@@ -79,7 +79,8 @@ class CandidateSearch:
             self._asked += 1
             point = {**self.pinned, **trial.params}
             key = point_key(point)
-            if key in self.scores:
+            if key in self.scores:  # already scored (e.g. the current point): listed, told, not re-run
+                self.points[key] = point
                 self.tell(trial, self.scores[key])
                 continue
             if any(point_key(p) == key for _, p in out):
