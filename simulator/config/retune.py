@@ -42,8 +42,8 @@ Keys and defaults (reference §6.2; "our choice" where the reference leaves it o
 - ``sampler``: ``grid`` (every point of the Cartesian product) | ``tpe`` | ``random``;
   ``tpe``/``random`` need ``max_candidates`` >= 1, ``grid`` takes none and no continuous domain.
 - ``max_candidates``: candidates per sweep for ``tpe``/``random``.
-- ``warm_start``: false; true (our choice: seed the sampler with the earlier windows' scored
-  candidates) needs ``sampler: tpe``.
+- ``warm_start``: false = the seed's cold windows; true = each candidate starts from the KV cache
+  contents the outer replay had at the window start (any sampler).
 
 Domains: a scalar pins the knob; a non-empty list of distinct values searches those;
 ``{low, high, step}`` searches low, low + step, ... <= high; ``{low, high}`` (uniform) and
@@ -358,10 +358,6 @@ class RetuneConfig(Strict):
                         fail((section, knob), f"{shape} is a continuous domain, which sampler grid cannot enumerate; "
                                               "add a step (or list the values), or set sampler: tpe (or random) "
                                               "with max_candidates", None)
-        if self.warm_start and self.sampler != "tpe":
-            fail(("warm_start",), f"warm_start seeds the tpe sampler with the earlier windows' scored candidates; "
-                                  f"sampler {self.sampler} has no use for it: set sampler: tpe or remove warm_start",
-                 self.warm_start)
         if self.decision_latency_scale != 1 and self.decision_latency_seconds != "measured":
             fail(("decision_latency_scale",), "scales the measured sweep time only; set decision_latency_seconds: "
                                               "measured, or remove decision_latency_scale", self.decision_latency_scale)

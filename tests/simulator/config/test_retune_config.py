@@ -256,7 +256,6 @@ def test_without_throughput_scaling_the_warmup_trace_is_not_read():
     ({"sampler": "random"}, "planner.retune.max_candidates", "set max_candidates >= 1"),
     ({"sampler": "tpe", "max_candidates": 0}, "planner.retune.max_candidates", "greater than 0"),
     ({"max_candidates": 8}, "planner.retune.max_candidates", "only to sampler tpe or random"),
-    ({"warm_start": True}, "planner.retune.warm_start", "sampler: tpe"),
     ({"bogus": 1}, "planner.retune.bogus", "Extra inputs are not permitted"),
 ])
 def test_section_keys(retune, where, needle):
