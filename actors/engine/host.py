@@ -275,18 +275,25 @@ class WorkerHost:
         self._inputs_at(t)
         self._settle(t)
         pending = self._pending
+        ends = self._ends
+        version = self._version
         while True:
-            t_end = self._next_end()
+            while ends and ends[0][2] != version[ends[0][1]]:
+                heapq.heappop(ends)  # superseded by a cut-short run
+            t_end = ends[0][0] if ends else None
             t_in = pending[0][0] if pending else None
             t_next = t_end if t_in is None or (t_end is not None and t_end <= t_in) else t_in
             if t_next is None or t_next > until:
                 break
             t = t_next
-            self._ends_at(t)
+            if t_end == t:
+                self._ends_at(t)
             if t == until:
                 break
-            self._inputs_at(t)
-            self._settle(t)
+            if t_in is not None and t_in <= t:
+                self._inputs_at(t)
+            if self._dirty:
+                self._settle(t)
         self.now = until
         self._publish_kv(until)
         return self._output()
