@@ -11,6 +11,7 @@ from __future__ import annotations
 UP_KV = 0  # (pool, UP_KV, worker, rank, kind, hashes)
 UP_FIRST_TOKEN = 1  # (pool, UP_FIRST_TOKEN, index)
 UP_RELEASE = 2  # (pool, UP_RELEASE, index)
+UP_PARAMS = 3  # (pool, UP_PARAMS, {knob: value}): the router's knobs from now on (retune)
 
 
 class RouteRequest:
@@ -42,8 +43,10 @@ class RouterHost:
                 router.on_kv_events(u[2], u[3], u[4], u[5])
             elif kind == UP_FIRST_TOKEN:
                 router.on_first_token(RouteRequest(u[2]))
-            else:
+            elif kind == UP_RELEASE:
                 router.on_release(RouteRequest(u[2]))
+            else:
+                router.set_parameters(u[2])
         out = []
         for pool, index, prompt_len, hashes, now_ms, ref in requests:
             wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],

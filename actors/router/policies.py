@@ -151,6 +151,21 @@ class KvRouter:
         self._cands: dict[tuple[int, int], _Candidate] = {}
         self._routed: dict[int, tuple[tuple[int, int], int, list[int]]] = {}
 
+    def parameters(self) -> dict:
+        """The knobs retune may change (as the report names them)."""
+        return {"overlap_score_credit": self.credit, "prefill_load_scale": self.scale,
+                "temperature": self.temperature}
+
+    def set_parameters(self, params: dict) -> None:
+        """Change knobs from now on (retune). Whether KV events flow stays as built: a router that
+        may gain overlap credit later must be built with a positive credit or KV events recorded."""
+        unknown = set(params) - {"overlap_score_credit", "prefill_load_scale", "temperature"}
+        if unknown:
+            raise ValueError(f"unknown router parameter(s) {sorted(unknown)}")
+        self.credit = params.get("overlap_score_credit", self.credit)
+        self.scale = params.get("prefill_load_scale", self.scale)
+        self.temperature = params.get("temperature", self.temperature)
+
     def _cand(self, key: tuple[int, int]) -> _Candidate:
         c = self._cands.get(key)
         if c is None:
