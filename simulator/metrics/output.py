@@ -80,6 +80,14 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             continue
 
 
+def discard(path) -> None:
+    """Remove a temporary file, if it is still there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def write_temp(path: Path, chunks: Iterable[str]) -> Path:
     """``chunks`` written and fsynced to a new temporary sibling of ``path`` (mode 0666 less the
     umask); the caller renames it into place (or several together). Nothing is left on failure."""
@@ -92,10 +100,7 @@ def write_temp(path: Path, chunks: Iterable[str]) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
     return tmp
 
@@ -106,10 +111,7 @@ def atomic_write_chunks(path: Path, chunks: Iterable[str]) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
 
 

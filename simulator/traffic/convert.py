@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Callable
 
 from simulator.errors import InputError, NotSupportedError
-from simulator.metrics.output import fsync_dir, write_temp
+from simulator.metrics.output import discard, fsync_dir, write_temp
 from simulator.traffic.traces import DYNAMO_SCHEMA, MASK64, _rows, read_mooncake, resolve_trace_paths
 
 #: ``model`` of a converted record (a mooncake trace names none)
@@ -216,10 +216,7 @@ def _write_all(files: list[tuple[Path, list[str]]], on_commit: Callable[[], None
         raise InputError(str(current), f"cannot write: {exc.strerror or exc}") from None
     finally:
         for tmp, _ in temps:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            discard(tmp)
     for parent in {os.path.realpath(p.parent if str(p.parent) else ".") for p, _ in files}:
         fsync_dir(parent)
 
