@@ -298,6 +298,36 @@ def _predict(args, t0: float, signals: _Signals) -> int:
             out.close()  # without a commit: the previous outputs stay exactly as they were
 
 
+def _retune_progress(plan, args):
+    """A line per retune window on stderr (window k/N, candidates, best so far, the outcome), only on a
+    terminal and never with --format json; None otherwise."""
+    if plan.planner is None or plan.planner.retune is None or args.format == "json" or not sys.stderr.isatty():
+        return None
+    import numpy as np
+
+    rc = plan.planner.retune
+    w = plan.traffic.workload
+    ts = w.timestamp_ms
+    span_ms = float((np.nanmax(ts) - np.nanmin(ts)) / plan.traffic.arrivals.delay_scale) if len(ts) else 0.0
+    total = max(0, int((span_ms / 1000.0 - rc.grace_seconds) // rc.interval_seconds))
+
+    def show(k: int, answer) -> None:
+        scored = [c for c in answer.candidates if c.get("score") is not None]
+        top = max(scored, key=lambda c: c["score"], default=None)
+        best = ""
+        if top is not None and answer.improvement_pct is not None:
+            best = f", best {answer.improvement_pct:+.1f}% ({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in top['point'].items())})"
+        line = (f"retune window {k + 1}/{max(total, k + 1)}: {len(answer.candidates)} candidates on "
+                f"{answer.num_requests} requests{best} -> {answer.outcome} ({answer.sweep_wall_s:.1f} s)")
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    return show
+
+
 def _run(args, t0: float, signals: _Signals, out) -> int:
     from simulator.config.loading import load_config
     from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
@@ -341,7 +371,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
                 set_phase("starting the actors")
                 guard.on_next_check(watchdog.stop)  # the coordinator's first check: the replay runs
                 guard.on_next_check(lambda: set_phase("replaying"))
-                report = run_plan(plan, guard)
+                report = run_plan(plan, guard, on_sweep=_retune_progress(plan, args))
     except Exception as exc:
         if getattr(exc, "exit_code", 1) == 3:
             limited(exc)

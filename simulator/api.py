@@ -23,10 +23,10 @@ from simulator.config import models as m
 from simulator.config.engine_args import EngineArgs
 from simulator.config.loading import format_validation_error
 from simulator.config.planner_config import parse_planner_config
-from simulator.config.retune import check_api_arguments, check_history, not_implemented
+from simulator.config.retune import check_api_arguments, check_history
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError, NotSupportedError
-from simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, router_spec
+from simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, retune_router, router_spec
 from simulator.run import ReplayReport, run_plan
 from simulator.traffic.build import TrafficPlan, build_traffic
 from simulator.traffic.traces import resolve_trace_paths
@@ -131,7 +131,7 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
     html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
     if planner is not None and planner.retune is not None:
         check_history(planner, traffic.workload, "planner_config")  # the recorded history (throughput scaling)
-        raise not_implemented("planner_config")  # valid, but the sweeps are not built yet: never ignore it
+        router = retune_router(router, planner.retune)
     return ReplayPlan(traffic, pools, router, _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request,
                       fast_forward, transfer, seed, planner, capture_planner_details, html, "planner_config", execution)
 

@@ -90,11 +90,15 @@ def scheduler_config(args: EngineArgs) -> SchedulerConfig:
 
 def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: TimingModel, fast_forward: bool = True,
                   record_kv_events: bool = False, pool_label: str | None = None,
-                  record_timeline: bool = False, track_queue: bool = False) -> list[EngineWorker]:
+                  record_timeline: bool = False, track_queue: bool = False,
+                  initial_kv: dict | None = None) -> list[EngineWorker]:
+    """``initial_kv``: worker id -> per rank, the blocks its KV cache starts with (warm start)."""
     cfg = scheduler_config(args)
     workers = []
     for i in range(replicas):
         ranks = [RankScheduler(cfg, timing, record_kv_events) for _ in range(args.dp_size)]
+        for rank, hashes in zip(ranks, (initial_kv or {}).get(first_id + i, ())):
+            rank.kv.preload(list(hashes))
         if pool_label:
             for r in ranks:
                 r.pool_label = pool_label
@@ -111,6 +115,7 @@ class RouterSpec:
     overlap_score_credit: float = 1.0
     prefill_load_scale: float = 1.0
     temperature: float = 0.0
+    kv_events: bool = False  # keep the prefix index at credit 0 (retune may raise the credit)
 
 
 # one random stream per actor, derived from the root seed
@@ -131,7 +136,7 @@ def build_router(spec: RouterSpec, block_size: int, seed: int, role: str):
     if spec.policy == "kv_router":
         return KvRouter(block_size, actor_rng(seed, STREAM_ENTRY_ROUTER), spec.overlap_score_credit,
                         spec.prefill_load_scale, spec.temperature, track_prefill_tokens=True,
-                        track_active_blocks=role == "aggregated")
+                        track_active_blocks=role == "aggregated", kv_events=spec.kv_events)
     raise InputError("router.policy", f"unknown router policy {spec.policy!r}; use round_robin, random or kv_router")
 
 

@@ -68,7 +68,7 @@ from actors.engine.scheduler import GapSink
 from actors.engine.worker import EngineWorker
 from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow, decision_from_wire, \
     snapshot_to_wire, traffic_to_wire
-from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_RELEASE
+from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_PARAMS, UP_RELEASE
 from simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
 from simulator.metrics.timeline import WorkerTimeline
@@ -242,6 +242,7 @@ class Coordinator:
         self.decode = decode
         self.has_planner = has_planner
         self.planner_hook: Callable[[bool], None] = lambda entering: None  # the runner may time the Planner's ticks
+        self.retune = None  # a simulator.retune_driver.RetuneDriver when the Planner retunes
         num_workers = len(entry.worker_ids) + (len(decode.worker_ids) if decode is not None else 0)
         self._pool_of: list[Pool] = [entry] * num_workers
         if decode is not None:
@@ -580,6 +581,16 @@ class Coordinator:
         self._absorb(outs)
         if not self._work_remains():
             return  # ticks continue only while work remains
+        changes = None
+        if self.retune is not None:  # virtual time stands still while sweeps run
+            lc = self.lifecycle
+            replicas = {}
+            for pool in self._pools():
+                counts = lc.counts(pool.worker_ids)
+                replicas[pool.role] = counts[STARTING] + counts[ACTIVE]
+            changes, knobs = self.retune.at_tick(now, replicas, self.kv_contents)
+            if knobs:  # the router's knobs from the arrivals after this tick on
+                self._updates.append((self.entry.role, UP_PARAMS, knobs))
         self.planner_hook(True)
         fpm = {}
         for out in outs:
@@ -592,7 +603,8 @@ class Coordinator:
             fpms = [f for wid in active for f in fpms_of(wid, fpm[wid])]
             roles[pool.planner_role] = RoleState(active, lc.in_state(pool.worker_ids, STARTING),
                                                  lc.in_state(pool.worker_ids, DRAINING), fpms, pool.caps)
-        wire, consumed = self.rt.tick(snapshot_to_wire(Snapshot(now, roles)), traffic_to_wire(self._traffic.peek(now)))
+        wire, consumed = self.rt.tick(snapshot_to_wire(Snapshot(now, roles)), traffic_to_wire(self._traffic.peek(now)),
+                                      changes)
         if consumed:
             self._traffic.reset(now)
         decision = decision_from_wire(wire)
@@ -601,6 +613,16 @@ class Coordinator:
         self._num_ticks += 1
         self._apply_decision(decision, now, tick)
         self._tick_ms = decision.next_tick_ms
+
+    def kv_contents(self) -> dict[str, list]:
+        """Pool role -> per provisioned worker (by id) -> per rank, its resident KV blocks now."""
+        lc = self.lifecycle
+        out = {}
+        for pool in self._pools():
+            wids = sorted(lc.in_state(pool.worker_ids, ACTIVE) + lc.in_state(pool.worker_ids, STARTING))
+            got = self.rt.kv_contents(wids)
+            out[pool.role] = [got[w] for w in wids if w in got]
+        return out
 
     # -- choosing the next edge ------------------------------------------------------------
     def _next_pass_end(self) -> float | None:

@@ -6,6 +6,7 @@ config sections and comes through here too.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from simulator.catalog.models import load_geometry
 from simulator.config import models as m
 from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from simulator.config.planner_config import PlannerConfig, from_replay_section
-from simulator.config.retune import check_history, check_replay_sections, not_implemented
+from simulator.config.retune import check_history, check_replay_sections
 from simulator.config.support import check_supported
 from simulator.coordinator import KvTransferModel
 from simulator.errors import InputError
@@ -68,6 +69,12 @@ class ReplayPlan:
     planner_field: str = "planner"  # how errors name the Planner's configuration
     execution: ExecutionPlan = ExecutionPlan()
     capture_worker_timeline: bool = False  # per-worker queue depth and KV usage over time (ReplayReport.timelines)
+    # the load predictor's recorded history, (count, mean ISL, mean OSL) per throughput interval; None:
+    # the Planner's load_predictor_warmup_trace (a retune window replay passes the history up to its window)
+    planner_warmup: tuple[tuple[float, float, float], ...] | None = None
+    # warm start: pool role -> per worker -> per rank, the KV blocks the caches start with (next
+    # eviction first; a retune window replay passes the outer replay's at the window start)
+    initial_kv: dict[str, tuple] | None = None
 
 
 def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
@@ -149,8 +156,18 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
                       capture_worker_timeline=capture_worker_timeline)
     if planner is not None and planner.retune is not None:
         check_history(planner, traffic.workload, "planner")  # the recorded history (throughput scaling)
-        raise not_implemented("planner")  # valid, but the sweeps are not built yet: never ignore it
+        plan = dataclasses.replace(plan, router=retune_router(plan.router, planner.retune))
     return plan
+
+
+def retune_router(spec: RouterSpec, rc) -> RouterSpec:
+    """The router a retuned replay starts with: a KV router whose overlap credit a sweep may raise
+    above 0 keeps its prefix index from the start (workers publish KV events)."""
+    dom = rc.router_domains().get("overlap_score_credit")
+    if spec.policy != "kv_router" or dom is None:
+        return spec
+    values = dom.points() if not dom.continuous else (dom.high,)
+    return dataclasses.replace(spec, kv_events=any(v > 0 for v in values)) if not spec.kv_events else spec
 
 
 def router_spec(r: m.Router) -> RouterSpec:

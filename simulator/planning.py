@@ -43,7 +43,9 @@ def capabilities(args) -> Capabilities:
 
 
 def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel], capture_details: bool = True,
-                  field: str = "planner") -> Planner:
+                  field: str = "planner", warmup: tuple | None = None) -> Planner:
+    """The Planner of a replay; ``warmup``: the load predictor's history per throughput interval
+    (None: read from ``pc.load_predictor_warmup_trace``)."""
     roles = {p.role: p for p in pools}
     disagg = "prefill" in roles
     if (pc.mode == "disagg") != disagg:
@@ -122,7 +124,9 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
         boot["fpm_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest() if disagg else digests[0]
         planner.perf_models = models
         planner.bootstrap = boot
-        if thr and pc.load_predictor_warmup_trace:
+        if thr and warmup is not None:
+            planner.warm_up(list(warmup))
+        elif thr and pc.load_predictor_warmup_trace:
             planner.warm_up(warmup_windows(pc.load_predictor_warmup_trace, pc.throughput_adjustment_interval,
                                            f"{field}.load_predictor_warmup_trace"))
     else:

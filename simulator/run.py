@@ -65,10 +65,12 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
         timing = build_timing(a, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
+        initial_kv = _initial_kv(plan, pool, num_workers, router)
         make = partial(build_workers, a, 1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None,
-                       record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None)
+                       record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None,
+                       initial_kv=initial_kv)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, a.block_size,
                           caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
                           startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))
@@ -92,8 +94,28 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
     actors = _Actors(pools, entry_router, decode_router, timings, provenance)
     if plan.planner is not None:
         actors.planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details,
-                                       plan.planner_field)
+                                       plan.planner_field, plan.planner_warmup)
     return actors
+
+
+def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
+    """Warm start: worker id -> per rank the blocks its cache starts with; the router's prefix
+    index learns them as it would from the workers' KV events."""
+    from actors.engine.kv_cache import STORED
+
+    given = (plan.initial_kv or {}).get(pool.role)
+    if not given:
+        return None
+    out = {}
+    cap = pool.args.num_gpu_blocks
+    for i, ranks in enumerate(given[: pool.replicas]):
+        wid = first_id + i
+        out[wid] = ranks = [list(dict.fromkeys(r))[-cap:] for r in ranks[: pool.args.dp_size]]
+        if router.needs_kv_events and pool.args.enable_prefix_caching:
+            for rank, hashes in enumerate(ranks):
+                if hashes:
+                    router.on_kv_events(wid, rank, STORED, hashes)
+    return out
 
 
 class _PlannerClock:
@@ -110,8 +132,53 @@ class _PlannerClock:
             self.total_s += time.perf_counter() - self._since
 
 
-def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
-    """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime."""
+SWEEPER_ENTRY_POINTS = "aisim.sweepers"  # entry-point group of the retune sweeper factories (``search.retune``)
+
+
+def load_sweeper(plan: ReplayPlan):
+    """The retune sweeper of ``plan``, from the ``retune`` factory registered in the
+    ``aisim.sweepers`` entry-point group (``search.retune:make_sweeper``): the simulator asks for
+    sweeps through ``actors.planner.retune.Sweeper`` and never imports ``search`` itself."""
+    from importlib.metadata import entry_points
+
+    from simulator.errors import NotSupportedError
+
+    found = [ep for ep in entry_points(group=SWEEPER_ENTRY_POINTS) if ep.name == "retune"]
+    if not found:
+        raise NotSupportedError(f"{plan.planner_field}.retune", "no retune sweeper is installed (entry point "
+                                f"{SWEEPER_ENTRY_POINTS}:retune); install aisim with pip install -e . or pass "
+                                "run_plan(..., sweeper=...)")
+    return found[0].load()(plan)
+
+
+def _retune_driver(plan: ReplayPlan, sweeper, on_sweep=None):
+    from simulator.config.planner_config import effective_loops, tick_interval_s
+    from simulator.retune_driver import RetuneDriver
+
+    pc = plan.planner
+    rc = pc.retune
+    thr, load = effective_loops(pc)
+    fields = list(rc.planner_domains(load))
+    if rc.predictor_presweep(thr):
+        fields += list(PREDICTOR_FIELDS)
+    spec = plan.router
+    router = ({k: getattr(spec, k) for k in ("overlap_score_credit", "prefill_load_scale", "temperature")}
+              if spec.policy == "kv_router" else {})
+    return RetuneDriver(rc, sweeper, tick_ms=tick_interval_s(pc, plan.planner_field) * 1000.0, advisory=pc.advisory,
+                        router_policy=spec.policy, router=router, planner_fields={k: getattr(pc, k) for k in fields},
+                        replicas={p.role: p.replicas for p in plan.pools},
+                        component="prefill" if len(plan.pools) > 1 else "agg", on_sweep=on_sweep)
+
+
+PREDICTOR_FIELDS = ("load_predictor", "load_predictor_log1p", "prophet_window_size", "kalman_q_level", "kalman_q_trend",
+                    "kalman_r", "kalman_min_points")
+
+
+def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None) -> ReplayReport:
+    """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime.
+    A plan whose Planner retunes asks ``sweeper`` (an ``actors.planner.retune.Sweeper``; None: the
+    installed one, ``load_sweeper``) for its sweeps; the run closes it. ``on_sweep(window, answer)``
+    is called after each sweep (progress)."""
     t_wall = time.perf_counter()
     w = plan.traffic.workload
     store = BlockHashStore(w)
@@ -120,24 +187,32 @@ def run_plan(plan: ReplayPlan, resource_guard=None) -> ReplayReport:
     log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
     planner_clock = _PlannerClock()
     ex = plan.execution
-    runtime = make_runtime(ex, pools, w, store, actors.entry_router, actors.decode_router, actors.planner)
+    retune = None
+    if plan.planner is not None and plan.planner.retune is not None:
+        retune = _retune_driver(plan, sweeper if sweeper is not None else load_sweeper(plan), on_sweep)
+    runtime = None
     try:
+        runtime = make_runtime(ex, pools, w, store, actors.entry_router, actors.decode_router, actors.planner)
         coord = Coordinator(w, store, plan.traffic.arrivals.start(), runtime, pools[0], log,
                             decode=pools[1] if len(pools) > 1 else None, transfer=plan.transfer,
                             stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
                             has_planner=actors.planner is not None, window_ms=ex.router_sync_ms)
         coord.planner_hook = planner_clock
+        coord.retune = retune
         coord.run()
         planner = runtime.planner()  # the Planner as it ended (it may have lived in an actor)
     finally:
-        runtime.close()
+        if runtime is not None:
+            runtime.close()
+        if retune is not None:
+            retune.close()
     runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_edges": coord.num_edges,
                     **runtime.counters.as_dict()}
-    return _report(plan, actors, coord, log, planner, runtime_info, planner_clock.total_s, t_wall)
+    return _report(plan, actors, coord, log, planner, runtime_info, planner_clock.total_s, t_wall, retune)
 
 
 def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestLog, planner, runtime_info: dict,
-            planner_wall_s: float, t_wall: float) -> ReplayReport:
+            planner_wall_s: float, t_wall: float, retune=None) -> ReplayReport:
     totals = coord.worker_totals
     stats = coord.stats
     provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
@@ -180,6 +255,10 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     planner_obj = None
     if planner is not None:
         planner_obj = planner_report(planner, coord.lifecycle_operations, plan.capture_planner_details)
+        if retune is not None:
+            planner_obj["retune_events"] = retune.events
+            if plan.capture_planner_details:
+                retune.annotate_ticks(planner_obj["ticks"])
         if plan.write_html_report and plan.capture_planner_details:
             planner_obj["html_report_path"] = write_planner_html(planner_obj, summary)
     diagnostics = {

@@ -322,6 +322,19 @@ class WorkerHost:
             out.append(len(hits))
         return out
 
+    def kv_contents(self, wids) -> list:
+        """(worker, per rank its resident blocks, next eviction first) for each of ``wids`` it hosts,
+        as of now (a retune warm start)."""
+        out = []
+        for wid in wids:
+            worker = self.workers.get(wid)
+            if worker is None:
+                continue
+            worker.sync(self.now)
+            self._take_kv(wid, worker)
+            out.append((wid, [rank.kv.contents() for rank in worker.ranks]))
+        return out
+
     def finish(self, end_ms: float) -> dict:
         """End of the run: requests still in the workers (incomplete), then the totals."""
         leftover = []

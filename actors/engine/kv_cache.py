@@ -259,6 +259,29 @@ class KVCache:
         self._batch_entries = total
         self._stale.clear()
 
+    # -- warm start (retune window replays) ----------------------------------------------
+    def contents(self) -> list[int]:
+        """Every resident block, next eviction first: the cached inactive ones in LRU order, then
+        the active ones (released later, so evicted later)."""
+        return self.lru_order() + [h for h, c in self.refs.items() if c > 0]
+
+    def preload(self, hashes: list[int]) -> None:
+        """Start from ``hashes`` cached and inactive (``contents()`` of another cache, next eviction
+        first; the most recent ``capacity`` of them fit). Only on an empty cache; no KV events."""
+        if self.refs:
+            raise RuntimeError("preload needs an empty KV cache")
+        if not self.prefix_caching:
+            return
+        keep = list(dict.fromkeys(hashes))[-self.capacity:] if self.capacity > 0 else []
+        if not keep:
+            return
+        self._stamp += 1
+        neg = -self._stamp
+        self.refs.update(zip(keep, repeat(neg)))
+        self._batches.append([neg, keep, 0])
+        self._batch_entries += len(keep)
+        self.num_inactive += len(keep)
+
     # -- introspection (tests, planner) ----------------------------------------------
     def lru_order(self) -> list[int]:
         """Cached inactive blocks, next eviction first."""

@@ -17,7 +17,10 @@ class PlannerHost:
     def initial_tick_ms(self) -> float:
         return self.planner.initial_tick_ms()
 
-    def tick(self, snapshot, traffic) -> tuple[list, bool]:
+    def tick(self, snapshot, traffic, changes: dict | None = None) -> tuple[list, bool]:
+        """One tick; ``changes``: Planner runtime fields a retune decision changes from this tick on."""
+        if changes:
+            self.planner.set_runtime_fields(changes)
         snap = snapshot_from_wire(snapshot)
         consumed = self.planner.needs_traffic(snap.now_ms)
         if consumed:

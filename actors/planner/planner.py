@@ -10,6 +10,7 @@ throughput proposal (when due) -> load proposal (when due) -> merge -> floors an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -64,6 +65,12 @@ class PlannerSettings:
         return self.prefill_engine_num_gpu if role == "prefill" else self.decode_engine_num_gpu
 
 
+# retune may change these at runtime (set_runtime_fields)
+_SETTINGS_FIELDS = ("load_scaling_down_sensitivity", "load_min_observations", "max_throughput_scaling_replicas")
+_PREDICTOR_FIELDS = {"load_predictor": "family", "load_predictor_log1p": "log1p",
+                     "prophet_window_size": "prophet_window_size", "kalman_q_level": "kalman_q_level",
+                     "kalman_q_trend": "kalman_q_trend", "kalman_r": "kalman_r", "kalman_min_points": "kalman_min_points"}
+
 # Static-threshold targets: (prefill up, prefill down, decode/agg up, decode/agg down)
 _THRESHOLDS = {"throughput": (1.0, 0.1, 1.0, 0.6), "latency": (0.1, 0.0, 0.4, 0.1)}
 
@@ -92,6 +99,7 @@ class Planner:
         self._hit_rate: float | None = None  # the traffic window's, once the throughput loop has read one
         self._accept = 1.0
         self._started: dict[str, int] = {}  # starting replicas as counts for advisory
+        self._observed: list[tuple[float, float, float]] = []  # (count, ISL, OSL) per throughput interval, as fed
         self.policy = POLICIES[self.settings.decision_policy]()
 
     # -- protocol -------------------------------------------------------------------------
@@ -108,6 +116,33 @@ class Planner:
         """Feed recorded history (request count, mean ISL, mean OSL per throughput interval)."""
         for n, isl, osl in windows:
             self._observe_traffic(n, isl, osl)
+
+    def set_runtime_fields(self, changes: dict) -> None:
+        """Change runtime fields from now on (a retune decision): ``load_scaling_down_sensitivity``,
+        ``load_min_observations``, ``max_throughput_scaling_replicas`` and the load predictor's
+        fields (``load_predictor``, ``load_predictor_log1p``, ``prophet_window_size``,
+        ``kalman_*``). A changed predictor is rebuilt and fed the whole history this Planner
+        observed (warm-up included), so it forecasts from the same series as the one it replaces."""
+        settings = {k: v for k, v in changes.items() if k in _SETTINGS_FIELDS}
+        spec = {_PREDICTOR_FIELDS[k]: v for k, v in changes.items() if k in _PREDICTOR_FIELDS}
+        unknown = set(changes) - set(_SETTINGS_FIELDS) - set(_PREDICTOR_FIELDS)
+        if unknown:
+            raise ValueError(f"not a Planner runtime field: {sorted(unknown)}")
+        s = self.settings
+        if spec:
+            settings["predictor"] = dataclasses.replace(s.predictor, **spec)
+        self.settings = dataclasses.replace(s, **settings)
+        if "load_min_observations" in settings:
+            for m in self.perf_models.values():
+                for store in m.stores.values():
+                    store.min_observations = settings["load_min_observations"]
+        if spec and self.settings.predictor != s.predictor:
+            self.predictors = {k: Predictor(self.settings.predictor, s.throughput_interval_s)
+                               for k in ("num_req", "isl", "osl")}
+            observed, self._observed = self._observed, []
+            self._last_isl = self._last_osl = 0.0
+            for n, isl, osl in observed:
+                self._observe_traffic(n, isl, osl)
 
     def on_tick(self, snap: Snapshot) -> Decision:
         s = self.settings
@@ -177,6 +212,7 @@ class Planner:
                     model.observe(p, f.wall_time_s * 1000.0, store, sample=new)
 
     def _observe_traffic(self, n: float, isl: float, osl: float) -> None:
+        self._observed.append((n, isl, osl))
         if n == 0 and (self._last_isl or self._last_osl):
             isl, osl = self._last_isl, self._last_osl  # idle window: carry ISL/OSL forward
         self.predictors["num_req"].add(n)

@@ -50,26 +50,34 @@ def step_loss(forecast: tuple[float, float, float], actual: tuple[float, float, 
     return 0.4 * _err(nh * ih, n * isl) + 0.4 * _err(nh * oh, n * osl) + 0.1 * _err(ih, isl) + 0.1 * _err(oh, osl)
 
 
+def preset_loss(name: str, history: list[tuple[float, float, float]], interval_s: float, warmup: int) -> float:
+    """Mean one-step loss of preset ``name`` over ``history`` after ``warmup`` intervals (+inf when
+    its predictor raises or nothing is scored)."""
+    spec = PRESETS[name]
+    try:
+        preds = [Predictor(spec, interval_s) for _ in range(3)]
+        losses = []
+        for t, actual in enumerate(history):
+            if t >= warmup:
+                losses.append(step_loss(tuple(p.predict() for p in preds), actual))
+            for p, v in zip(preds, actual):
+                p.add(v)
+        return sum(losses) / len(losses) if losses else math.inf
+    except Exception:  # noqa: BLE001 - a preset that raises loses (the reference's rule)
+        return math.inf
+
+
+def common_warmup(names) -> int:
+    """The warm-up of a comparison: the largest minimum number of points among the presets."""
+    return max(PRESETS[name].min_points for name in names)
+
+
 def preset_losses(history: list[tuple[float, float, float]], interval_s: float,
                   names: list[str] | None = None) -> dict[str, float]:
     """Mean one-step loss of each preset over ``history`` (per interval: count, mean ISL, mean OSL)."""
     names = list(PRESETS) if names is None else list(names)
-    warmup = max(PRESETS[name].min_points for name in names)
-    out: dict[str, float] = {}
-    for name in names:
-        spec = PRESETS[name]
-        try:
-            preds = [Predictor(spec, interval_s) for _ in range(3)]
-            losses = []
-            for t, actual in enumerate(history):
-                if t >= warmup:
-                    losses.append(step_loss(tuple(p.predict() for p in preds), actual))
-                for p, v in zip(preds, actual):
-                    p.add(v)
-            out[name] = sum(losses) / len(losses) if losses else math.inf
-        except Exception:  # noqa: BLE001 - a preset that raises loses (the reference's rule)
-            out[name] = math.inf
-    return out
+    warmup = common_warmup(names)
+    return {name: preset_loss(name, history, interval_s, warmup) for name in names}
 
 
 def select_preset(history: list[tuple[float, float, float]], interval_s: float,

@@ -138,7 +138,10 @@ class KvRouter:
         track_prefill_tokens: bool = True,
         track_active_blocks: bool = True,
         name: str = "kv_router",
+        kv_events: bool = False,
     ) -> None:
+        """``kv_events``: keep the prefix index (workers publish KV events) even at credit 0, for a
+        router whose credit may rise later (retune)."""
         self.block_size = block_size
         self.rng = rng
         self.credit = overlap_score_credit
@@ -147,7 +150,7 @@ class KvRouter:
         self.track_prefill_tokens = track_prefill_tokens
         self.track_active_blocks = track_active_blocks
         self.name = name
-        self.needs_kv_events = overlap_score_credit > 0 and track_prefill_tokens
+        self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
         self._cands: dict[tuple[int, int], _Candidate] = {}
         self._routed: dict[int, tuple[tuple[int, int], int, list[int]]] = {}
 

@@ -66,6 +66,7 @@ class CandidateSearch:
         self.scores: dict[tuple, float | None] = {}
         self.points: dict[tuple, Point] = {}
         self._asked = 0
+        self._pending: dict[tuple, list] = {}  # point being evaluated elsewhere -> trials waiting for its score
 
     @property
     def done(self) -> bool:
@@ -83,11 +84,34 @@ class CandidateSearch:
                 self.points[key] = point
                 self.tell(trial, self.scores[key])
                 continue
+            if key in self._pending:  # being evaluated (the current point): told when its score comes
+                self.points[key] = point
+                self._pending[key].append(trial)
+                continue
             if any(point_key(p) == key for _, p in out):
                 self.tell(trial, None)
                 continue
             out.append((trial, point))
         return out
+
+    def hold(self, point: Point) -> None:
+        """``point`` is being evaluated outside this search: a trial proposing it waits for ``settle``."""
+        self._pending.setdefault(point_key(point), [])
+
+    def settle(self, point: Point, score: float | None) -> None:
+        """The score of a held point: recorded, and told to the trials that proposed it."""
+        key = point_key(point)
+        self.scores[key] = score
+        for trial in self._pending.pop(key, []):
+            self.tell(trial, score)
+
+    def record(self, asked: list, scores: list) -> None:
+        """Record and tell the scores of ``asked`` (trial, point) pairs."""
+        for (trial, point), score in zip(asked, scores):
+            key = point_key(point)
+            self.points[key] = point
+            self.scores[key] = score
+            self.tell(trial, score)
 
     def tell(self, trial, score: float | None) -> None:
         from optuna.trial import TrialState
@@ -104,12 +128,7 @@ class CandidateSearch:
             asked = self.ask(batch)
             if not asked:
                 continue
-            scores = evaluate([p for _, p in asked])
-            for (trial, point), score in zip(asked, scores):
-                key = point_key(point)
-                self.points[key] = point
-                self.scores[key] = score
-                self.tell(trial, score)
+            self.record(asked, evaluate([p for _, p in asked]))
         return [(self.points[k], self.scores[k]) for k in sorted(self.points)]
 
 

@@ -1,34 +1,51 @@
-"""One retune sweep: the window's requests replayed under the current point and each candidate.
+"""Retune sweeps: the window's requests replayed under the current point and each candidate.
 
-- The window replay (``window_plan``): the window's requests (``windows.window_requests``) as a
-  workload of their own on their recorded timestamps, the replica counts as at the window start,
-  a cold KV cache, the outer replay's router seed (every candidate shares it and the request ids),
-  the scoring SLA, and either no Planner (retune-only: replicas fixed) or the current Planner
-  without retune (scaling on), which each candidate runs with its own Planner fields.
+- The window replay (``window_plan``): the window's requests (``windows.window_requests``, on
+  the replay's own clock: trace time from the first request divided by the speedup) as a
+  workload of their own, arriving as they did relative to the window start; the replica counts
+  provisioned at the window start; a cold KV cache; the outer replay's seed (every candidate
+  shares it and the request ids); the scoring SLA; and either no Planner (retune-only: replicas
+  fixed) or the current Planner without retune (scaling on), its load predictor warmed with the
+  history up to the window start, which each candidate runs with its own Planner fields.
 - Candidates come from ``candidates.CandidateSearch`` (one ask/tell loop); their replays run
   through ``search.fanout`` ``max_parallel`` at a time. The current point is replayed first and its
   score seeds the search, so a candidate equal to the current point scores exactly the current
   score. A candidate whose replay fails is recorded as failed and never wins.
 - Keep rule (``scoring.should_switch``): switch only when the best candidate beats the current
   score by more than ``min_improvement_percentage``.
+- ``RetuneSweeper`` answers the Planner's sweep protocol (``actors.planner.retune``) for one outer
+  replay: one Fanout for the whole run (started at the first sweep, reused by every window), the
+  predictor pre-sweep (``history.presweep``) before the candidates when ``planner: default`` runs
+  throughput scaling, and ``timeout_seconds`` bounding each whole sweep (pre-sweep included): past
+  it the running replays are killed and nothing changes (outcome ``timeout``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from actors.planner.retune import SweepAnswer, SweepRequest
 from search.retune.candidates import CandidateSearch, best, point_key
+from search.retune.history import interval_history, preset_fields, preset_of, presweep
 from search.retune.scoring import improvement_pct, score, should_switch
 from search.retune.windows import Window, window_requests
 from simulator.config import models as m
-from simulator.plan import ReplayPlan
-from simulator.traffic.arrivals import ArrivalProcess, trace_times
+from simulator.plan import ExecutionPlan, ReplayPlan
+from simulator.traffic.arrivals import ArrivalProcess
 from simulator.traffic.build import TrafficPlan
+
+__all__ = ["SweepResult", "RetuneSweeper", "make_sweeper", "window_plan", "current_point", "candidate_plan", "sweep",
+           "replay_starts_ms"]
 
 ROUTER_KNOBS = ("overlap_score_credit", "prefill_load_scale", "temperature")
 SCORE_KEYS = ("goodput_output_tokens", "gpu_hours")
+ERROR_MEASURE = ("mean one-step loss after the common warm-up: 0.4 |log1p(n^ isl^) - log1p(n isl)| + "
+                 "0.4 |log1p(n^ osl^) - log1p(n osl)| + 0.1 |log1p(isl^) - log1p(isl)| + 0.1 |log1p(osl^) - log1p(osl)|")
 
 
 @dataclass
@@ -42,29 +59,43 @@ class SweepResult:
     num_requests: int = 0
 
 
-def window_plan(plan: ReplayPlan, w: Window, replicas: dict[str, int], sla: m.Sla,
-                planner_on: bool) -> ReplayPlan | None:
-    """The replay of window ``w`` at the current point (None when no request belongs to it)."""
+def replay_starts_ms(workload, speedup: float) -> np.ndarray:
+    """Each request's arrival on the replay's clock: trace time from the first request / speedup."""
+    ts = workload.timestamp_ms
+    first = np.nanmin(ts) if len(ts) else 0.0
+    return np.nan_to_num((ts - first) / speedup)
+
+
+def window_plan(plan: ReplayPlan, req: SweepRequest, sla: m.Sla, planner_on: bool,
+                warmup: tuple | None = None) -> ReplayPlan | None:
+    """The replay of the window of ``req`` at the point in effect (None when no request belongs to it)."""
     workload = plan.traffic.workload
-    idx = window_requests(workload.timestamp_ms, workload.recorded_total_ms, w)
+    speedup = plan.traffic.arrivals.delay_scale
+    starts = replay_starts_ms(workload, speedup)
+    w = Window(req.window_index, req.window_start_ms, req.window_end_ms, req.launch_ms)
+    idx = window_requests(starts, workload.recorded_total_ms, w)
     if len(idx) == 0:
         return None
-    sub = workload.subset(idx, shift_ms=w.start_ms)
-    speedup = plan.traffic.arrivals.delay_scale
-    arrivals = ArrivalProcess(sub, trace_times(sub, speedup), delay_scale=speedup)
-    traffic = TrafficPlan(sub, arrivals, None, "requests", f"retune window {w.index}: {sub.description}")
-    pools = [dataclasses.replace(p, replicas=replicas.get(p.role, p.replicas)) for p in plan.pools]
-    planner = plan.planner.model_copy(update={"retune": None}) if planner_on and plan.planner is not None else None
-    return dataclasses.replace(plan, traffic=traffic, pools=pools, sla=sla, planner=planner, capture_per_request=False,
-                               capture_planner_details=False, write_html_report=False, capture_worker_timeline=False)
+    first = float(np.nanmin(workload.timestamp_ms))
+    sub = workload.subset(idx, shift_ms=first + req.window_start_ms * speedup)
+    times = np.nan_to_num(sub.timestamp_ms / speedup)
+    arrivals = ArrivalProcess(sub, times, delay_scale=speedup)
+    traffic = TrafficPlan(sub, arrivals, None, "requests", f"retune window {req.window_index}: {sub.description}")
+    pools = [dataclasses.replace(p, replicas=max(1, req.replicas.get(p.role, p.replicas))) for p in plan.pools]
+    planner = None
+    if planner_on and plan.planner is not None:
+        planner = plan.planner.model_copy(update={**req.planner, "retune": None})
+    router = dataclasses.replace(plan.router, **req.router) if req.router else plan.router
+    execution = ExecutionPlan(router_sync_ms=plan.execution.router_sync_ms)
+    return dataclasses.replace(plan, traffic=traffic, pools=pools, router=router, sla=sla, planner=planner,
+                               capture_per_request=False, capture_planner_details=False, write_html_report=False,
+                               capture_worker_timeline=False, execution=execution,
+                               planner_warmup=warmup if planner is not None else None, initial_kv=req.kv_blocks)
 
 
 def current_point(plan: ReplayPlan, knobs: list[str]) -> dict:
     """The values the searched knobs have in ``plan``."""
-    out = {}
-    for k in knobs:
-        out[k] = getattr(plan.router, k) if k in ROUTER_KNOBS else getattr(plan.planner, k)
-    return out
+    return {k: getattr(plan.router, k) if k in ROUTER_KNOBS else getattr(plan.planner, k) for k in knobs}
 
 
 def candidate_plan(base: ReplayPlan, point: dict) -> ReplayPlan:
@@ -80,37 +111,45 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
           min_improvement_percentage: float = 3.0, timeout_s: float | None = None, seed: int = 42) -> SweepResult:
     """Replay the current point and the candidates of ``domains`` on ``base`` (a window plan)."""
     t0 = time.perf_counter()
-    knobs = sorted(domains)
-    now = current_point(base, knobs)
-    results = fan.run_trials([base], SCORE_KEYS, timeout_s)  # the whole sweep shares timeout_s
-    cur = results[0]
-    out = SweepResult(current={"point": now, "score": score(cur.metrics) if cur.ok else None},
-                      num_requests=base.traffic.workload.num_requests)
-    if not cur.ok:
-        out.outcome = "timeout" if cur.status == "timeout" else "failed"
-        out.sweep_wall_s = time.perf_counter() - t0
-        return out
+    now = current_point(base, sorted(domains))
     search = CandidateSearch(domains, sampler, max_candidates, seed)
-    search.scores[point_key(now)] = out.current["score"]  # a candidate equal to it scores exactly this
-    statuses = {point_key(now): "ok"}
+    search.hold(now)  # a candidate equal to the current point waits for, and gets, exactly its score
+    statuses: dict[tuple, str] = {}
     timed_out = False
     deadline = None if timeout_s is None else t0 + timeout_s
 
-    def evaluate(points: list[dict]) -> list[float | None]:
+    def run(plans: list, points: list[dict]) -> list:
         nonlocal timed_out
         left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0:
+        if timed_out or (left is not None and left <= 0):
             timed_out = True
             for p in points:
                 statuses[point_key(p)] = "timeout"
             return [None] * len(points)
-        trials = fan.run_trials([candidate_plan(base, p) for p in points], SCORE_KEYS, left)
+        trials = fan.run_trials(plans, SCORE_KEYS, left)
         scores = []
         for p, r in zip(points, trials):
             statuses[point_key(p)] = r.status
             timed_out |= r.status == "timeout"
             scores.append(score(r.metrics) if r.ok else None)
         return scores
+
+    # the current point runs with the first candidates (one batch of max_parallel)
+    first = search.ask(max(0, fan.max_parallel - 1))
+    scores = run([base] + [candidate_plan(base, p) for _, p in first], [now] + [p for _, p in first])
+    out = SweepResult(current={"point": now, "score": scores[0]}, num_requests=base.traffic.workload.num_requests)
+    search.settle(now, scores[0])
+    search.record(first, scores[1:])
+    cur_status = statuses[point_key(now)]
+    if cur_status != "ok":
+        out.candidates = [{"point": p, "score": s, "status": statuses.get(point_key(p), "ok")}
+                          for p, s in ((search.points[k], search.scores[k]) for k in sorted(search.points))]
+        out.outcome = "timeout" if cur_status == "timeout" else "failed"
+        out.sweep_wall_s = time.perf_counter() - t0
+        return out
+
+    def evaluate(points: list[dict]) -> list[float | None]:
+        return run([candidate_plan(base, p) for p in points], points)
 
     scored = search.run(evaluate, fan.max_parallel)
     out.candidates = [{"point": p, "score": s, "status": statuses.get(point_key(p), "ok")} for p, s in scored]
@@ -124,3 +163,119 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
         if should_switch(out.current["score"], top[1], min_improvement_percentage):
             out.chosen, out.outcome = top[0], "applied"
     return out
+
+
+class RetuneSweeper:
+    """The sweeps of one outer replay (``actors.planner.retune.Sweeper``). ``fan``: a Fanout to use
+    (the caller closes it); None starts one at the first sweep on the plan's backend
+    (``execution.backend``, ``ray_address``) with ``retune.max_parallel`` workers, closed by ``close()``."""
+
+    def __init__(self, plan: ReplayPlan, fan=None) -> None:
+        from simulator.config.planner_config import effective_loops
+
+        pc = plan.planner
+        self.plan = plan
+        self.rc = rc = pc.retune
+        thr, load = effective_loops(pc)
+        self.scaling = thr or load
+        self.throughput = thr
+        self.router_knobs = rc.router_domains()
+        self.planner_knobs = rc.planner_domains(load)
+        self.domains = {**self.router_knobs, **self.planner_knobs}
+        self.presweep_on = rc.predictor_presweep(thr)
+        self.sla = m.Sla(ttft_ms=rc.sla_ttft_ms, itl_ms=rc.sla_itl_ms)
+        self._fan = fan
+        self._own_fan = fan is None
+        self._history = None
+        self._history_read = False
+
+    # -- resources ---------------------------------------------------------------------------------
+    @property
+    def fan(self):
+        if self._fan is None:
+            from search.fanout import fanout
+
+            ex = self.plan.execution
+            self._fan = fanout(ex.backend, self.rc.parallel, ex.ray_address if ex.backend == "ray" else None)
+        return self._fan
+
+    def close(self) -> None:
+        if self._own_fan and self._fan is not None:
+            self._fan.close()
+        self._fan = None
+
+    def history(self):
+        """The recorded history (the warm-up trace) as a Workload, or None without throughput scaling."""
+        if not self._history_read:
+            self._history_read = True
+            spec = self.plan.planner.load_predictor_warmup_trace
+            if self.throughput and spec:
+                from simulator.traffic.traces import read_dynamo, resolve_trace_paths
+
+                self._history = read_dynamo(resolve_trace_paths([spec], "planner.load_predictor_warmup_trace"))
+        return self._history
+
+    def _interval_history(self, end_ms: float) -> tuple:
+        pc = self.plan.planner
+        return interval_history(self.history(), self.plan.traffic.workload, self.plan.traffic.arrivals.delay_scale,
+                                float(pc.throughput_adjustment_interval), end_ms, self.rc.history_seconds)
+
+    # -- the protocol ---------------------------------------------------------------------------------
+    def sweep(self, req: SweepRequest) -> SweepAnswer:
+        rc = self.rc
+        t0 = time.perf_counter()
+        deadline = t0 + rc.timeout_seconds
+        answer = SweepAnswer("kept")
+        predictor_changes: dict = {}
+        if self.presweep_on:
+            hist = self._interval_history(req.window_end_ms)
+            winner, losses = presweep(hist, float(self.plan.planner.throughput_adjustment_interval), self.fan,
+                                      max(1e-3, deadline - time.perf_counter()))
+            current = preset_of(req.planner)
+            answer.predictor_warmup = {
+                "current_preset": current, "selected_preset": winner, "history_intervals": len(hist),
+                "losses": {k: (v if math.isfinite(v) else None) for k, v in losses.items()},
+                "error_measure": ERROR_MEASURE, "changed": False}
+            if time.perf_counter() > deadline:
+                answer.outcome = "timeout"
+                answer.sweep_wall_s = time.perf_counter() - t0
+                return answer
+            if winner is not None and winner != current:
+                fields = preset_fields(winner)
+                predictor_changes = {k: v for k, v in fields.items() if req.planner.get(k) != v}
+                answer.predictor_warmup["changed"] = bool(predictor_changes)
+        result = None
+        if self.domains:
+            warmup = self._interval_history(req.window_start_ms) if self.throughput else None
+            base = window_plan(self.plan, req, self.sla, self.scaling, warmup)
+            if base is not None:
+                seed = int(np.random.SeedSequence([self.plan.seed, req.window_index]).generate_state(1)[0])
+                result = sweep(base, self.domains, self.fan, sampler=rc.sampler, max_candidates=rc.max_candidates,
+                               min_improvement_percentage=rc.min_improvement_percentage,
+                               timeout_s=max(1e-3, deadline - time.perf_counter()), seed=seed)
+        if result is not None:
+            answer.current, answer.candidates = result.current, result.candidates
+            answer.improvement_pct, answer.num_requests = result.improvement_pct, result.num_requests
+            if result.outcome in ("timeout", "failed"):
+                answer.outcome = result.outcome
+                answer.sweep_wall_s = time.perf_counter() - t0
+                return answer
+        router: dict = {}
+        planner: dict = {}
+        if result is not None and result.chosen is not None:
+            router = {k: v for k, v in result.chosen.items() if k in ROUTER_KNOBS}
+            planner = {k: v for k, v in result.chosen.items() if k not in ROUTER_KNOBS}
+        planner.update(predictor_changes)
+        if router or planner:
+            answer.outcome = "applied"
+            answer.router, answer.planner = router, planner
+            answer.chosen = {"router": ({**req.router, **router} if self.router_knobs else None),
+                             "planner": ({k: planner.get(k, req.planner.get(k)) for k in req.planner}
+                                         if req.planner else None)}
+        answer.sweep_wall_s = time.perf_counter() - t0
+        return answer
+
+
+def make_sweeper(plan: ReplayPlan) -> RetuneSweeper:
+    """The ``aisim.sweepers:retune`` entry point: the sweeper ``simulator.run.run_plan`` asks."""
+    return RetuneSweeper(plan)

@@ -13,10 +13,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from simulator.retune_driver import decision_tick_ms
+
+__all__ = ["Window", "window", "windows_launched_by", "decision_tick_ms", "window_requests"]
 
 
 @dataclass(frozen=True)
@@ -42,20 +45,6 @@ def windows_launched_by(end_ms: float, interval_s: float, grace_s: float) -> lis
             return out
         out.append(w)
         k += 1
-
-
-def decision_tick_ms(launch_ms: float, latency_ms: float, tick_ms: float) -> float:
-    """The first tick ``t`` (a multiple of ``tick_ms``) with ``t > launch_ms`` and ``t >= launch_ms + latency_ms``."""
-    if tick_ms <= 0:
-        raise ValueError("tick_ms must be > 0")
-    k = math.floor(launch_ms / tick_ms) + 1  # the first tick after the launch
-    ready = launch_ms + max(0.0, latency_ms)
-    k = max(k, math.ceil(ready / tick_ms - 1e-12))
-    t = k * tick_ms
-    while t <= launch_ms:  # float safety: strictly after the launch
-        k += 1
-        t = k * tick_ms
-    return t
 
 
 def window_requests(start_ms: np.ndarray, recorded_total_ms: np.ndarray | None, w: Window) -> np.ndarray:

@@ -13,8 +13,8 @@ the key and the fix:
    (the recorded history against the replayed trace), called by ``simulator.plan`` and
    ``simulator.api``.
 
-The sweeps themselves are not built yet: a section that passes every check ends in
-``not_implemented`` (a ``NotSupportedError``), so nothing silently ignores it.
+The sweeps themselves are ``search.retune``'s (``simulator.run.run_plan`` asks the installed
+sweeper); ``simulator.retune_driver`` launches them and delivers their decisions.
 
 Keys and defaults (reference §6.2; "our choice" where the reference leaves it open):
 
@@ -85,11 +85,11 @@ from simulator.config.models import (
     PosInt,
     Strict,
 )
-from simulator.errors import InputError, NotSupportedError
+from simulator.errors import InputError
 
 __all__ = ["Domain", "RouterDomains", "PlannerDomains", "RetuneConfig", "ROUTER_KNOBS", "ROUTER_DEFAULT_DOMAINS",
            "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve",
-           "check_replay_sections", "check_api_arguments", "check_history", "history_end_ms", "not_implemented"]
+           "check_replay_sections", "check_api_arguments", "check_history", "history_end_ms"]
 
 
 # -- knobs -------------------------------------------------------------------------------
@@ -563,9 +563,3 @@ def check_history(pc, replay, field: str) -> None:
                                 f"timestamps: its last request ends at {end:g} ms, the replay's first request starts "
                                 f"at {first:g} ms; give the part of the recorded trace before the replay (aisim trace "
                                 "convert --split-at-seconds S --history-out H)")
-
-
-def not_implemented(field: str) -> NotSupportedError:
-    """What a retune section that passed every check ends in, until the sweeps are built."""
-    return NotSupportedError(f"{field}.retune", "retune sweeps are not implemented yet in this build; the section is "
-                                                f"valid — remove {field}.retune to run without it")

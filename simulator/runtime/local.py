@@ -98,12 +98,16 @@ class LocalRuntime:
         self.counters.num_messages += len(updates) + len(requests)
         return self._w(self.router.step(*self._w([updates, requests, eligible, ranks_of])))
 
+    def kv_contents(self, wids: list[int]) -> dict[int, list]:
+        self.counters.num_calls += self.num_hosts
+        return {wid: ranks for h in self.hosts for wid, ranks in self._w(h.kv_contents(self._w(wids)))}
+
     def initial_tick_ms(self) -> float:
         return self.planner_host.initial_tick_ms()
 
-    def tick(self, snapshot, traffic):
+    def tick(self, snapshot, traffic, changes=None):
         self.counters.num_calls += 1
-        return self._w(self.planner_host.tick(*self._w([snapshot, traffic])))
+        return self._w(self.planner_host.tick(*self._w([snapshot, traffic, changes])))
 
     def finish(self, end_ms: float) -> list[dict]:
         self.counters.num_calls += self.num_hosts

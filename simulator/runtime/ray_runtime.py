@@ -75,6 +75,9 @@ def _actor_classes():
         def match_prefix(self, payload: bytes) -> bytes:
             return pack(self.host.match_prefix(unpack(payload)))
 
+        def kv_contents(self, payload: bytes) -> bytes:
+            return pack(self.host.kv_contents(unpack(payload)))
+
         def finish(self, end_ms: float) -> bytes:
             return pack(self.host.finish(end_ms))
 
@@ -415,6 +418,11 @@ class RayRuntime:
         refs = [self.hosts[h].match_prefix.remote(pack(queries[h])) for h in hosts]
         return {h: unpack(b) for h, b in zip(hosts, self._get(refs, what="a KV prefix lookup"))}
 
+    def kv_contents(self, wids: list[int]) -> dict[int, list]:
+        self.counters.num_calls += self.num_hosts
+        outs = self._get([h.kv_contents.remote(pack(wids)) for h in self.hosts], what="the KV cache contents")
+        return {wid: ranks for b in outs for wid, ranks in unpack(b)}
+
     def route(self, updates, requests, eligible, ranks_of) -> list:
         self.counters.num_calls += 1
         self.counters.num_messages += len(updates) + len(requests)
@@ -424,9 +432,9 @@ class RayRuntime:
     def initial_tick_ms(self) -> float:
         return self._get(self.planner_actor.initial_tick_ms.remote(), what="the Planner's start")
 
-    def tick(self, snapshot, traffic):
+    def tick(self, snapshot, traffic, changes=None):
         self.counters.num_calls += 1
-        return unpack(self._get(self.planner_actor.tick.remote(pack([snapshot, traffic])), what="a Planner tick"))
+        return unpack(self._get(self.planner_actor.tick.remote(pack([snapshot, traffic, changes])), what="a Planner tick"))
 
     def finish(self, end_ms: float) -> list[dict]:
         self.counters.num_calls += self.num_hosts

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from actors.planner.retune import SweepRequest
 from search.fanout import fanout
 from search.retune.sweep import candidate_plan, sweep, window_plan
-from search.retune.windows import window
 from search.trial import TrialResult
 from simulator.builders import RouterSpec
 from simulator.config import models as m
@@ -29,7 +29,7 @@ def base():
         "traffic.source.format=dynamo", "traffic.source.paths=[data/conversation_slice_dynamo.jsonl]",
         "router={policy: kv_router}", "engine.workers.aggregated.parallelism.replicas=2"])
     plan = plan_from_config(cfg, cdir)
-    return window_plan(plan, window(0, 60, 10), {"aggregated": 2}, SLA, planner_on=False)
+    return window_plan(plan, SweepRequest(0, 0.0, 60_000.0, 70_000.0, {"aggregated": 2}, {}, {}), SLA, planner_on=False)
 
 
 def test_the_window_replay_holds_the_windows_requests_at_the_window_start(base):

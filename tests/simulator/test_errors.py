@@ -114,8 +114,6 @@ def test_a_misplaced_context_length_key_is_an_invalid_config():
 @pytest.mark.parametrize("path,overrides", [
     (QUICK, ["engine.mode=afd"]),
     (QUICK, ["engine.speculation={draft: 3}"]),
-    (QUICK, ["traffic.source.format=dynamo", "traffic.source.paths=[data/conversation_slice_dynamo.jsonl]",
-             "planner={policy: enabled, retune: {interval_seconds: 600}}"]),
 ])
 def test_unsupported(path, overrides):
     e = failure(path, *overrides)

@@ -1,6 +1,6 @@
 """``planner.retune``: every key, requirement and rejection of the seed is checked before anything
-runs (one line, exit 2, naming the key and the fix), and a section that passes them all still
-fails with NotSupportedError until the sweeps are built (so nothing ignores it)."""
+runs (one line, exit 2, naming the key and the fix); a section that passes them all gives a plan
+that carries the resolved section."""
 
 from __future__ import annotations
 
@@ -39,8 +39,6 @@ HISTORY = DATA / "conversation_slice_history_dynamo.jsonl"  # the same trace bef
 REPLAY = DATA / "conversation_slice_replay_dynamo.jsonl"  # ... and from 120 s on
 MOONCAKE = DATA / "conversation_slice.jsonl"
 
-NOT_IMPLEMENTED = ("retune sweeps are not implemented yet in this build; the section is valid — remove "
-                   "planner.retune to run without it")
 ROUTER = {"overlap_score_credit": 1.0, "prefill_load_scale": [0.5, 1, 2], "temperature": [0, 1]}
 RETUNE_ONLY = {"policy": "enabled", "enable_load_scaling": False, "enable_throughput_scaling": False}
 SLA_BOTH = {"policy": "enabled", "target": "sla", "enable_load_scaling": True}  # throughput + load scaling
@@ -80,11 +78,11 @@ def invalid(ov: list[str], where: str, *needles: str) -> InputError:
     return e
 
 
-def valid(ov: list[str], field: str = "planner") -> None:
-    """Passes every check, so it ends in the not-implemented error."""
-    e = failure(ov)
-    assert isinstance(e, NotSupportedError) and e.category == "unsupported", str(e)
-    assert e.where == f"{field}.retune"
+def valid(ov: list[str]):
+    """Passes every check: the plan carries the resolved section."""
+    p = plan(ov)
+    assert isinstance(p.planner.retune, RetuneConfig)
+    return p
 
 
 def planner_config(planner: dict, *extra: str, path: Path = WHOLE) -> PlannerConfig:
@@ -94,12 +92,11 @@ def planner_config(planner: dict, *extra: str, path: Path = WHOLE) -> PlannerCon
 
 
 # -- valid sections and what the PlannerConfig carries ------------------------------------------
-def test_a_valid_section_ends_in_not_implemented():
-    with pytest.raises(NotSupportedError) as info:
-        plan(overrides(retune_only({"router": ROUTER})))
-    e = info.value
-    assert (e.where, e.message) == ("planner.retune", NOT_IMPLEMENTED)
-    assert e.exit_code == 2 and e.category == "unsupported"
+def test_a_valid_section_gives_a_plan_whose_router_keeps_its_prefix_index():
+    p = valid(overrides(retune_only({"router": {"overlap_score_credit": [0.0, 0.5]}}), "router.overlap_score_credit=0"))
+    assert p.router.overlap_score_credit == 0.0 and p.router.kv_events  # the credit may rise: KV events flow
+    p = valid(overrides(retune_only({"router": {"overlap_score_credit": 0.0}}), "router.overlap_score_credit=0"))
+    assert not p.router.kv_events  # pinned at 0: no prefix index needed
 
 
 def test_the_validated_section_is_a_typed_retune_config_on_the_planner_config():
@@ -398,17 +395,14 @@ def api_failure(fn, *args, **kwargs) -> InputError:
 
 
 def test_the_api_takes_retune_with_planner_config_names_and_a_dynamo_trace():
-    e = api_failure(run_trace_replay, str(WHOLE), trace_format="dynamo", router_mode="kv_router",
-                    planner_config=API_RETUNE_ONLY, extra_engine_args={"num_gpu_blocks": 29249})
-    assert isinstance(e, NotSupportedError) and e.where == "planner_config.retune"
-    assert e.message == NOT_IMPLEMENTED.replace("planner.retune", "planner_config.retune")
+    report = run_trace_replay(str(WHOLE), trace_format="dynamo", router_mode="kv_router",
+                              planner_config=API_RETUNE_ONLY, extra_engine_args={"num_gpu_blocks": 29249})
+    assert report.planner["retune_events"] == []  # ~5 minutes: shorter than one window plus grace
     pc = parse_planner_config(API_RETUNE_ONLY)
     assert effective_loops(pc) == (False, False) and (pc.retune.sla_ttft_ms, pc.retune.sla_itl_ms) == (500, 50)
     assert parse_planner_config(pc) == pc
     sla = {"mode": "agg", "optimization_target": "sla", "ttft_ms": 800, "itl_ms": 40,
            "load_predictor_warmup_trace": str(HISTORY), "retune": {"interval_seconds": 180, "planner": "default"}}
-    e = api_failure(run_trace_replay, str(REPLAY), trace_format="dynamo", planner_config=sla)
-    assert isinstance(e, NotSupportedError)
     assert parse_planner_config(sla).retune.sla_ttft_ms == 800  # the Planner's own SLA
 
 
