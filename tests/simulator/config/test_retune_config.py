@@ -394,7 +394,8 @@ def api_failure(fn, *args, **kwargs) -> InputError:
     return e
 
 
-def test_the_api_takes_retune_with_planner_config_names_and_a_dynamo_trace():
+def test_the_api_takes_retune_with_planner_config_names_and_a_dynamo_trace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (the API's HTML page goes to ./planner_reports)
     report = run_trace_replay(str(WHOLE), trace_format="dynamo", router_mode="kv_router",
                               planner_config=API_RETUNE_ONLY, extra_engine_args={"num_gpu_blocks": 29249})
     assert report.planner["retune_events"] == []  # ~5 minutes: shorter than one window plus grace
