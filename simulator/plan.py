@@ -151,6 +151,9 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         check_replay_sections(cfg)  # the traffic and router retune needs, before the trace is read
     traffic = build_traffic(cfg.traffic, config_dir)
     planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
+    if planner is not None and planner.load_predictor_warmup_trace:
+        warmup = _beside_config(planner.load_predictor_warmup_trace, config_dir)
+        planner = planner.model_copy(update={"load_predictor_warmup_trace": warmup})
     plan = ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
                       transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution),
                       capture_worker_timeline=capture_worker_timeline)
@@ -168,6 +171,15 @@ def retune_router(spec: RouterSpec, rc) -> RouterSpec:
         return spec
     values = dom.points() if not dom.continuous else (dom.high,)
     return dataclasses.replace(spec, kv_events=any(v > 0 for v in values)) if not spec.kv_events else spec
+
+
+def _beside_config(raw: str, config_dir: Path | None) -> str:
+    """A relative path is looked up in the working directory first, then next to the config file
+    (as trace paths are)."""
+    p = Path(raw)
+    if config_dir is None or p.is_absolute() or p.exists() or not (config_dir / p).exists():
+        return raw
+    return str(config_dir / p)
 
 
 def router_spec(r: m.Router) -> RouterSpec:

@@ -49,6 +49,7 @@ class _Actors:
     timings: dict
     provenance: dict[str, dict]
     planner: Any = None
+    router_description: dict | None = None  # the entry router as it starts (retune may change its knobs)
 
 
 def _build_actors(plan: ReplayPlan) -> _Actors:
@@ -91,7 +92,8 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
             "hardware": a.hardware,
             "kv_sizing": pool.kv_sizing,
         }
-    actors = _Actors(pools, entry_router, decode_router, timings, provenance)
+    actors = _Actors(pools, entry_router, decode_router, timings, provenance,
+                     router_description=entry_router.describe())
     if plan.planner is not None:
         actors.planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details,
                                        plan.planner_field, plan.planner_warmup)
@@ -192,7 +194,8 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None)
         retune = _retune_driver(plan, sweeper if sweeper is not None else load_sweeper(plan), on_sweep)
     runtime = None
     try:
-        runtime = make_runtime(ex, pools, w, store, actors.entry_router, actors.decode_router, actors.planner)
+        runtime = make_runtime(ex, pools, w, store, actors.entry_router, actors.decode_router, actors.planner,
+                               reserve_cpus=retune is None)
         coord = Coordinator(w, store, plan.traffic.arrivals.start(), runtime, pools[0], log,
                             decode=pools[1] if len(pools) > 1 else None, transfer=plan.transfer,
                             stop_ms=plan.traffic.stop_ms, resource_guard=resource_guard,
@@ -234,7 +237,7 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     disaggregated = len(plan.pools) > 1
     summary["deployment"] = {
         "mode": "disaggregated" if disaggregated else "aggregated",
-        "router": actors.entry_router.describe(),
+        "router": actors.router_description,
         "decode_router": actors.decode_router.describe() if actors.decode_router else None,
         "workers": {p.role: p.replicas for p in plan.pools},  # at the start
         "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
@@ -275,8 +278,11 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     return ReplayReport(summary, per_request, coverage, planner_obj, diagnostics, timelines)
 
 
-def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_router, decode_router, planner):
-    """The actors' home: in process (one host called directly, by default) or on Ray."""
+def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_router, decode_router, planner,
+                 reserve_cpus: bool = True):
+    """The actors' home: in process (one host called directly, by default) or on Ray.
+    ``reserve_cpus`` False: Ray engine hosts reserve no CPU (a retuned replay pauses while its
+    sweeps' Ray tasks use the CPUs)."""
     host_pools = {p.role: HostPool(p.spawn, p.router.tracks_first_tokens and p.role == "aggregated",
                                    p.role == "prefill") for p in pools}
     roles = [p.role for p in pools for _ in p.worker_ids]
@@ -286,7 +292,8 @@ def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_ro
     if ex.backend == "ray":
         from simulator.runtime.ray_runtime import RayRuntime
 
-        return RayRuntime(host_pools, workload, roles, ex.engine_actors, routers, planner, ex.ray_address)
+        return RayRuntime(host_pools, workload, roles, ex.engine_actors, routers, planner, ex.ray_address,
+                          reserve_cpus=reserve_cpus)
     return LocalRuntime(host_pools, store, roles, ex.engine_actors or 1, routers, planner, wire=ex.wire)
 
 

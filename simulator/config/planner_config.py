@@ -222,4 +222,6 @@ def digest(pc: PlannerConfig) -> str:
     import hashlib
 
     doc = pc.model_dump(mode="json", exclude=set(IDENTITY_EXCLUSIONS))
+    if isinstance(doc.get("retune"), dict):
+        doc["retune"].pop("max_parallel", None)  # how many sweep workers: the same decisions either way
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -360,7 +360,7 @@ class RayRuntime:
     direct = False  # requests cross in their wire form
 
     def __init__(self, pools: dict, workload, worker_roles: list[str], engine_actors: int | None, routers: dict,
-                 planner=None, address: str | None = None) -> None:
+                 planner=None, address: str | None = None, reserve_cpus: bool = True) -> None:
         # the environment settings, validated before anything starts
         self.call_timeout_s, self.start_timeout_s = call_timeout_s(), start_timeout_s()
         self.ray, self._started = start_ray(address, self.start_timeout_s)
@@ -371,7 +371,7 @@ class RayRuntime:
             cpus = int(ray.cluster_resources().get("CPU", 0))
             n = engine_actors or max(1, min(len(worker_roles), cpus))
             self.num_hosts = n
-            per_actor = 1 if n <= cpus else 0  # one CPU each when the cluster has them (else share)
+            per_actor = 1 if n <= cpus and reserve_cpus else 0  # one CPU each when the cluster has them (else share)
             engine_cls, router_cls, planner_cls = _actor_classes()
             pools_ref = ray.put(pools)
             workload_ref = ray.put(workload)
