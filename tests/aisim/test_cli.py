@@ -152,3 +152,38 @@ def test_worker_timeline_csv_covers_every_worker_and_needs_an_output_dir(tmp_pat
         for a, b in zip(mine, mine[1:]):
             assert abs(float(a[2]) + float(a[3]) * 1000 - float(b[2])) < 1e-6
     assert "worker_timeline.csv" in one_line_error(aisim("predict", "--capture-worker-timeline"))
+
+
+RETUNE_SETS = ["--set", "traffic.source.format=dynamo", "--set", "traffic.source.paths=[data/conversation_slice_dynamo.jsonl]",
+               "--set", "router={policy: kv_router, temperature: 1.0}",
+               "--set", "planner={policy: enabled, enable_load_scaling: false, enable_throughput_scaling: false, "
+                        "retune: {interval_seconds: 120, grace_seconds: 10, max_parallel: 1, "
+                        "router: {overlap_score_credit: 1.0, prefill_load_scale: 1.0, temperature: [0.0, 1.0]}}}"]
+
+
+def test_predict_retunes_and_shows_a_progress_line_per_window_only_on_a_terminal(tmp_path):
+    import pty
+
+    p = aisim("predict", *RETUNE_SETS, "--output-dir", str(tmp_path / "out"), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert "retune window" not in p.stderr  # not a terminal
+    events = json.loads((tmp_path / "out" / "prediction.json").read_text())["planner"]["retune_events"]
+    assert [e["decided_at_s"] for e in events] == [135.0, 255.0] and all(len(e["candidates"]) == 2 for e in events)
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "aisim", "predict", *RETUNE_SETS], stdout=subprocess.DEVNULL,
+                            stderr=slave, env=env, cwd=tmp_path)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    lines = [ln for ln in b"".join(chunks).decode().splitlines() if ln.startswith("retune window")]
+    assert len(lines) == 2 and lines[0].startswith("retune window 1/2: 2 candidates on ")
+    assert all(" -> " in ln for ln in lines)

@@ -216,3 +216,23 @@ def test_random_operations_match_the_reference_model(seed):
         assert kv.num_free == ref.free()
         assert set(kv.refs) == set(ref.ref)
         kv.check_invariants()
+
+
+def test_a_cache_preloaded_with_anothers_contents_evicts_in_the_same_order():
+    kv = KVCache(6, 4, record_events=True)
+    a, b = Req([1, 2, 3]), Req([11, 12])
+    admit(kv, a, 12)
+    admit(kv, b, 8)
+    kv.release(a)
+    assert kv.contents() == [3, 2, 1, 11, 12]  # cached inactive (LRU first), then the active ones
+    warm = KVCache(6, 4, record_events=True)
+    warm.preload(kv.contents())
+    assert warm.lru_order() == [3, 2, 1, 11, 12] and warm.num_inactive == 5 and warm.events == []
+    warm.check_invariants()
+    c = Req([11, 12, 40])
+    assert admit(warm, c, 12) == 2  # the prefix hits the preloaded blocks
+    small = KVCache(2, 4)
+    small.preload([3, 2, 1, 11, 12])  # the most recent ones that fit
+    assert small.lru_order() == [11, 12]
+    with pytest.raises(RuntimeError, match="empty"):
+        warm.preload([99])

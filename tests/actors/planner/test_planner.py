@@ -206,3 +206,29 @@ def test_first_throughput_decision_waits_a_full_interval():
                  load_interval_s=5, tick_interval_s=5, predictor=PredictorSpec("constant"))
     p = Planner(s, perf_models={"agg": sla_model()})
     assert not p.needs_traffic(5000) and p.needs_traffic(180_000)
+
+
+# -- runtime fields (retune decisions) -------------------------------------------------------
+def test_runtime_fields_change_from_now_on_and_a_new_predictor_is_fed_the_observed_history():
+    s = PlannerSettings(mode="agg", target="sla", enable_throughput_scaling=True, predictor=PredictorSpec("constant"))
+    p = Planner(s)
+    p.warm_up([(10, 100.0, 20.0), (0, 0.0, 0.0), (30, 300.0, 40.0)])
+    p.set_runtime_fields({"load_scaling_down_sensitivity": 70, "max_throughput_scaling_replicas": 2})
+    assert (p.settings.load_scaling_down_sensitivity, p.settings.max_throughput_scaling_replicas) == (70, 2)
+    assert p.predictors["num_req"].predict() == 30  # the constant predictor kept its history
+    p.set_runtime_fields({"load_predictor": "kalman", "kalman_min_points": 2})
+    assert p.settings.predictor == PredictorSpec("kalman", kalman_min_points=2)
+    fresh = Planner(dataclasses.replace(s, predictor=PredictorSpec("kalman", kalman_min_points=2)))
+    fresh.warm_up([(10, 100.0, 20.0), (0, 0.0, 0.0), (30, 300.0, 40.0)])
+    for key in ("num_req", "isl", "osl"):  # as if it had run from the start
+        assert p.predictors[key].predict() == fresh.predictors[key].predict()
+        assert p.predictors[key].history == fresh.predictors[key].history
+    with pytest.raises(ValueError, match="not a Planner runtime field"):
+        p.set_runtime_fields({"throughput_interval_s": 60})
+
+
+def test_a_retuned_minimum_of_observations_reaches_every_store():
+    p = Planner(PlannerSettings(mode="agg", target="sla"))
+    p.perf_models = {"agg": PerfModel("agg", Capabilities(), 64, 16, 5)}
+    p.set_runtime_fields({"load_min_observations": 9})
+    assert {st.min_observations for st in p.perf_models["agg"].stores.values()} == {9}
