@@ -303,13 +303,12 @@ def _retune_progress(plan, args):
     terminal and never with --format json; None otherwise."""
     if plan.planner is None or plan.planner.retune is None or args.format == "json" or not sys.stderr.isatty():
         return None
-    import numpy as np
+    from search.retune.sweep import replay_starts_ms
+    from search.retune.windows import windows_launched_by
 
     rc = plan.planner.retune
-    w = plan.traffic.workload
-    ts = w.timestamp_ms
-    span_ms = float((np.nanmax(ts) - np.nanmin(ts)) / plan.traffic.arrivals.delay_scale) if len(ts) else 0.0
-    total = max(0, int((span_ms / 1000.0 - rc.grace_seconds) // rc.interval_seconds))
+    starts = replay_starts_ms(plan.traffic.workload, plan.traffic.arrivals.delay_scale)
+    total = len(windows_launched_by(float(starts.max()) if len(starts) else 0.0, rc.interval_seconds, rc.grace_seconds))
 
     def show(k: int, answer) -> None:
         scored = [c for c in answer.candidates if c.get("score") is not None]
