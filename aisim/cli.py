@@ -63,7 +63,30 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
                     help="join a running Ray cluster instead of starting a local one (implies --backend ray)")
     _add_trace_parser(sub)
+    _add_recommend_parser(sub)
     return p
+
+
+def _add_recommend_parser(sub) -> None:
+    rc = sub.add_parser("recommend", help="search deployment configurations (Spica): Optuna-driven trials, each a replay",
+                        description="Search the deployment configurations of a search YAML (search_space, workload, "
+                                    "optimization, optimizer, study); every candidate is a replay. Writes "
+                                    "recommendation.json, recommendation.csv and recommendations/NNNN.yaml, and keeps "
+                                    "the study in DIR/study.journal (optuna-dashboard DIR/study.journal shows it).")
+    rc.add_argument("-c", "--config", type=Path, required=True, help="search YAML")
+    rc.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
+                    help="override a search config key before validation (repeatable)")
+    rc.add_argument("--output-dir", type=Path, required=True, help="where the study and the recommendation go")
+    rc.add_argument("--resume", action="store_true",
+                    help="continue the study in --output-dir (finished trials are not re-run); without an earlier "
+                         "study a new one starts")
+    rc.add_argument("--overwrite", action="store_true", help="start over in a --output-dir that holds a study")
+    rc.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="where trials run: local worker processes (default) or Ray tasks")
+    rc.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT", help="run trials on a Ray cluster")
+    rc.add_argument("--parallelism", type=int, default=None, help="trials in flight (overrides optimizer.parallelism)")
+    rc.add_argument("--storage", default=None, metavar="URL", help="Optuna storage URL (default: DIR/study.journal)")
+    rc.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
 
 
 #: ``aisim trace convert`` conversions: (--from, --to) -> the converter's name in simulator.traffic.convert
@@ -445,6 +468,55 @@ def _trace(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _recommend(args, t0: float, signals: _Signals) -> int:
+    """Run ``aisim recommend``."""
+    from search.spica.loop import STUDY_FILE, run_search
+    from simulator.errors import InputError
+
+    if args.parallelism is not None and args.parallelism < 1:
+        raise InputError("--parallelism", f"must be >= 1, got {args.parallelism}")
+    out = args.output_dir
+    journal = out / STUDY_FILE
+    if journal.exists() and not (args.resume or args.overwrite):
+        raise InputError("--output-dir", f"{out} already holds a study ({STUDY_FILE}); pass --resume to continue it "
+                                         "or --overwrite to start over")
+    if args.overwrite and not args.resume and journal.exists():
+        journal.unlink()
+    if args.resume and not journal.exists() and args.storage is None:
+        sys.stderr.write(f"aisim recommend: no earlier study in {out}; starting a new one\n")
+    backend = "ray" if args.ray_address else args.backend
+    def progress(snap: dict) -> None:
+        best = "-" if snap["best"] is None else f"{snap['best']:.4g}"
+        sys.stderr.write(f"\rtrials {snap['done']}/{snap['total']}  feasible {snap['feasible']}  best {best}  "
+                         f"{snap['trials_per_s']:.2f} trials/s ")
+        sys.stderr.flush()
+
+    show = progress if args.format != "json" and sys.stderr.isatty() else None
+    result = run_search(args.config, out, resume=args.resume, backend=backend, ray_address=args.ray_address,
+                        parallelism=args.parallelism, storage=args.storage, overrides=args.overrides, progress=show)
+    if show is not None:
+        sys.stderr.write("\n")
+    best = result.best
+    if args.format == "json":
+        import json
+
+        line = {"counts": result.counts, "best": None if best is None else
+                {k: best.get(k) for k in ("candidate_id", "score", "used_gpus", "config")},
+                "output_dir": str(out)}
+        sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    else:
+        c = result.counts
+        sys.stdout.write(f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "
+                         f"{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a "
+                         f"score), {c['cache_hits']} duplicate suggestions\n")
+        if best is not None:
+            sys.stdout.write(f"best: {best['candidate_id']} score {best['score']} on {best['used_gpus']} GPUs "
+                             f"(recommendations/0000.yaml replays it)\n")
+        sys.stdout.write(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
+                         f"(study: {journal})\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()  # the command starts now, however long ago this module was imported
     parser = _build_parser()
@@ -459,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("AISIM_DEBUG") == "1"
     with _Signals() as signals:
         try:
-            return (_trace if args.command == "trace" else _predict)(args, t0, signals)
+            run = {"trace": _trace, "recommend": _recommend}.get(args.command, _predict)
+            return run(args, t0, signals)
         except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
             code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]
             sys.stderr.write(f"aisim: {what}\n")

@@ -1,0 +1,458 @@
+"""The Spica search loop: one Optuna study per deployment mode (branch), driven by ask/tell,
+candidates replayed through ``search.fanout``, every trial recorded in Optuna storage.
+
+Per asked trial: decode the sampler's params into a ``selection`` and a parallel shape -> the
+load predictor's winners (``presweep``) -> ``unroll_sample`` -> the candidate's KV load
+(``materialize.resolve_load``) -> GPU-band check -> a concrete ``aisim predict`` config
+(``materialize.prediction_config``) -> replayed in a worker (``candidate_timeout_seconds``) ->
+metrics -> ``objectives.score`` (signed so higher is better) -> tell. Infeasible, unsupported,
+failed and timed-out candidates are told as FAIL with their ``reason_category`` in the trial's
+user attributes, never as good scores.
+
+- Batches: ``parallelism`` candidates are asked (branches in turn), replayed together and told
+  together (a round barrier, as the reference). The sampler's proposals do not depend on how many
+  run at once for ``random``, so the ledger is the same for any ``parallelism`` and on any backend.
+- Duplicates: a suggestion equal to one already evaluated (same branch, same params) is told the
+  cached result, counted in ``counts.cache_hits`` and re-asked. ``random`` draws unseen points
+  only (seeded, uniform over the unseen grid when the space is enumerable): a 16-point space with
+  ``max_trials: 16`` evaluates every point once; a search ends at ``max_trials`` evaluated
+  candidates or when every branch is exhausted.
+- Storage: a JournalStorage file ``DIR/study.journal`` by default (``optuna-dashboard
+  DIR/study.journal`` shows it) or any Optuna storage URL; one study per branch named
+  ``<study.name>-<mode>``. Each trial's ``user_attrs`` hold ``candidate_id``, ``status``,
+  ``reason_category``, ``used_gpus``, the flat ``config``, the key metrics and the whole ledger
+  record (``record``).
+- Resume: the ledger is rebuilt from storage (finished trials are never re-run), trials left
+  RUNNING by a killed process are marked FAIL and their candidates asked again, and the search
+  stops at ``max_trials`` evaluated candidates in total.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["SearchResult", "run_search", "STUDY_FILE"]
+
+STUDY_FILE = "study.journal"
+_MAX_ENUMERATED = 200_000  # a branch grid larger than this is sampled by rejection, not enumerated
+_STATUS_OF_CATEGORY = {"kv_capacity": ("infeasible", "kv_capacity"), "gpu_budget": ("infeasible", "gpu_budget"),
+                       "context_length": ("infeasible", "kv_capacity"), "unsupported": ("unsupported", "backend_topology"),
+                       "invalid_config": ("failed", "candidate_materialization"),
+                       "timeout": ("timed_out", "runtime_timeout"), "resource_limit": ("resource_limited", "resource_limit")}
+COUNT_KEYS = ("evaluated", "feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited", "cache_hits")
+
+
+def _label(value: Any) -> Any:
+    """A choice as an Optuna categorical value (dict composites as canonical JSON)."""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+@dataclass
+class _Branch:
+    mode: str
+    study: Any
+    choices: dict[str, tuple]  # knob -> choices (pinned: one)
+    labels: dict[str, dict]  # knob -> label -> value
+    shapes: list[dict]
+    shape_keys: list[str]
+    ratio: tuple[float, float] | None  # kv_load_ratio searched over [min, max]
+    seen: dict[str, dict] = field(default_factory=dict)  # params key -> ledger record
+    exhausted: bool = False
+    grid: list[dict] | None = None  # the unseen-point draw order of ``random`` (enumerable spaces)
+
+    def distributions(self) -> dict:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+        out = {k: CategoricalDistribution(list(self.labels[k])) for k in self.choices if len(self.choices[k]) > 1}
+        if len(self.shape_keys) > 1:
+            out["parallel_config"] = CategoricalDistribution(self.shape_keys)
+        if self.ratio is not None:
+            out["kv_load_ratio"] = FloatDistribution(*self.ratio)
+        return out
+
+    def size(self) -> float:
+        if self.ratio is not None:
+            return math.inf
+        return math.prod(len(c) for c in self.choices.values()) * max(1, len(self.shape_keys))
+
+
+def _params_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the recommendation (``recommendation.json``), its counts, where."""
+
+    recommendation: dict
+    counts: dict
+    output_dir: Path
+    study_names: list[str]
+    resumed: bool = False
+
+    @property
+    def best(self) -> dict | None:
+        top = self.recommendation["views"]["top_n"]
+        if not top:
+            return None
+        return next(c for c in self.recommendation["candidates"] if c["candidate_id"] == top[0])
+
+
+class _Search:
+    def __init__(self, cfg, config_dir: Path | None, output_dir: Path, *, resume: bool, storage: str | None,
+                 fan, progress: Callable[[dict], None] | None) -> None:
+        self.cfg = cfg
+        self.config_dir = config_dir
+        self.output_dir = output_dir
+        self.resume = resume
+        self.fan = fan
+        self.progress = progress
+        self.storage_url = storage or cfg.study.storage
+        self.ledger: list[dict] = []
+        self.counts = dict.fromkeys(COUNT_KEYS, 0)
+        self.rng = np.random.default_rng(np.random.SeedSequence([cfg.optimizer.seed, 7]))
+        self.t0 = time.perf_counter()
+        self.resumed = False
+        self._predictors: dict | None = None
+
+    # -- setup -----------------------------------------------------------------------------------
+    def storage(self):
+        import optuna
+
+        if self.storage_url:
+            return self.storage_url
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(self.output_dir / STUDY_FILE)))
+
+    def sampler(self, mode_index: int):
+        import optuna
+
+        opt = self.cfg.optimizer
+        seed = int(np.random.SeedSequence([opt.seed, mode_index]).generate_state(1)[0])
+        algo = opt.algorithm
+        if algo in ("tpe", "bayesian"):
+            return optuna.samplers.TPESampler(seed=seed)
+        if algo == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    def branches(self) -> list[_Branch]:
+        import optuna
+
+        from search.spica.objectives import directions
+        from search.spica.presets import scaling_fields
+        from search.spica.shapes import shape_key, shape_pool, worker_shapes
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        cfg = self.cfg
+        space = cfg.search_space
+        storage = self.storage()
+        out = []
+        for i, mode in enumerate(cfg.branches):
+            choices = dict(space.branch_choices(mode))
+            if cfg.planner_target != "sla":  # throughput scaling needs the SLA target: drop those policies
+                kept = tuple(p for p in choices["planner_scaling_policy"]
+                             if not scaling_fields(p)["enable_throughput_scaling"])
+                if not kept:
+                    continue
+                choices["planner_scaling_policy"] = kept
+            labels = {k: {_label(v): v for v in vs} for k, vs in choices.items()}
+            shapes = [s for s in space.parallel_configs] if space.parallel_configs else self._pool(
+                mode, worker_shapes, shape_pool)
+            if not shapes:
+                continue
+            name = f"{cfg.study.name}-{mode}"
+            study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(i),
+                                        directions=directions(cfg.optimization.target), load_if_exists=True)
+            ratio = cfg.kv_load_ratio_range if hasattr(cfg, "kv_load_ratio_range") else None
+            out.append(_Branch(mode, study, choices, labels, shapes, [shape_key(s) for s in shapes], ratio))
+        return out
+
+    def _pool(self, mode, worker_shapes, shape_pool) -> list[dict]:
+        cfg = self.cfg
+        space = cfg.search_space
+        model, hardware = cfg.model_name, cfg.hardware_sku
+        roles = ("agg",) if mode == "agg" else ("prefill", "decode")
+        by_role = {}
+        for role in roles:
+            tokens = max(getattr(space, f"{role}_max_num_batched_tokens"))
+            by_role[role] = worker_shapes(model, hardware, tokens, getattr(space, f"{role}_gpu_memory_utilization"),
+                                          getattr(space, f"{role}_block_size"))
+        lo = space.min_gpu_budget or 1
+        c = cfg.optimization.constraints
+        if c is not None and getattr(c, "min_candidate_gpus", None):
+            lo = max(lo, c.min_candidate_gpus)
+        hi = space.gpu_budget
+        if c is not None and getattr(c, "max_candidate_gpus", None):
+            hi = min(hi, c.max_candidate_gpus)
+        return shape_pool(mode, by_role, lo, hi)
+
+    # -- resume ----------------------------------------------------------------------------------
+    def restore(self, branches: list[_Branch]) -> None:
+        from optuna.trial import TrialState
+
+        records = []
+        for b in branches:
+            for t in b.study.get_trials(deepcopy=False):
+                if t.state == TrialState.RUNNING:  # left by a killed process
+                    b.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                    continue
+                rec = t.user_attrs.get("record")
+                if rec is None:
+                    if t.user_attrs.get("duplicate_of"):
+                        self.counts["cache_hits"] += 1
+                    continue
+                b.seen[t.user_attrs["params_key"]] = rec
+                records.append(rec)
+        records.sort(key=lambda r: r["candidate_id"])
+        for rec in records:
+            self._count(rec)
+        self.ledger = records
+        self.resumed = bool(records)
+
+    # -- asking ------------------------------------------------------------------------------------
+    def _draw_random(self, b: _Branch) -> dict | None:
+        """The next unseen point of ``b`` for ``random`` (uniform over the unseen grid; seeded)."""
+        dists = b.distributions()
+        if b.size() <= _MAX_ENUMERATED:
+            names = sorted(dists)
+            grid = [dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names))]
+            unseen = [p for p in grid if _params_key(p) not in b.seen]
+            if not unseen:
+                return None
+            return unseen[int(self.rng.integers(len(unseen)))]
+        return None  # sampled by the Optuna RandomSampler, duplicates re-asked
+
+    def ask(self, b: _Branch, pending: set[str]):
+        """(trial, params) of an unseen, not pending suggestion of ``b``, or None when exhausted."""
+        from optuna.trial import TrialState
+
+        dists = b.distributions()
+        for _ in range(200):
+            if self.cfg.optimizer.algorithm == "random":
+                point = self._draw_random(b)
+                if point is None and b.size() <= _MAX_ENUMERATED:
+                    b.exhausted = True
+                    return None
+                if point is not None:
+                    b.study.enqueue_trial(point, skip_if_exists=False)
+            trial = b.study.ask(dists)
+            params = dict(trial.params)
+            key = _params_key(params)
+            if key in b.seen:  # a duplicate: told the cached result, re-asked
+                rec = b.seen[key]
+                trial.set_user_attr("duplicate_of", rec["candidate_id"])
+                values = rec.get("_values")
+                if values is None:
+                    b.study.tell(trial, state=TrialState.FAIL)
+                else:
+                    b.study.tell(trial, values)
+                self.counts["cache_hits"] += 1
+                continue
+            if key in pending:
+                b.study.tell(trial, state=TrialState.FAIL)
+                continue
+            return trial, params
+        if len(b.seen) >= b.size():
+            b.exhausted = True
+        return None
+
+    # -- one candidate -------------------------------------------------------------------------------
+    def predictors(self) -> dict | None:
+        """The load predictor's winner per throughput interval of the space's scaling policies (the
+        pre-sweep over ``load_predictor_candidates``), or None without throughput scaling."""
+        if self._predictors is None:
+            from search.spica.presweep import predictor_winners
+
+            self._predictors = {"best_by_interval": predictor_winners(self.cfg, self.config_dir)}
+        return self._predictors
+
+    def materialize(self, b: _Branch, params: dict) -> dict:
+        """The ledger record of one suggestion before its replay (``prediction_config`` None when
+        it cannot run: status and reason set)."""
+        from search.spica.materialize import prediction_config, resolve_load
+        from search.spica.shapes import shape_from_key
+        from search.spica.unroll import unroll_sample
+        from simulator.errors import AisimError
+
+        selection = {k: (b.labels[k][params[k]] if k in params else vs[0]) for k, vs in b.choices.items()}
+        shape = shape_from_key(params["parallel_config"]) if "parallel_config" in params else b.shapes[0]
+        rec: dict = {"branch": b.mode, "params": params, "status": None, "config": None, "prediction_config": None,
+                     "used_gpus": None, "reason_category": None, "reason": None}
+        try:
+            needs_predictor = any(_throughput(p) for p in b.choices["planner_scaling_policy"])
+            flat = unroll_sample(self.cfg.search_space, selection, shape,
+                                 self.predictors() if needs_predictor else None)
+            flat.update(resolve_load(self.cfg, flat, params.get("kv_load_ratio")))
+            rec["config"] = flat
+            rec["used_gpus"] = flat.get("used_gpus")
+            rec["prediction_config"] = prediction_config(self.cfg, flat)
+        except AisimError as exc:
+            status, reason = _STATUS_OF_CATEGORY.get(exc.category, ("failed", "candidate_materialization"))
+            rec.update(status=status, reason_category=getattr(exc, "reason_category", reason), reason=str(exc))
+        return rec
+
+    def finish(self, rec: dict, result: dict) -> None:
+        """Fill a record from its replay's ``TrialResult`` dict and score it."""
+        from search.spica.objectives import score
+
+        cfg = self.cfg
+        if result["status"] != "ok":
+            status, reason = _STATUS_OF_CATEGORY.get(result.get("category"), ("failed", "replay_runtime"))
+            rec.update(status=status, reason_category=reason, reason=result.get("message"))
+            return
+        metrics = result["metrics"]
+        rec["metrics"] = metrics
+        rec["replay_wall_s"] = result.get("wall_s")
+        sla = cfg.evaluation.sla.model_dump(exclude_none=True) if cfg.evaluation is not None else None
+        constraints = cfg.optimization.constraints.model_dump() if cfg.optimization.constraints is not None else None
+        s = score(cfg.optimization.target, metrics, rec["used_gpus"] or 0, sla=sla or None,
+                  strict_sla=cfg.optimization.strict_sla, constraints=constraints)
+        rec["score"] = list(s.values) if s.values is not None else None
+        rec["objectives"] = s.objectives
+        rec.update(status=s.status, reason_category=s.reason_category, reason=s.reason)
+        rec["_values"] = list(s.values) if s.values is not None else None
+
+    def _count(self, rec: dict) -> None:
+        self.counts["evaluated"] += 1
+        self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        from optuna.trial import TrialState
+
+        from search.spica.trial import replay_candidate
+
+        branches = self.branches()
+        if self.resume:
+            self.restore(branches)
+        opt = self.cfg.optimizer
+        budget = opt.max_trials
+        turn = itertools.cycle(range(len(branches))) if branches else iter(())
+        per_batch = self.fan.max_parallel if self.fan is not None else 1
+        while self.counts["evaluated"] < budget and any(not b.exhausted for b in branches):
+            asked = []
+            pending: set[str] = set()
+            misses = 0
+            while len(asked) < min(per_batch, budget - self.counts["evaluated"]) and misses < len(branches):
+                b = branches[next(turn)]
+                if b.exhausted:
+                    misses += 1
+                    continue
+                got = self.ask(b, pending)
+                if got is None:
+                    misses += 1
+                    continue
+                misses = 0
+                trial, params = got
+                pending.add(_params_key(params))
+                asked.append((b, trial, params, self.materialize(b, params)))
+            if not asked:
+                break
+            runnable = [(i, rec) for i, (_, _, _, rec) in enumerate(asked) if rec["prediction_config"] is not None]
+            items = [{"prediction_config": rec["prediction_config"],
+                      "config_dir": str(self.config_dir) if self.config_dir else None} for _, rec in runnable]
+            try:
+                results = self.fan.map(replay_candidate, items, opt.candidate_timeout_seconds) if items else []
+            except BaseException:
+                for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
+                    b.study.tell(trial, state=TrialState.FAIL)
+                raise
+            for (i, rec), res in zip(runnable, results):
+                self.finish(rec, res if isinstance(res, dict) else res.to_dict())
+            for b, trial, params, rec in asked:
+                rec["candidate_id"] = len(self.ledger)
+                key = _params_key(params)
+                b.seen[key] = rec
+                self._count(rec)
+                self.ledger.append(rec)
+                trial.set_user_attr("params_key", key)
+                trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
+                trial.set_user_attr("status", rec["status"])
+                trial.set_user_attr("reason_category", rec["reason_category"])
+                trial.set_user_attr("used_gpus", rec["used_gpus"])
+                trial.set_user_attr("config", rec["config"])
+                for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
+                    if rec.get("metrics") and k in rec["metrics"]:
+                        trial.set_user_attr(k, rec["metrics"][k])
+                trial.set_user_attr("record", rec)
+                if rec.get("_values") is not None:
+                    b.study.tell(trial, rec["_values"])
+                else:
+                    b.study.tell(trial, state=TrialState.FAIL)
+            if self.progress is not None:
+                self.progress(self.snapshot(budget))
+        return self.result([b.study.study_name for b in branches], bool(branches) and all(b.exhausted for b in branches))
+
+    def snapshot(self, budget: int) -> dict:
+        feasible = [r for r in self.ledger if r["status"] == "feasible" and r.get("score") is not None]
+        best = max((r["score"][0] for r in feasible), default=None)
+        wall = time.perf_counter() - self.t0
+        return {"done": self.counts["evaluated"], "total": budget, "feasible": len(feasible), "best": best,
+                "trials_per_s": self.counts["evaluated"] / wall if wall > 0 else 0.0, "counts": dict(self.counts)}
+
+    def result(self, names: list[str], exhausted: bool) -> SearchResult:
+        from search.spica.outputs import build_recommendation, candidate_record, write_outputs
+
+        cfg = self.cfg
+        provenance = {"model": cfg.model_name, "hardware": cfg.hardware_sku, "objective": cfg.optimization.target}
+        candidates = []
+        from search.spica.objectives import Score
+
+        for rec in self.ledger:
+            s = None
+            if rec.get("score") is not None:
+                s = Score(tuple(rec["score"]), rec.get("objectives") or {}, rec["status"], rec["reason_category"],
+                          rec["reason"])
+            candidates.append(candidate_record(rec["candidate_id"], rec["status"], rec["config"] or {},
+                                               rec["prediction_config"], rec["used_gpus"], s, rec.get("metrics"),
+                                               rec["reason_category"], rec["reason"],
+                                               {**provenance, "branch": rec["branch"]}))
+        fingerprint = cfg.fingerprint()
+        run_id = hashlib.sha256(f"{fingerprint}:{cfg.study.name}".encode()).hexdigest()[:16]
+        strategy = "exhaustive" if exhausted else "optimizer_guided"
+        rec = build_recommendation(candidates, target=cfg.optimization.target, counts=dict(self.counts),
+                                   search_strategy=strategy, run_id=run_id, input_fingerprint=fingerprint,
+                                   config=cfg.model_dump(mode="json"))
+        write_outputs(self.output_dir, rec)
+        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed)
+
+
+def _throughput(policy) -> bool:
+    from search.spica.presets import scaling_fields
+
+    return bool(scaling_fields(policy)["enable_throughput_scaling"])
+
+
+def run_search(config, output_dir: Path | str, *, resume: bool = False, backend: str = "local",
+               ray_address: str | None = None, parallelism: int | None = None, storage: str | None = None,
+               overrides: list[str] | None = None, progress: Callable[[dict], None] | None = None) -> SearchResult:
+    """Run (or, with ``resume``, continue) a Spica search. ``config``: a path to a search YAML or a
+    ``SearchConfig``. Writes ``recommendation.json``, ``recommendation.csv`` and ``recommendations/``
+    into ``output_dir`` and keeps the study in ``output_dir/study.journal`` (or ``storage``)."""
+    from search.fanout import fanout
+    from search.spica.config import SearchConfig, load_search_config
+
+    config_dir = None
+    if isinstance(config, SearchConfig):
+        cfg = config
+    else:
+        cfg, config_dir = load_search_config(Path(config), overrides or [])
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = parallelism or cfg.optimizer.parallelism
+    with fanout(backend, n, ray_address) as fan:
+        search = _Search(cfg, config_dir, out, resume=resume, storage=storage, fan=fan, progress=progress)
+        return search.run()
