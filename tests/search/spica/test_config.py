@@ -61,14 +61,14 @@ def test_the_example_config_loads():
     assert cfg.planner_target == "sla"
     assert cfg.engine.timing.type == "polynomial"
     w = cfg.workload
-    assert (w.isl, w.osl, w.request_rate, w.request_count, w.concurrency, w.kv_load_ratio) == (2048, 256, 6.0, 300,
+    assert (w.isl, w.osl, w.request_rate, w.request_count, w.concurrency, w.kv_load_ratio) == (2048, 256, 30.0, 1500,
                                                                                                 None, None)
     assert cfg.traffic is None
     assert cfg.search_space.router_mode == ("round_robin", "kv_router")
     assert cfg.search_space.planner_scaling_policy == ("disabled",)
     assert cfg.search_space.gpu_budget == 8
     assert (cfg.optimization.target, cfg.optimizer.algorithm, cfg.optimizer.max_trials, cfg.optimizer.seed) == (
-        "goodput_per_gpu", "random", 24, 42)
+        "goodput_per_gpu", "random", 32, 42)
     assert cfg.kv_load_ratio_range is None
 
 

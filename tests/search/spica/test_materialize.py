@@ -98,8 +98,8 @@ def test_example_agg_candidate_plans():
                                  "temperature": 0.0}
     assert mapping["planner"] == {"policy": "disabled"}
     assert mapping["traffic"] == {"source": {"type": "synthetic", "input_tokens": 2048, "output_tokens": 256},
-                                  "load": {"type": "poisson", "requests_per_second": 6.0, "seed": 42},
-                                  "stop": {"requests": 300}}
+                                  "load": {"type": "poisson", "requests_per_second": 30.0, "seed": 42},
+                                  "stop": {"requests": 1500}}
     assert mapping["evaluation"] == {"sla": {"ttft_ms": 2000.0, "itl_ms": 50.0}}
     assert mapping["execution"] == {"backend": "local"}
     [pool] = plan.pools
@@ -108,7 +108,7 @@ def test_example_agg_candidate_plans():
             a.enable_prefix_caching, a.timing_model.type) == ("aggregated", 3, 2, 16384, 256, 64, True, "polynomial")
     assert pool.kv_sizing["type"] == "default" and pool.kv_sizing["memory_fraction"] == 0.9
     assert plan.router.policy == "kv_router" and plan.planner is None and plan.transfer is None
-    assert plan.traffic.workload.num_requests == 300
+    assert plan.traffic.workload.num_requests == 1500
     assert plan.sla.ttft_ms == 2000.0
 
 
