@@ -223,13 +223,14 @@ class _Search:
         self.resumed = bool(records)
 
     # -- asking ------------------------------------------------------------------------------------
-    def _draw_random(self, b: _Branch) -> dict | None:
-        """The next unseen point of ``b`` for ``random`` (uniform over the unseen grid; seeded)."""
+    def _draw_random(self, b: _Branch, pending: set[str]) -> dict | None:
+        """The next unseen point of ``b`` for ``random`` (uniform over the points neither evaluated nor
+        in flight; seeded, so the draws do not depend on how many run at once)."""
         dists = b.distributions()
         if b.size() <= _MAX_ENUMERATED:
             names = sorted(dists)
             grid = [dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names))]
-            unseen = [p for p in grid if _params_key(p) not in b.seen]
+            unseen = [p for p in grid if _params_key(p) not in b.seen and _params_key(p) not in pending]
             if not unseen:
                 return None
             return unseen[int(self.rng.integers(len(unseen)))]
@@ -242,7 +243,7 @@ class _Search:
         dists = b.distributions()
         for _ in range(200):
             if self.cfg.optimizer.algorithm == "random":
-                point = self._draw_random(b)
+                point = self._draw_random(b, pending)
                 if point is None and b.size() <= _MAX_ENUMERATED:
                     b.exhausted = True
                     return None
@@ -394,6 +395,8 @@ class _Search:
                     b.study.tell(trial, state=TrialState.FAIL)
             if self.progress is not None:
                 self.progress(self.snapshot(budget))
+        for b in branches:
+            b.exhausted = b.exhausted or len(b.seen) >= b.size()
         return self.result([b.study.study_name for b in branches], bool(branches) and all(b.exhausted for b in branches))
 
     def snapshot(self, budget: int) -> dict:

@@ -1,0 +1,136 @@
+"""The Spica search end to end on a 16-point space (agg, 2 GPUs: 4 shapes x 2 routers x 2
+max_num_seqs) over a small synthetic workload: stops at max_trials, exhausts the space with the
+random sampler, the same ledger for any parallelism and on Ray, duplicates re-asked, resume after a
+SIGKILL, and a winner's YAML replaying to its recorded metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from search.spica.config import SearchConfig
+from search.spica.loop import STUDY_FILE, run_search
+from tests.conftest import ROOT
+
+SEARCH = {
+    "engine": {"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h200_sxm", "timing": {"type": "polynomial"}},
+    "workload": {"isl": 512, "osl": 32, "request_rate": 20, "request_count": 120, "arrival_seed": 7},
+    "evaluation": {"sla": {"ttft_ms": 500, "itl_ms": 50}},
+    "search_space": {"deployment_mode": ["agg"], "backend": ["vllm"], "gpu_budget": 2,
+                     "agg_max_num_batched_tokens": [8192], "agg_max_num_seqs": [64, 256],
+                     "router_mode": ["round_robin", "kv_router"], "overlap_score_credit": [1.0],
+                     "prefill_load_scale": [1.0], "router_temperature": [0.0], "planner_scaling_policy": ["disabled"]},
+    "optimization": {"target": "goodput_per_gpu"},
+    "optimizer": {"algorithm": "random", "max_trials": 16, "seed": 3},
+    "study": {"name": "t"},
+}
+
+
+def config(**changes) -> SearchConfig:
+    data = json.loads(json.dumps(SEARCH))
+    for path, value in changes.items():
+        node = data
+        *head, last = path.split("__")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    return SearchConfig.from_dict(data)
+
+
+def ledger(result) -> list:
+    """The candidates as the search found them (ids, configs, scores, metrics), provenance aside."""
+    return [(c["candidate_id"], c["status"], json.dumps(c["config"], sort_keys=True), c["score"],
+             json.dumps(c["metrics"], sort_keys=True)) for c in result.recommendation["candidates"]]
+
+
+@pytest.fixture(scope="module")
+def exhaustive(tmp_path_factory):
+    return run_search(config(), tmp_path_factory.mktemp("s16"), parallelism=2)
+
+
+def test_random_evaluates_every_point_of_a_16_point_space_once(exhaustive):
+    r = exhaustive
+    assert r.counts["evaluated"] == 16 and r.counts["feasible"] == 16 and r.counts["cache_hits"] == 0
+    configs = {json.dumps(c["config"], sort_keys=True) for c in r.recommendation["candidates"]}
+    assert len(configs) == 16
+    assert r.recommendation["provenance"]["search_strategy"] == "exhaustive"
+    ranked = [c for c in r.recommendation["candidates"] if c["status"] == "feasible"]
+    assert [c["score"] for c in ranked] == sorted((c["score"] for c in ranked), reverse=True)
+    assert (r.output_dir / STUDY_FILE).exists() and (r.output_dir / "recommendation.csv").exists()
+
+
+def test_the_search_stops_at_max_trials_and_at_exhaustion(tmp_path):
+    assert run_search(config(optimizer__max_trials=5), tmp_path / "a", parallelism=2).counts["evaluated"] == 5
+    r = run_search(config(optimizer__max_trials=40), tmp_path / "b", parallelism=2)
+    assert r.counts["evaluated"] == 16  # the space holds 16 points
+
+
+def test_the_ledger_is_the_same_for_any_parallelism_and_on_ray(exhaustive, tmp_path, ray_session):
+    one = run_search(config(), tmp_path / "one", parallelism=1)
+    assert ledger(one) == ledger(exhaustive)
+    ray = run_search(config(), tmp_path / "ray", backend="ray", parallelism=2)
+    assert ledger(ray) == ledger(exhaustive)
+
+
+def test_tpe_re_asks_duplicates_and_counts_them(tmp_path):
+    r = run_search(config(optimizer__algorithm="tpe", optimizer__max_trials=16,
+                          search_space__agg_max_num_seqs=[256]), tmp_path, parallelism=2)
+    assert r.counts["evaluated"] == 8  # the space holds 8 points
+    assert len({json.dumps(c["config"], sort_keys=True) for c in r.recommendation["candidates"]}) == 8
+
+
+def test_a_winner_replays_to_its_recorded_metrics(exhaustive, tmp_path):
+    best = exhaustive.best
+    path = exhaustive.output_dir / "recommendations" / "0000.yaml"
+    assert yaml.safe_load(path.read_text()) == best["prediction_config"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "aisim", "predict", "-c", str(path), "--format", "json"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert {k: summary[k] for k in best["metrics"]} == best["metrics"]
+
+
+def _search_yaml(tmp_path, **changes) -> str:
+    data = json.loads(json.dumps(SEARCH))
+    data["optimizer"].update(changes)
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _finished(journal) -> int:
+    if not journal.exists():
+        return 0
+    return journal.read_text().count('"candidate_id"')  # user_attrs written once per finished candidate
+
+
+def test_resume_after_a_sigkill_runs_every_candidate_once(tmp_path):
+    cfg = _search_yaml(tmp_path, max_trials=16)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "aisim", "recommend", "-c", cfg, "--output-dir", str(out), "--parallelism", "1",
+           "--format", "json"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while _finished(out / STUDY_FILE) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "recommendation.json").exists()  # killed mid-search
+    p = subprocess.run(cmd + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["counts"]["evaluated"] == 16
+    configs = [json.dumps(c["config"], sort_keys=True) for c in rec["candidates"]]
+    assert len(set(configs)) == 16  # none lost, none run twice
+    again = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--resume" in again.stderr  # an existing study is never overwritten silently
