@@ -43,6 +43,7 @@ import numpy as np
 __all__ = ["SearchResult", "run_search", "STUDY_FILE"]
 
 STUDY_FILE = "study.journal"
+BATCH_ROUNDS = 4  # candidates asked per batch = workers x this
 _MAX_ENUMERATED = 200_000  # a branch grid larger than this is sampled by rejection, not enumerated
 _STATUS_OF_CATEGORY = {"kv_capacity": ("infeasible", "kv_capacity"), "gpu_budget": ("infeasible", "gpu_budget"),
                        "context_length": ("infeasible", "kv_capacity"), "unsupported": ("unsupported", "backend_topology"),
@@ -342,7 +343,9 @@ class _Search:
         opt = self.cfg.optimizer
         budget = opt.max_trials
         turn = itertools.cycle(range(len(branches))) if branches else iter(())
-        per_batch = self.fan.max_parallel if self.fan is not None else 1
+        # a batch of a few rounds per worker: the workers take items as they free up, so only the
+        # batch's tail waits at the barrier (random: the same draws for any batch size)
+        per_batch = (self.fan.max_parallel if self.fan is not None else 1) * BATCH_ROUNDS
         while self.counts["evaluated"] < budget and any(not b.exhausted for b in branches):
             asked = []
             pending: set[str] = set()
