@@ -187,3 +187,16 @@ def test_predict_retunes_and_shows_a_progress_line_per_window_only_on_a_terminal
     lines = [ln for ln in b"".join(chunks).decode().splitlines() if ln.startswith("retune window")]
     assert len(lines) == 2 and lines[0].startswith("retune window 1/2: 2 candidates on ")
     assert all(" -> " in ln for ln in lines)
+
+
+def test_recommend_rejects_a_bad_search_config_in_one_line(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("engine: {model: meta-llama/Llama-3.1-8B-Instruct, hardware: h200_sxm}\n"
+                   "workload: {isl: 128, osl: 8, request_rate: 1, request_count: 4}\n"
+                   "search_space: {deployment_mode: [agg], agg_max_num_seqs: 12}\n")
+    err = one_line_error(aisim("recommend", "-c", str(cfg), "--output-dir", str(tmp_path / "out")))
+    assert "search_space.agg_max_num_seqs" in err
+    err = one_line_error(aisim("recommend", "-c", str(tmp_path / "missing.yaml"), "--output-dir", str(tmp_path / "o")))
+    assert "missing.yaml" in err
+    err = one_line_error(aisim("recommend", "-c", str(cfg), "--output-dir", str(tmp_path / "o"), "--parallelism", "0"))
+    assert "--parallelism" in err

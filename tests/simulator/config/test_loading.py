@@ -33,6 +33,8 @@ def err(data: dict) -> InputError:
 
 def test_shipped_configs_validate():
     for path in (ROOT / "configs").glob("*.yaml"):
+        if path.name.startswith("spica-"):  # search configs (aisim recommend): tests/search/spica
+            continue
         cfg, _ = load_config(path)
         check_supported(cfg)
 
