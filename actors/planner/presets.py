@@ -50,10 +50,9 @@ def step_loss(forecast: tuple[float, float, float], actual: tuple[float, float, 
     return 0.4 * _err(nh * ih, n * isl) + 0.4 * _err(nh * oh, n * osl) + 0.1 * _err(ih, isl) + 0.1 * _err(oh, osl)
 
 
-def preset_loss(name: str, history: list[tuple[float, float, float]], interval_s: float, warmup: int) -> float:
-    """Mean one-step loss of preset ``name`` over ``history`` after ``warmup`` intervals (+inf when
+def spec_loss(spec: PredictorSpec, history: list[tuple[float, float, float]], interval_s: float, warmup: int) -> float:
+    """Mean one-step loss of a predictor ``spec`` over ``history`` after ``warmup`` intervals (+inf when
     its predictor raises or nothing is scored)."""
-    spec = PRESETS[name]
     try:
         preds = [Predictor(spec, interval_s) for _ in range(3)]
         losses = []
@@ -65,6 +64,11 @@ def preset_loss(name: str, history: list[tuple[float, float, float]], interval_s
         return sum(losses) / len(losses) if losses else math.inf
     except Exception:  # noqa: BLE001 - a preset that raises loses (the reference's rule)
         return math.inf
+
+
+def preset_loss(name: str, history: list[tuple[float, float, float]], interval_s: float, warmup: int) -> float:
+    """``spec_loss`` of preset ``name``."""
+    return spec_loss(PRESETS[name], history, interval_s, warmup)
 
 
 def common_warmup(names) -> int:

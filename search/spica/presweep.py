@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from actors.planner.predictors import Predictor, PredictorSpec
-from actors.planner.presets import PRESETS, step_loss
+from actors.planner.predictors import PredictorSpec
+from actors.planner.presets import PRESETS, spec_loss
 
 __all__ = ["predictor_winners", "candidate_spec", "arrival_history"]
 
@@ -46,20 +46,6 @@ def arrival_history(times_ms: np.ndarray, isl: np.ndarray, osl: np.ndarray, inte
         n = int(sel.sum())
         out.append((float(n), float(isl[sel].mean()) if n else 0.0, float(osl[sel].mean()) if n else 0.0))
     return out
-
-
-def _loss(spec: PredictorSpec, history: list[tuple], interval_s: float, warmup: int) -> float:
-    try:
-        preds = [Predictor(spec, interval_s) for _ in range(3)]
-        losses = []
-        for t, actual in enumerate(history):
-            if t >= warmup:
-                losses.append(step_loss(tuple(p.predict() for p in preds), actual))
-            for p, v in zip(preds, actual):
-                p.add(v)
-        return sum(losses) / len(losses) if losses else math.inf
-    except Exception:  # noqa: BLE001 - a candidate that raises loses (the reference's rule)
-        return math.inf
 
 
 def _arrivals(cfg, config_dir):
@@ -105,7 +91,7 @@ def predictor_winners(cfg, config_dir=None) -> dict[str, dict]:
     out = {}
     for interval in intervals:
         history = arrival_history(*arrivals, float(interval))
-        losses = [_loss(s, history, float(interval), warmup) for s in specs]
+        losses = [spec_loss(s, history, float(interval), warmup) for s in specs]
         finite = [(loss, i) for i, loss in enumerate(losses) if math.isfinite(loss)]
         if finite:
             out[str(interval)] = predictor_fields(entries[min(finite)[1]])
