@@ -6,7 +6,6 @@ from actors.planner.presets import PRESETS, preset_losses
 from search.spica.config import load_search_config
 from search.spica.presets import predictor_fields
 from search.spica.presweep import arrival_history, candidate_spec, predictor_winners
-from search.spica.unroll import unroll_sample  # noqa: F401 - (the winners' consumer)
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "configs" / "spica-agg-vs-disagg.yaml"
