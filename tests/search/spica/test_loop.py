@@ -134,3 +134,15 @@ def test_resume_after_a_sigkill_runs_every_candidate_once(tmp_path):
     assert len(set(configs)) == 16  # none lost, none run twice
     again = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr  # an existing study is never overwritten silently
+
+
+def test_a_pareto_search_reports_its_front(tmp_path):
+    r = run_search(config(optimization__target="pareto", optimizer__algorithm="nsga2", optimizer__max_trials=6),
+                   tmp_path, parallelism=2)
+    rec = r.recommendation
+    assert r.counts["evaluated"] == 6
+    feasible = {c["candidate_id"]: c["score"] for c in rec["candidates"] if c["status"] == "feasible"}
+    front = rec["views"]["pareto_front"]
+    assert front and set(front) <= set(feasible) and all(len(feasible[f]) == 2 for f in front)
+    for f in front:  # nobody dominates a front member
+        assert not any(o[0] >= feasible[f][0] and o[1] >= feasible[f][1] and o != feasible[f] for o in feasible.values())
