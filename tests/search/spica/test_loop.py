@@ -146,3 +146,23 @@ def test_a_pareto_search_reports_its_front(tmp_path):
     assert front and set(front) <= set(feasible) and all(len(feasible[f]) == 2 for f in front)
     for f in front:  # nobody dominates a front member
         assert not any(o[0] >= feasible[f][0] and o[1] >= feasible[f][1] and o != feasible[f] for o in feasible.values())
+
+
+def test_ctrl_c_stops_cleanly_and_the_search_resumes(tmp_path):
+    cfg = _search_yaml(tmp_path, max_trials=16)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "aisim", "recommend", "-c", cfg, "--output-dir", str(out), "--parallelism", "1",
+           "--format", "json"]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while _finished(out / STUDY_FILE) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    p = subprocess.run(cmd + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["counts"]["evaluated"] == 16
+    assert len({json.dumps(c["config"], sort_keys=True) for c in rec["candidates"]}) == 16
