@@ -144,7 +144,8 @@ def _check_budget(pc: PlannerConfig, field: str) -> None:
     (the Planner then holds every scale-up)."""
     hi, lo = pc.max_gpu_budget, pc.min_gpu_budget
     if 0 <= hi < lo:
-        raise InputError(f"{field}.min_gpu_budget", f"{lo} is over max_gpu_budget {hi}; lower it or raise max_gpu_budget",
+        key = "min_num_gpus" if field == "planner" else "min_gpu_budget"  # the YAML's name or PlannerConfig's
+        raise InputError(f"{field}.{key}", f"{lo} is over max_gpu_budget {hi}; lower it or raise max_gpu_budget",
                          category="gpu_budget")
 
 

@@ -54,8 +54,8 @@ Flat keys with no predict equivalent:
 - ``planner_scaling_policy``: the raw entry, kept for traceability (its flags and intervals map);
 - ``gpu_budget``, ``min_endpoint``: runtime policy only with the Planner on (above); otherwise
   they bound the candidates and nothing else;
-- ``min_gpu_budget``: bounds the candidates; the predict ``planner`` section has no GPU floor, so
-  with the Planner on a set floor is ``unsupported`` (the reference makes it live policy);
+- ``min_gpu_budget``: bounds the candidates and, with the Planner on, becomes its GPU floor
+  (``planner.min_num_gpus``), as the reference makes it live policy;
 - ``kv_bytes_per_token``, ``bandwidth_g1_to_g2_gbps``, ``bandwidth_g2_to_g1_gbps``,
   ``offload_batch_size``: the host (G2) tier's, inert while ``num_g2_blocks`` is 0;
 - ``kv_load_ratio``, ``kv_load_concurrency_capacity`` and the ``*_kv_capacity_tokens``: provenance
@@ -64,7 +64,7 @@ Flat keys with no predict equivalent:
 
 Unsupported values (``InputError``, category ``unsupported``, ``where`` the flat key): a
 ``backend`` other than vllm, ``num_g2_blocks`` > 0 (host KV offload), ``aic_nextn`` > 0, the
-cache-hit weights, router admission fields, ``min_gpu_budget`` with the Planner on. A flat sample
+cache-hit weights, router admission fields. A flat sample
 that lacks a key its mode needs, or a throughput-scaling Planner under a non-sla Planner target
 (those policies are dropped before sampling), is ``invalid_config``.
 """
@@ -281,13 +281,12 @@ def _planner(cfg: SearchConfig, flat: Mapping[str, Any]) -> dict[str, Any]:
         raise InputError("enable_throughput_scaling", f"throughput scaling needs the Planner target sla (a goodput "
                                                       f"optimization target); target {cfg.optimization.target} plans "
                                                       f"for {target}, so these policies are dropped before sampling")
-    if flat.get("min_gpu_budget") is not None:
-        raise _unsupported("min_gpu_budget", "the replay's Planner has no GPU floor yet (planner.max_num_gpus only); "
-                                             "set min_gpu_budget null or search disabled scaling policies")
     out: dict[str, Any] = {"policy": "enabled", "target": target, "enable_throughput_scaling": throughput,
                            "enable_load_scaling": load}
     out.update({key: flat[key] for key in PLANNER_FIELDS if key in flat})
     out["max_num_gpus"] = _need(flat, "gpu_budget")
+    if flat.get("min_gpu_budget") is not None:
+        out["min_num_gpus"] = flat["min_gpu_budget"]
     if flat.get("min_endpoint") is not None:
         out["min_workers"] = flat["min_endpoint"]
     return out

@@ -422,10 +422,19 @@ class Planner(PlannerKnobs):
     throughput_adjustment_interval_seconds: PosInt | None = None
     load_adjustment_interval_seconds: PosFloat | None = None
     max_num_gpus: Int = 8
+    min_num_gpus: Int = -1  # aisim: GPU floor (min_gpu_budget; negative: none), a Spica candidate's live policy
     min_workers: NonNegInt = 1
     prefill_min_workers: PosInt | None = None
     decode_min_workers: PosInt | None = None
     retune: Annotated[Any, BeforeValidator(_retune_section)] = None  # a RetuneConfig (simulator.config.retune)
+
+    @field_validator("min_num_gpus")
+    @classmethod
+    def _floor_under_ceiling(cls, v, info):
+        hi = info.data.get("max_num_gpus")
+        if hi is not None and 0 <= hi < v:
+            raise ValueError(f"{v} is over max_gpu_budget {hi} (planner.max_num_gpus); lower it or raise max_num_gpus")
+        return v
 
     @field_validator("retune")
     @classmethod

@@ -128,7 +128,7 @@ def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
     data: dict[str, Any] = {
         "optimization_target": p.target, "mode": "disagg" if disagg else "agg",
         **p.model_dump(include=set(PlannerKnobs.model_fields)),
-        "max_gpu_budget": p.max_num_gpus, "min_endpoint": p.min_workers,
+        "max_gpu_budget": p.max_num_gpus, "min_gpu_budget": p.min_num_gpus, "min_endpoint": p.min_workers,
         "prefill_min_endpoint": p.prefill_min_workers, "decode_min_endpoint": p.decode_min_workers,
         "report_interval_hours": None, "live_dashboard_port": 0,  # predict writes no HTML report
     }

@@ -124,7 +124,8 @@ def test_disabled_planner_reports_null():
          None, "planner.load_adjustment_interval_seconds", "shorter"),
         ({"policy": "enabled", "retune": {"interval_seconds": 600}}, None,
          "traffic.source.type", "retune replays windows of a recorded Dynamo request trace"),
-        ({"policy": "enabled", "min_num_gpus": 2}, None, "planner.min_num_gpus", "Extra inputs are not permitted"),
+        ({"policy": "enabled", "min_num_gpus": 9}, None, "planner.min_num_gpus", "is over max_gpu_budget 8"),
+        ({"policy": "enabled", "min_num_gpu": 2}, None, "planner.min_num_gpu", "Extra inputs are not permitted"),
         ({"policy": "enabled", "fpm_sample_bucket_size": 10}, None, "planner.fpm_sample_bucket_size", "perfect square"),
     ],
 )

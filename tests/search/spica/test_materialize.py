@@ -285,11 +285,11 @@ def test_throughput_scaling_needs_the_sla_planner_target():
             "invalid_config")
 
 
-def test_a_gpu_floor_needs_a_planner_key_we_lack():
+def test_a_gpu_floor_becomes_the_planners_floor():
     cfg = _cfg(search_space={"planner_scaling_policy": ["disabled", "load_180_5"], "min_gpu_budget": 2})
     on = _flat(cfg, {"deployment_mode": "agg", "planner_scaling_policy": "load_180_5",
                      "planner_fpm_sampling": "default", "planner_load_sensitivity": "default"}, {**ONE, "replicas": 2})
-    _reject(lambda: prediction_config(cfg, on), "min_gpu_budget", "no GPU floor", "unsupported")
+    assert prediction_config(cfg, on)["planner"]["min_num_gpus"] == 2
     off = _flat(cfg, {"deployment_mode": "agg", "planner_scaling_policy": "disabled", "planner_fpm_sampling": "default",
                       "planner_load_sensitivity": "default"}, {**ONE, "replicas": 2})
     assert prediction_config(cfg, off)["planner"] == {"policy": "disabled"}
