@@ -166,3 +166,19 @@ def test_ctrl_c_stops_cleanly_and_the_search_resumes(tmp_path):
     rec = json.loads((out / "recommendation.json").read_text())
     assert rec["counts"]["evaluated"] == 16
     assert len({json.dumps(c["config"], sort_keys=True) for c in rec["candidates"]}) == 16
+
+
+def test_infeasible_candidates_carry_their_reason_and_never_win(tmp_path):
+    shapes = [{"tp": 1, "replicas": 1}, {"tp": 1, "replicas": 2}]
+    r = run_search(config(search_space__parallel_configs=shapes, optimization__constraints={"min_candidate_gpus": 2}),
+                   tmp_path / "band", parallelism=2)
+    by_gpus = {}
+    for c in r.recommendation["candidates"]:
+        by_gpus.setdefault(c["used_gpus"], set()).add((c["status"], c["reason_category"]))
+    assert by_gpus == {1: {("infeasible", "gpu_budget")}, 2: {("feasible", None)}}
+    assert r.best["used_gpus"] == 2 and r.counts["infeasible"] == 4 and r.counts["feasible"] == 4
+    r = run_search(config(search_space__parallel_configs=shapes, search_space__agg_gpu_memory_utilization=0.05),
+                   tmp_path / "kv", parallelism=2)
+    assert {(c["status"], c["reason_category"]) for c in r.recommendation["candidates"]} == {("infeasible", "kv_capacity")}
+    assert r.best is None and r.recommendation["views"]["top_n"] == []
+    assert not list((tmp_path / "kv" / "recommendations").glob("*.yaml"))
