@@ -14,6 +14,8 @@ Semantics, the same on every backend and for every ``max_parallel``:
   module-level function or a ``functools.partial`` of one, importable by name in the workers;
   otherwise ``map`` raises before anything runs); a deterministic ``fn`` gives the same list
   whatever the backend and ``max_parallel``.
+- ``item_timeout_s`` bounds each item from when it starts: a late item is stopped alone (its
+  worker killed, its Ray task cancelled) and comes back as a ``timeout`` result; the others go on.
 - ``timeout_s`` bounds the whole ``map`` call. When it passes, the items still running are stopped
   (their worker processes are killed: local workers with SIGKILL, Ray tasks with
   ``ray.cancel(force=True)``), the items not started are dropped, and both come back as
@@ -120,14 +122,17 @@ class Fanout:
         self._closed = False
 
     # -- the API -------------------------------------------------------------------------------
-    def map(self, fn: Callable[[Any], Any], items: Iterable, timeout_s: float | None = None) -> list:
+    def map(self, fn: Callable[[Any], Any], items: Iterable, timeout_s: float | None = None,
+            item_timeout_s: float | None = None) -> list:
         """``fn(item)`` for each item, in item order; a call that raised, died or ran out of time is a
-        ``TrialResult`` (see the module docs). ``timeout_s`` bounds the whole call."""
+        ``TrialResult`` (see the module docs). ``timeout_s`` bounds the whole call; ``item_timeout_s``
+        each item from when it starts (a late item is stopped alone, the others go on)."""
         if self._closed:
             raise RuntimeError("this Fanout is closed")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
-        return self._map(fn, list(items), timeout_s)
+        for name, value in (("timeout_s", timeout_s), ("item_timeout_s", item_timeout_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        return self._map(fn, list(items), timeout_s, item_timeout_s)
 
     def run_trials(self, plans: Sequence, metrics_keys: Sequence[str] | None = None,
                    timeout_s: float | None = None) -> list[TrialResult]:
@@ -156,7 +161,7 @@ class Fanout:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _map(self, fn, items: list, timeout_s: float | None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
         raise NotImplementedError
 
 
@@ -243,7 +248,7 @@ class LocalFanout(Fanout):
         super().close()
         self._finalizer()
 
-    def _map(self, fn, items: list, timeout_s: float | None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
         payloads = [pickle.dumps((fn, item), protocol=_PROTOCOL) for item in items]  # unpicklable: raise now
         n = len(items)
         results: list = [None] * n
@@ -276,9 +281,20 @@ class LocalFanout(Fanout):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
+                if item_timeout_s is not None:  # stop the items past their own limit, alone
+                    now = time.monotonic()
+                    for w, (i, since) in list(running.items()):
+                        if now - since >= item_timeout_s:
+                            del running[w]
+                            pool.remove(w, kill=True)
+                            results[i] = TrialResult.timed_out(item_timeout_s, now - since)
+                    if not running:
+                        continue
+                    first_end = min(since for _, since in running.values()) + item_timeout_s - now
+                    remaining = first_end if remaining is None else min(remaining, first_end)
                 # a dead worker's pipe reads EOF; the 1 s cap also catches one whose pipe a
                 # process it forked still holds open
-                ready = _wait_ready(list(running), 1.0 if remaining is None else min(remaining, 1.0))
+                ready = _wait_ready(list(running), 1.0 if remaining is None else max(0.0, min(remaining, 1.0)))
                 for w, (i, _) in list(running.items()):
                     if w.conn not in ready and w.alive():
                         continue
@@ -515,7 +531,7 @@ class RayFanout(Fanout):
             self._started = False
             self._ray.shutdown()
 
-    def _map(self, fn, items: list, timeout_s: float | None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
         ray = self._ray
         payloads = [pickle.dumps((fn, item), protocol=_PROTOCOL) for item in items]  # unpicklable: raise now
         paths = [p or os.getcwd() for p in sys.path]
@@ -532,7 +548,18 @@ class RayFanout(Fanout):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
-                ready, _ = ray.wait(list(running), num_returns=1, timeout=remaining)
+                if item_timeout_s is not None:  # stop the tasks past their own limit, alone
+                    now = time.monotonic()
+                    late = [ref for ref, (_, since) in running.items() if now - since >= item_timeout_s]
+                    self._cancel(late)
+                    for ref in late:
+                        i, since = running.pop(ref)
+                        results[i] = TrialResult.timed_out(item_timeout_s, now - since)
+                    if not running:
+                        continue
+                    first_end = min(since for _, since in running.values()) + item_timeout_s - now
+                    remaining = first_end if remaining is None else min(remaining, first_end)
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=max(0.0, remaining) if remaining is not None else None)
                 for ref in ready:
                     i, _ = running.pop(ref)
                     results[i] = self._get(ref)

@@ -369,7 +369,8 @@ class _Search:
             items = [{"prediction_config": rec["prediction_config"],
                       "config_dir": str(self.config_dir) if self.config_dir else None} for _, rec in runnable]
             try:
-                results = self.fan.map(replay_candidate, items, opt.candidate_timeout_seconds) if items else []
+                results = (self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds)
+                           if items else [])
             except BaseException:
                 for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
                     b.study.tell(trial, state=TrialState.FAIL)

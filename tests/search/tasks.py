@@ -41,3 +41,9 @@ def pid(_x) -> int:
 
 def hard_exit(_x) -> None:
     os._exit(7)
+
+
+def sleep_for(seconds: float) -> float:
+    """Sleep, then return how long (an item whose length the test chooses)."""
+    time.sleep(seconds)
+    return seconds

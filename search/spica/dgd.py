@@ -1,0 +1,507 @@
+"""The deployment output of a Spica search (``--output dgd``, section ``dgd``; reference §7.7): the
+winning candidate (scalar targets) or every Pareto-front member rendered as a Dynamo
+``DynamoGraphDeployment`` (apiVersion ``nvidia.com/v1alpha1``, ``spec.services``) for the vLLM
+backend.
+
+Public names:
+
+- ``render_manifest(config, dgd, index=None, *, planner_target=None, sla=None) -> dict``: one DGD
+  as a plain dict from a candidate's flat ``config`` (``unroll_sample``'s keys). Pure: no I/O, the
+  same arguments give the same dict; ``config`` is not modified.
+- ``manifest_yaml(manifest) -> str``: ``yaml.safe_dump(manifest, sort_keys=False)``.
+- ``write_dgd(output_dir, candidates, dgd, target, pareto_ids) -> list[Path]``: renders and writes
+  the files (below); returns the written paths in write order.
+- ``DEFAULT_RUNTIME_VERSION`` (``"1.5.0"``), ``DEFAULT_RUNTIME_IMAGE_REPO``, ``WORKER_WORKDIR``,
+  ``API_VERSION``, ``KIND``.
+
+Renderers: only ``renderer: direct`` (this module) renders. ``renderer: aic`` (aiconfigurator's
+generator, the config's default) is not part of this build: ``NotSupportedError`` (``where``
+``dgd.renderer``, category ``unsupported``) asking for ``renderer: direct``.
+
+Image and runtime version: ``runtime_image`` when given, else
+``nvcr.io/nvidia/ai-dynamo/vllm-runtime:<version>`` with ``<version>`` = ``runtime_version_override``
+or ``DEFAULT_RUNTIME_VERSION``. ``DEFAULT_RUNTIME_VERSION`` is ``1.5.0``: the runtime line whose
+frontend still takes the per-knob router flags below (deprecated there in favour of
+``--router-policy-config``, removal announced for v1.7) and whose PlannerConfig takes the flat
+``*_seconds`` interval names, ``min_gpu_budget`` and ``ttft_ms``/``itl_ms``. An explicit
+``runtime_version_override`` (a canonical ``MAJOR.MINOR.PATCH``, else ``InputError``) is also written
+as ``runtimeVersionOverride`` on every service: the operator reads it for API compatibility when
+the image tag is not a version (as the reference's renderer does).
+
+The manifest (services in this order; every service has ``dynamoNamespace`` = the DGD name):
+
+- ``metadata``: ``name`` (``dgd.name`` with ``{index}`` -> the zero-padded index ``000``, ``001``,
+  ...; a template without an index given is an ``InputError``), ``namespace`` only when given.
+- ``Frontend`` (``componentType: frontend``, 1 replica): ``python3 -m dynamo.frontend`` with the
+  router as flags (not the ``DYN_ROUTER_MODE`` env of the examples, so every knob is explicit):
+
+  ============================  ========================================================
+  flat key                      frontend flag
+  ============================  ========================================================
+  ``router_mode: round_robin``  ``--router-mode round-robin``
+  ``router_mode: kv_router``    ``--router-mode kv``
+  ``overlap_score_credit``      ``--router-kv-overlap-score-credit`` (the same knob; the
+                                older ``--kv-overlap-score-weight`` is a different one,
+                                ``overlap_score_weight``, and obsolete)
+  ``prefill_load_scale``        ``--router-prefill-load-scale``
+  ``router_temperature``        ``--router-temperature``
+  ============================  ========================================================
+
+- the workers, ``componentType: worker``: agg ``VllmDecodeWorker`` (the one worker kind, no
+  ``subComponentType``); disagg ``VllmPrefillWorker`` (``subComponentType: prefill``) then
+  ``VllmDecodeWorker`` (``subComponentType: decode``). ``replicas`` = ``replicas`` /
+  ``<role>_replicas``; ``resources.limits.gpu`` = G = tp x pp x attention_dp (GPUs per worker) as a
+  string; image, ``workingDir`` ``/workspace/examples/backends/vllm``, ``command`` ``python3 -m
+  dynamo.vllm`` and ``args`` (all strings, as Kubernetes wants):
+
+  ==========================================  ===============================================
+  flat key (``agg_`` / ``prefill_`` /         vLLM flag
+  ``decode_`` prefixed where per role)
+  ==========================================  ===============================================
+  ``model_name``                              ``--model``
+  ``tp``                                      ``--tensor-parallel-size`` (always)
+  ``pp``                                      ``--pipeline-parallel-size`` (always)
+  ``attention_dp``                            ``--data-parallel-size`` (only when > 1)
+  ``moe_ep`` > 1                              ``--enable-expert-parallel`` (vLLM's EP spans
+                                              tp x dp ranks: moe_ep must equal
+                                              tp x attention_dp and moe_tp be 1)
+  ``max_num_batched_tokens``                  ``--max-num-batched-tokens``
+  ``max_num_seqs``                            ``--max-num-seqs``
+  ``block_size``                              ``--block-size``
+  ``gpu_memory_utilization``                  ``--gpu-memory-utilization``
+  ``enable_prefix_caching``                   ``--enable-prefix-caching`` /
+                                              ``--no-enable-prefix-caching`` (both written:
+                                              the choice never rides on a default)
+  ``context_length`` (when not null)          ``--max-model-len``
+  disagg role                                 ``--is-prefill-worker`` / ``--is-decode-worker``
+  ==========================================  ===============================================
+
+  ``num_gpus_per_node``: a worker whose G exceeds it gets ``multinode: {nodeCount: N}`` with N =
+  ceil(G / num_gpus_per_node) and ``resources.limits.gpu`` = G / N per node (the pod of each node);
+  the vLLM args keep the whole worker's sizes. G must split evenly over the N nodes, else
+  ``InputError`` (``dgd.num_gpus_per_node``). Without it (or when G fits) no ``multinode``.
+
+- ``Planner`` (``componentType: planner``, 1 replica), only when ``enable_throughput_scaling`` or
+  ``enable_load_scaling``: ``python3 -m dynamo.planner --config '<json>'``, the JSON (compact, in
+  this order) a Dynamo PlannerConfig: ``environment: kubernetes``, ``backend``, ``mode`` (agg |
+  disagg), ``optimization_target``, ``ttft_ms`` / ``itl_ms`` (target ``sla`` with an SLA given),
+  the two flags, the flat Planner fields under their own names (the intervals ``*_seconds``, fpm
+  and sensitivity fields, the predictor fields: ``search.spica.materialize.PLANNER_FIELDS``, those
+  present), ``max_gpu_budget`` = ``gpu_budget``, ``min_gpu_budget`` and ``min_endpoint`` (when not
+  null), ``model_name``, ``prefill_engine_num_gpu`` (disagg) and ``decode_engine_num_gpu`` (the agg
+  worker counts as decode) = G. ``optimization_target`` is ``planner_target`` (the search's Planner
+  target; ``write_dgd`` takes it from the candidate's ``prediction_config.planner.target``); when
+  not given it is ``sla`` under throughput scaling (the only target the search keeps those
+  policies for) and left to Dynamo's default otherwise. A throughput-scaling candidate under a
+  non-``sla`` target is an ``InputError``. Not rendered: the throughput loop's perf-model bootstrap
+  (profiling data or an AIC spec), which the cluster must supply.
+
+Not rendered (``NotSupportedError``, ``where`` the flat key): a ``backend`` other than vllm;
+``num_g2_blocks`` > 0 and the cache-hit weights (host G2 offload: the replay never scores it, so no
+feasible candidate carries it; were it rendered it would go on agg and prefill workers only, never
+on disaggregated decode workers, which receive transferred KV); ``aic_nextn`` > 0 (speculative
+decoding); router admission fields set; an expert layout vLLM cannot express (above). Simulator-only
+keys (``hardware_sku``, ``startup_time``, the offload bandwidths, ``strategy``, ``used_gpus``,
+``planner_scaling_policy``, the load fields) have no manifest equivalent. No ``envFromSecret``
+(a Hugging Face token secret) is added: add one for gated models.
+
+Files (``write_dgd``; paths relative to ``output_dir`` unless absolute; parent directories created;
+every file written atomically with ``simulator.metrics.output.atomic_write_text``):
+
+- scalar targets: the winner = the first feasible candidate (``status`` feasible with a score) in
+  the given (rank) order; none -> nothing written, ``[]``. ``output_file`` (default ``dgd.yaml``):
+  that one manifest; ``output_dir``: a kustomize directory ``<dir>/<name>.yaml`` plus
+  ``kustomization.yaml`` listing it.
+- ``pareto``: every front member, in ``pareto_ids`` order, index i -> name with ``{index}`` =
+  ``f"{i:03d}"``; files ``<stem>-000<suffix>``, ``<stem>-001<suffix>``, ... from ``output_file``
+  (default ``dgd-000.yaml``, ...) or ``<dir>/<name_i>.yaml`` + ``kustomization.yaml`` with
+  ``output_dir``; then ``index.json`` next to them: ``{"000": {"candidate_id", "name", "file"
+  (relative to index.json), "score"}, ...}`` (canonical JSON). An id not among the candidates or
+  not feasible is an ``InputError``. Stale files of an earlier run are not removed: ``index.json``
+  and ``kustomization.yaml`` name the current set. Manifests are written first, the index last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from search.spica.config import Dgd
+from search.spica.materialize import PLANNER_FIELDS
+from search.spica.space import CACHE_HIT_WEIGHTS, ROUTER_ADMISSION
+from simulator.errors import InputError, NotSupportedError
+from simulator.metrics.output import atomic_write_text, canonical_json
+
+__all__ = ["render_manifest", "manifest_yaml", "write_dgd", "DEFAULT_RUNTIME_VERSION", "DEFAULT_RUNTIME_IMAGE_REPO",
+           "WORKER_WORKDIR", "API_VERSION", "KIND"]
+
+API_VERSION = "nvidia.com/v1alpha1"
+KIND = "DynamoGraphDeployment"
+DEFAULT_RUNTIME_VERSION = "1.5.0"
+DEFAULT_RUNTIME_IMAGE_REPO = "nvcr.io/nvidia/ai-dynamo/vllm-runtime"
+WORKER_WORKDIR = "/workspace/examples/backends/vllm"
+DEFAULT_OUTPUT_FILE = "dgd.yaml"
+INDEX_FILE = "index.json"
+KUSTOMIZATION_FILE = "kustomization.yaml"
+PLANNER_TARGETS = ("throughput", "latency", "load", "sla")
+_SEMVER = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+# per mode: (service name, subComponentType, parallel-field prefix, engine-knob prefix, role flag)
+_WORKERS: dict[str, tuple[tuple[str, str | None, str, str, str | None], ...]] = {
+    "agg": (("VllmDecodeWorker", None, "", "agg_", None),),
+    "disagg": (("VllmPrefillWorker", "prefill", "prefill_", "prefill_", "--is-prefill-worker"),
+               ("VllmDecodeWorker", "decode", "decode_", "decode_", "--is-decode-worker")),
+}
+
+
+# -- small helpers -----------------------------------------------------------------------------
+def _need(config: Mapping[str, Any], key: str) -> Any:
+    if key not in config:
+        raise InputError(key, "is missing from the candidate config; render the flat sample unroll_sample builds")
+    return config[key]
+
+
+def _arg(value: Any, key: str) -> str:
+    """A container argument (Kubernetes args are strings): ints as digits, floats as their
+    shortest round-trip repr."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InputError(key, f"must be a number, got {value!r}")
+    if isinstance(value, Integral):
+        return str(int(value))
+    if not math.isfinite(value):
+        raise InputError(key, f"must be a finite number, got {value!r}")
+    return repr(float(value))
+
+
+def _count(config: Mapping[str, Any], key: str) -> int:
+    value = _need(config, key)
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise InputError(key, f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _dgd(dgd: Dgd | Mapping[str, Any]) -> Dgd:
+    if isinstance(dgd, Dgd):
+        return dgd
+    if not isinstance(dgd, Mapping):
+        raise InputError("dgd", f"must be a mapping (the dgd section), not {type(dgd).__name__}")
+    try:
+        return Dgd.model_validate(dict(dgd))
+    except ValidationError as exc:
+        from simulator.config.loading import format_validation_error
+
+        err = format_validation_error(exc)
+        raise InputError(f"dgd.{err.where}", err.message) from None
+
+
+def _check_renderer(dgd: Dgd) -> None:
+    if dgd.renderer == "aic":
+        raise NotSupportedError("dgd.renderer", "aic (aiconfigurator's DGD generator) is not part of this build; "
+                                                "use renderer: direct (the built-in vLLM renderer)")
+
+
+def _image(dgd: Dgd) -> str:
+    if dgd.runtime_image is not None:
+        return dgd.runtime_image
+    return f"{DEFAULT_RUNTIME_IMAGE_REPO}:{dgd.runtime_version_override or DEFAULT_RUNTIME_VERSION}"
+
+
+def _version_override(dgd: Dgd) -> str | None:
+    override = dgd.runtime_version_override
+    if override is not None and not _SEMVER.match(override):
+        raise InputError("dgd.runtime_version_override", f"{override!r} is not a canonical MAJOR.MINOR.PATCH "
+                                                         "version (e.g. 1.5.0)")
+    return override
+
+
+def _name(dgd: Dgd, index: int | None) -> str:
+    if "{index}" not in dgd.name:
+        return dgd.name
+    if isinstance(index, bool) or not isinstance(index, Integral) or index < 0:
+        raise InputError("dgd.name", f"{dgd.name!r} has an {{index}} placeholder: render it with the front "
+                                     f"member's index (a non-negative integer), got {index!r}")
+    return dgd.name.replace("{index}", f"{int(index):03d}")
+
+
+# -- the candidate ------------------------------------------------------------------------------
+def _check_supported(config: Mapping[str, Any]) -> None:
+    backend = _need(config, "backend")
+    if backend != "vllm":
+        raise NotSupportedError("backend", f"{backend} workers are not rendered yet; only vllm candidates render "
+                                           "to a DGD")
+    if config.get("num_g2_blocks"):
+        raise NotSupportedError("num_g2_blocks", "host (G2) KV offload is not rendered: the replay never scores "
+                                                 "it; set num_g2_blocks 0")
+    for key in CACHE_HIT_WEIGHTS:
+        if key in config:
+            raise NotSupportedError(key, "host/disk cache-hit weights come with G2 offload, which is not rendered")
+    if config.get("aic_nextn"):
+        raise NotSupportedError("aic_nextn", "speculative decoding (nextn > 0) is not rendered; set aic_nextn null")
+    for key in ROUTER_ADMISSION:
+        if config.get(key) not in (None, False):
+            raise NotSupportedError(key, "router admission control is reserved in the search and not rendered")
+
+
+def _gpus_per_worker(config: Mapping[str, Any], par: str) -> int:
+    return _count(config, f"{par}tp") * _count(config, f"{par}pp") * _count(config, f"{par}attention_dp")
+
+
+def _expert_args(config: Mapping[str, Any], par: str) -> list[str]:
+    tp, adp = _count(config, f"{par}tp"), _count(config, f"{par}attention_dp")
+    moe_tp, moe_ep = _count(config, f"{par}moe_tp"), _count(config, f"{par}moe_ep")
+    if moe_ep == 1:
+        if moe_tp not in (1, tp * adp):
+            raise NotSupportedError(f"{par}moe_tp", f"{moe_tp} is not expressible in vLLM: without expert "
+                                                    f"parallelism the experts split over all tp x data-parallel "
+                                                    f"ranks ({tp * adp})")
+        return []
+    if moe_tp != 1 or moe_ep != tp * adp:
+        raise NotSupportedError(f"{par}moe_ep", f"moe_ep {moe_ep} with moe_tp {moe_tp} is not expressible in vLLM: "
+                                                f"--enable-expert-parallel spans all tp x data-parallel ranks "
+                                                f"({tp * adp}) with no expert tensor split")
+    return ["--enable-expert-parallel"]
+
+
+def _worker_args(config: Mapping[str, Any], par: str, eng: str, role_flag: str | None) -> list[str]:
+    args = ["--model", str(_need(config, "model_name")),
+            "--tensor-parallel-size", _arg(_count(config, f"{par}tp"), f"{par}tp"),
+            "--pipeline-parallel-size", _arg(_count(config, f"{par}pp"), f"{par}pp")]
+    adp = _count(config, f"{par}attention_dp")
+    if adp > 1:
+        args += ["--data-parallel-size", _arg(adp, f"{par}attention_dp")]
+    args += _expert_args(config, par)
+    for knob, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"), ("max_num_seqs", "--max-num-seqs"),
+                       ("block_size", "--block-size"), ("gpu_memory_utilization", "--gpu-memory-utilization")):
+        args += [flag, _arg(_need(config, f"{eng}{knob}"), f"{eng}{knob}")]
+    caching = _need(config, f"{eng}enable_prefix_caching")
+    if not isinstance(caching, bool):
+        raise InputError(f"{eng}enable_prefix_caching", f"must be true or false, got {caching!r}")
+    args.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
+    if config.get("context_length") is not None:
+        args += ["--max-model-len", _arg(config["context_length"], "context_length")]
+    if role_flag is not None:
+        args.append(role_flag)
+    return args
+
+
+def _placement(gpus: int, per_node: int | None) -> tuple[int | None, int]:
+    """(nodeCount or None, GPUs per pod) of a worker of ``gpus`` GPUs."""
+    if per_node is None or gpus <= per_node:
+        return None, gpus
+    nodes = math.ceil(gpus / per_node)
+    if gpus % nodes:
+        raise InputError("dgd.num_gpus_per_node", f"a {gpus}-GPU worker needs {nodes} nodes of at most {per_node} "
+                                                  f"GPUs, but {gpus} GPUs do not split evenly over {nodes} nodes; "
+                                                  "use a node size that divides the worker")
+    return nodes, gpus // nodes
+
+
+def _service_head(name: str, component_type: str, sub: str | None, replicas: int,
+                  override: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"dynamoNamespace": name, "componentType": component_type}
+    if sub is not None:
+        out["subComponentType"] = sub
+    out["replicas"] = replicas
+    if override is not None:
+        out["runtimeVersionOverride"] = override
+    return out
+
+
+def _frontend(config: Mapping[str, Any], name: str, image: str, override: str | None) -> dict[str, Any]:
+    mode = _need(config, "router_mode")
+    if mode == "round_robin":
+        args = ["--router-mode", "round-robin"]
+    elif mode == "kv_router":
+        args = ["--router-mode", "kv"]
+        for key, flag in (("overlap_score_credit", "--router-kv-overlap-score-credit"),
+                          ("prefill_load_scale", "--router-prefill-load-scale"),
+                          ("router_temperature", "--router-temperature")):
+            args += [flag, _arg(_need(config, key), key)]
+    else:
+        raise InputError("router_mode", f"must be round_robin or kv_router, got {mode!r}")
+    service = _service_head(name, "frontend", None, 1, override)
+    service["extraPodSpec"] = {"mainContainer": {"image": image, "command": ["python3", "-m", "dynamo.frontend"],
+                                                 "args": args}}
+    return service
+
+
+def _worker(config: Mapping[str, Any], name: str, image: str, override: str | None, per_node: int | None,
+            sub: str | None, par: str, eng: str, role_flag: str | None) -> dict[str, Any]:
+    service = _service_head(name, "worker", sub, _count(config, f"{par}replicas"), override)
+    nodes, per_pod = _placement(_gpus_per_worker(config, par), per_node)
+    if nodes is not None:
+        service["multinode"] = {"nodeCount": nodes}
+    service["resources"] = {"limits": {"gpu": str(per_pod)}}
+    service["extraPodSpec"] = {"mainContainer": {
+        "image": image, "workingDir": WORKER_WORKDIR, "command": ["python3", "-m", "dynamo.vllm"],
+        "args": _worker_args(config, par, eng, role_flag)}}
+    return service
+
+
+def _planner_config(config: Mapping[str, Any], mode: str, planner_target: str | None,
+                    sla: Mapping[str, Any] | None) -> dict[str, Any]:
+    throughput = bool(_need(config, "enable_throughput_scaling"))
+    load = bool(_need(config, "enable_load_scaling"))
+    if planner_target is not None and planner_target not in PLANNER_TARGETS:
+        raise InputError("planner_target", f"must be one of {', '.join(PLANNER_TARGETS)}, got {planner_target!r}")
+    target = planner_target if planner_target is not None else ("sla" if throughput else None)
+    if throughput and target != "sla":
+        raise InputError("enable_throughput_scaling", f"throughput scaling needs the Planner target sla, got "
+                                                      f"{target}: the search keeps those policies for goodput "
+                                                      "targets only")
+    out: dict[str, Any] = {"environment": "kubernetes", "backend": _need(config, "backend"), "mode": mode}
+    if target is not None:
+        out["optimization_target"] = target
+    if target == "sla" and sla is not None:
+        for key in ("ttft_ms", "itl_ms"):
+            if sla.get(key) is not None:
+                out[key] = sla[key]
+    out["enable_throughput_scaling"] = throughput
+    out["enable_load_scaling"] = load
+    out.update({key: config[key] for key in PLANNER_FIELDS if key in config})
+    out["max_gpu_budget"] = _need(config, "gpu_budget")
+    for key in ("min_gpu_budget", "min_endpoint"):
+        if config.get(key) is not None:
+            out[key] = config[key]
+    out["model_name"] = _need(config, "model_name")
+    if mode == "disagg":
+        out["prefill_engine_num_gpu"] = _gpus_per_worker(config, "prefill_")
+        out["decode_engine_num_gpu"] = _gpus_per_worker(config, "decode_")
+    else:
+        out["decode_engine_num_gpu"] = _gpus_per_worker(config, "")
+    return out
+
+
+def _planner(config: Mapping[str, Any], mode: str, name: str, image: str, override: str | None,
+             planner_target: str | None, sla: Mapping[str, Any] | None) -> dict[str, Any]:
+    planner_config = _planner_config(config, mode, planner_target, sla)
+    service = _service_head(name, "planner", None, 1, override)
+    service["extraPodSpec"] = {"mainContainer": {
+        "image": image, "command": ["python3", "-m", "dynamo.planner"],
+        "args": ["--config", json.dumps(planner_config, separators=(",", ":"), allow_nan=False)]}}
+    return service
+
+
+# -- public API ---------------------------------------------------------------------------------
+def render_manifest(config: Mapping[str, Any], dgd: Dgd | Mapping[str, Any], index: int | None = None, *,
+                    planner_target: str | None = None, sla: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One DGD (a plain dict) for the candidate's flat ``config``; ``index`` fills ``{index}`` in
+    the name (Pareto front members). ``planner_target`` / ``sla`` (``ttft_ms``, ``itl_ms``) feed
+    the Planner's ``optimization_target`` and SLA (module docstring)."""
+    if not isinstance(config, Mapping):
+        raise InputError("config", f"must be the candidate's flat config mapping, not {type(config).__name__}")
+    dgd = _dgd(dgd)
+    _check_renderer(dgd)
+    override = _version_override(dgd)
+    name = _name(dgd, index)
+    mode = _need(config, "deployment_mode")
+    if mode not in _WORKERS:
+        raise InputError("deployment_mode", f"must be agg or disagg, got {mode!r}")
+    _check_supported(config)
+    image = _image(dgd)
+
+    services: dict[str, Any] = {"Frontend": _frontend(config, name, image, override)}
+    for service, sub, par, eng, role_flag in _WORKERS[mode]:
+        services[service] = _worker(config, name, image, override, dgd.num_gpus_per_node, sub, par, eng, role_flag)
+    if _need(config, "enable_throughput_scaling") or _need(config, "enable_load_scaling"):
+        services["Planner"] = _planner(config, mode, name, image, override, planner_target, sla)
+
+    metadata: dict[str, Any] = {"name": name}
+    if dgd.namespace is not None:
+        metadata["namespace"] = dgd.namespace
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": {"services": services}}
+
+
+def manifest_yaml(manifest: Mapping[str, Any]) -> str:
+    """The manifest as YAML, keys in the rendered order."""
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def _feasible(candidate: Mapping[str, Any]) -> bool:
+    return candidate.get("status") == "feasible" and candidate.get("score") is not None
+
+
+def _render_record(candidate: Mapping[str, Any], dgd: Dgd, index: int | None) -> dict[str, Any]:
+    """The candidate record's manifest, its Planner target and SLA taken from its prediction config."""
+    prediction = candidate.get("prediction_config") or {}
+    planner = prediction.get("planner") or {}
+    evaluation = prediction.get("evaluation") or {}
+    target = planner.get("target") if planner.get("policy") == "enabled" else None
+    return render_manifest(candidate.get("config") or {}, dgd, index, planner_target=target,
+                           sla=evaluation.get("sla"))
+
+
+def _kustomization(resources: Sequence[str]) -> str:
+    return manifest_yaml({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                          "resources": list(resources)})
+
+
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    written.append(path)
+
+
+def write_dgd(output_dir: Path, candidates: Sequence[Mapping[str, Any]], dgd: Dgd | Mapping[str, Any], target: str,
+              pareto_ids: Sequence[str]) -> list[Path]:
+    """Render and write the deployment output (module docstring): the winner for a scalar
+    ``target``, every ``pareto_ids`` member for ``pareto``. ``candidates``: ledger records in rank
+    order. Returns the written paths (manifests first, then the index / kustomization)."""
+    dgd = _dgd(dgd)
+    _check_renderer(dgd)
+    output_dir = Path(output_dir)
+    pareto = target == "pareto"
+    if pareto and "{index}" not in dgd.name:
+        raise InputError("dgd.name", "target pareto renders every front member: put {index} in the name "
+                                     "(e.g. spica-{index}, rendered 000, 001, ...)")
+    if not pareto and "{index}" in dgd.name:
+        raise InputError("dgd.name", f"target {target} renders one winner: remove {{index}} from the name")
+    written: list[Path] = []
+
+    if not pareto:
+        winner = next((c for c in candidates if _feasible(c)), None)
+        if winner is None:
+            return written
+        manifest = _render_record(winner, dgd, None)
+        if dgd.output_dir is not None:
+            directory = output_dir / dgd.output_dir
+            file_name = f"{manifest['metadata']['name']}.yaml"
+            _write(directory / file_name, manifest_yaml(manifest), written)
+            _write(directory / KUSTOMIZATION_FILE, _kustomization([file_name]), written)
+        else:
+            _write(output_dir / (dgd.output_file or DEFAULT_OUTPUT_FILE), manifest_yaml(manifest), written)
+        return written
+
+    by_id = {c.get("candidate_id"): c for c in candidates}
+    members = []
+    for candidate_id in pareto_ids:
+        candidate = by_id.get(candidate_id)
+        if candidate is None or not _feasible(candidate):
+            raise InputError("pareto_ids", f"{candidate_id!r} is not a feasible candidate of the ledger; pass "
+                                           "the ids of views.pareto_front")
+        members.append(candidate)
+    if dgd.output_dir is not None:
+        directory = output_dir / dgd.output_dir
+        template = None
+    else:
+        template = Path(dgd.output_file or DEFAULT_OUTPUT_FILE)
+        directory = (output_dir / template).parent
+    index: dict[str, Any] = {}
+    for i, candidate in enumerate(members):
+        manifest = _render_record(candidate, dgd, i)
+        name = manifest["metadata"]["name"]
+        file_name = f"{name}.yaml" if template is None else f"{template.stem}-{i:03d}{template.suffix}"
+        _write(directory / file_name, manifest_yaml(manifest), written)
+        index[f"{i:03d}"] = {"candidate_id": candidate["candidate_id"], "name": name, "file": file_name,
+                             "score": candidate.get("score")}
+    if template is None:
+        _write(directory / KUSTOMIZATION_FILE, _kustomization([entry["file"] for entry in index.values()]), written)
+    _write(directory / INDEX_FILE, canonical_json(index) + "\n", written)
+    return written
