@@ -87,6 +87,9 @@ def _add_recommend_parser(sub) -> None:
     rc.add_argument("--parallelism", type=int, default=None, help="trials in flight (overrides optimizer.parallelism)")
     rc.add_argument("--storage", default=None, metavar="URL", help="Optuna storage URL (default: DIR/study.journal)")
     rc.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
+    rc.add_argument("--output", choices=("dgd",), default=None,
+                    help="also write the winner's DynamoGraphDeployment (pareto: every front member's), as the "
+                         "config's dgd section says (default name: spica)")
 
 
 #: ``aisim trace convert`` conversions: (--from, --to) -> the converter's name in simulator.traffic.convert
@@ -468,6 +471,12 @@ def _trace(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _has_dgd(args) -> bool:
+    from simulator.config.loading import apply_overrides, read_yaml_mapping
+
+    return apply_overrides(read_yaml_mapping(args.config, "search config"), list(args.overrides)).get("dgd") is not None
+
+
 def _recommend(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim recommend``."""
     from search.spica.loop import STUDY_FILE, run_search
@@ -485,6 +494,9 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
     if args.resume and not journal.exists() and args.storage is None:
         sys.stderr.write(f"aisim recommend: no earlier study in {out}; starting a new one\n")
     backend = "ray" if args.ray_address else args.backend
+    if args.output == "dgd":  # --output dgd without a dgd section: the defaults
+        args.overrides = [*args.overrides, "dgd={name: spica}"] if not _has_dgd(args) else args.overrides
+
     def progress(snap: dict) -> None:
         best = "-" if snap["best"] is None else f"{snap['best']:.4g}"
         sys.stderr.write(f"\rtrials {snap['done']}/{snap['total']}  feasible {snap['feasible']}  best {best}  "
@@ -514,6 +526,8 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
                              f"(recommendations/0000.yaml replays it)\n")
         sys.stdout.write(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
                          f"(study: {journal})\n")
+        for path in result.dgd_paths:
+            sys.stdout.write(f"wrote {path}\n")
     return 0
 
 

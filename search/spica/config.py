@@ -232,7 +232,7 @@ class Dgd(Strict):
     namespace: Name | None = None
     output_file: Name | None = None
     output_dir: Name | None = None
-    renderer: Literal["aic", "direct"] = "aic"
+    renderer: Literal["aic", "direct"] = "direct"  # aic (aiconfigurator's generator) is not available here
     runtime_image: Name | None = None
     runtime_version_override: Name | None = None
     num_gpus_per_node: PosInt | None = None

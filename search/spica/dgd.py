@@ -90,7 +90,8 @@ The manifest (services in this order; every service has ``dynamoNamespace`` = th
   present), ``max_gpu_budget`` = ``gpu_budget``, ``min_gpu_budget`` and ``min_endpoint`` (when not
   null), ``model_name``, ``prefill_engine_num_gpu`` (disagg) and ``decode_engine_num_gpu`` (the agg
   worker counts as decode) = G. ``optimization_target`` is ``planner_target`` (the search's Planner
-  target; ``write_dgd`` takes it from the candidate's ``prediction_config.planner.target``); when
+  target; ``write_dgd`` takes it from the candidate's ``prediction_config.planner.target`` and the
+  SLA from its ``prediction_config.evaluation.sla``); when
   not given it is ``sla`` under throughput scaling (the only target the search keeps those
   policies for) and left to Dynamo's default otherwise. A throughput-scaling candidate under a
   non-``sla`` target is an ``InputError``. Not rendered: the throughput loop's perf-model bootstrap

@@ -29,10 +29,13 @@ user attributes, never as good scores.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,21 @@ _STATUS_OF_CATEGORY = {"kv_capacity": ("infeasible", "kv_capacity"), "gpu_budget
                        "invalid_config": ("failed", "candidate_materialization"),
                        "timeout": ("timed_out", "runtime_timeout"), "resource_limit": ("resource_limited", "resource_limit")}
 COUNT_KEYS = ("evaluated", "feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited", "cache_hits")
+
+
+@contextlib.contextmanager
+def _storage_writes():
+    """Study storage writes that a Ctrl-C or SIGTERM must not cut in half (a journal lock left
+    behind, a trial half told): the signals wait until the writes are done (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _label(value: Any) -> Any:
@@ -101,6 +119,7 @@ class SearchResult:
     output_dir: Path
     study_names: list[str]
     resumed: bool = False
+    dgd_paths: list = field(default_factory=list)  # the DynamoGraphDeployment files written (a ``dgd`` section)
 
     @property
     def best(self) -> dict | None:
@@ -337,9 +356,10 @@ class _Search:
 
         from search.spica.trial import replay_candidate
 
-        branches = self.branches()
-        if self.resume:
-            self.restore(branches)
+        with _storage_writes():
+            branches = self.branches()
+            if self.resume:
+                self.restore(branches)
         opt = self.cfg.optimizer
         budget = opt.max_trials
         turn = itertools.cycle(range(len(branches))) if branches else iter(())
@@ -355,7 +375,8 @@ class _Search:
                 if b.exhausted:
                     misses += 1
                     continue
-                got = self.ask(b, pending)
+                with _storage_writes():
+                    got = self.ask(b, pending)
                 if got is None:
                     misses += 1
                     continue
@@ -372,36 +393,44 @@ class _Search:
                 results = (self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds)
                            if items else [])
             except BaseException:
-                for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
-                    b.study.tell(trial, state=TrialState.FAIL)
+                with _storage_writes():
+                    for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
+                        b.study.tell(trial, state=TrialState.FAIL)
                 raise
             for (i, rec), res in zip(runnable, results):
                 self.finish(rec, res if isinstance(res, dict) else res.to_dict())
-            for b, trial, params, rec in asked:
-                rec["candidate_id"] = len(self.ledger)
-                key = _params_key(params)
-                b.seen[key] = rec
-                self._count(rec)
-                self.ledger.append(rec)
-                trial.set_user_attr("params_key", key)
-                trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
-                trial.set_user_attr("status", rec["status"])
-                trial.set_user_attr("reason_category", rec["reason_category"])
-                trial.set_user_attr("used_gpus", rec["used_gpus"])
-                trial.set_user_attr("config", rec["config"])
-                for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
-                    if rec.get("metrics") and k in rec["metrics"]:
-                        trial.set_user_attr(k, rec["metrics"][k])
-                trial.set_user_attr("record", rec)
-                if rec.get("_values") is not None:
-                    b.study.tell(trial, rec["_values"])
-                else:
-                    b.study.tell(trial, state=TrialState.FAIL)
+            with _storage_writes():
+                self.record(asked)
             if self.progress is not None:
                 self.progress(self.snapshot(budget))
         for b in branches:
             b.exhausted = b.exhausted or len(b.seen) >= b.size()
         return self.result([b.study.study_name for b in branches], bool(branches) and all(b.exhausted for b in branches))
+
+    def record(self, asked: list) -> None:
+        """The batch's candidates into the ledger and told to their studies (with their records)."""
+        from optuna.trial import TrialState
+
+        for b, trial, params, rec in asked:
+            rec["candidate_id"] = len(self.ledger)
+            key = _params_key(params)
+            b.seen[key] = rec
+            self._count(rec)
+            self.ledger.append(rec)
+            trial.set_user_attr("params_key", key)
+            trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
+            trial.set_user_attr("status", rec["status"])
+            trial.set_user_attr("reason_category", rec["reason_category"])
+            trial.set_user_attr("used_gpus", rec["used_gpus"])
+            trial.set_user_attr("config", rec["config"])
+            for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
+                if rec.get("metrics") and k in rec["metrics"]:
+                    trial.set_user_attr(k, rec["metrics"][k])
+            trial.set_user_attr("record", rec)
+            if rec.get("_values") is not None:
+                b.study.tell(trial, rec["_values"])
+            else:
+                b.study.tell(trial, state=TrialState.FAIL)
 
     def snapshot(self, budget: int) -> dict:
         feasible = [r for r in self.ledger if r["status"] == "feasible" and r.get("score") is not None]
@@ -434,7 +463,13 @@ class _Search:
                                    search_strategy=strategy, run_id=run_id, input_fingerprint=fingerprint,
                                    config=cfg.model_dump(mode="json"))
         write_outputs(self.output_dir, rec)
-        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed)
+        dgd_paths = []
+        if cfg.dgd is not None:  # the winner's (pareto: every front member's) DynamoGraphDeployment
+            from search.spica.dgd import write_dgd
+
+            dgd_paths = write_dgd(self.output_dir, rec["candidates"], cfg.dgd, cfg.optimization.target,
+                                  rec["views"]["pareto_front"])
+        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths)
 
 
 def _throughput(policy) -> bool:

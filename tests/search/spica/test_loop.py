@@ -182,3 +182,13 @@ def test_infeasible_candidates_carry_their_reason_and_never_win(tmp_path):
     assert {(c["status"], c["reason_category"]) for c in r.recommendation["candidates"]} == {("infeasible", "kv_capacity")}
     assert r.best is None and r.recommendation["views"]["top_n"] == []
     assert not list((tmp_path / "kv" / "recommendations").glob("*.yaml"))
+
+
+def test_a_dgd_section_writes_the_winners_deployment(tmp_path):
+    r = run_search(config(optimizer__max_trials=3, dgd={"name": "spica-test", "namespace": "ns"}), tmp_path,
+                   parallelism=2)
+    assert r.dgd_paths == [tmp_path / "dgd.yaml"]
+    manifest = yaml.safe_load((tmp_path / "dgd.yaml").read_text())
+    assert manifest["kind"] == "DynamoGraphDeployment" and manifest["metadata"] == {"name": "spica-test", "namespace": "ns"}
+    worker = manifest["spec"]["services"]["VllmDecodeWorker"]
+    assert worker["replicas"] == r.best["config"]["replicas"]
