@@ -58,6 +58,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--capture-worker-timeline", action="store_true",
                     help="write worker_timeline.csv: each worker's waiting/running requests and KV usage over "
                          "time (needs --output-dir)")
+    pr.add_argument("--csv", action="store_true",
+                    help="also write request_metrics.csv (one row per request: times, lengths, worker, status, "
+                         "latencies) and worker_timeline.csv (needs --output-dir; prediction.json is unchanged)")
     pr.add_argument("--backend", choices=("local", "ray"), default=None,
                     help="where the simulated workers, router and Planner live (overrides execution.backend)")
     pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
@@ -308,6 +311,8 @@ def _predict(args, t0: float, signals: _Signals) -> int:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
     if args.capture_worker_timeline and args.output_dir is None:
         raise InputError("--capture-worker-timeline", "needs --output-dir to write worker_timeline.csv")
+    if args.csv and args.output_dir is None:
+        raise InputError("--csv", "needs --output-dir to write request_metrics.csv and worker_timeline.csv")
     if args.per_request_in_prediction and not args.capture_per_request:
         raise InputError("--per-request-in-prediction", "needs --capture-per-request")
     if args.output_dir is None:
@@ -355,6 +360,7 @@ def _retune_progress(plan, args):
 
 def _run(args, t0: float, signals: _Signals, out) -> int:
     from simulator.config.loading import load_config
+    from simulator.metrics.csv_out import write_csv_outputs
     from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
     from simulator.metrics.table import render_table
     from simulator.metrics.timeline import write_csv as write_timeline_csv
@@ -391,8 +397,9 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         with guard:  # the memory limit from here on, loading included; already over it: exit 3 now
             with watchdog:  # initialisation bounded from t0: exit 124 when the limit passes
                 set_phase("loading the trace")
-                plan = plan_from_config(cfg, config_dir, args.capture_per_request,
-                                        capture_worker_timeline=args.capture_worker_timeline)
+                # --csv needs the per-request records and the timelines (prediction.json shows neither)
+                plan = plan_from_config(cfg, config_dir, args.capture_per_request or args.csv,
+                                        capture_worker_timeline=args.capture_worker_timeline or args.csv)
                 set_phase("starting the actors")
                 guard.on_next_check(watchdog.stop)  # the coordinator's first check: the replay runs
                 guard.on_next_check(lambda: set_phase("replaying"))
@@ -405,12 +412,17 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
     code = 1 if failure else 0
     if out is not None:
         doc = report.to_dict()
-        if report.per_request is not None and not args.per_request_in_prediction:
+        if args.csv and not args.capture_per_request:  # captured for --csv only: prediction.json as without it
+            doc["per_request"] = None
+            doc["coverage"] = {**doc["coverage"], "capture_per_request": False, "per_request_records": 0}
+        elif report.per_request is not None and not args.per_request_in_prediction:
             doc["per_request"] = {"path": "requests.jsonl", "records": len(report.per_request)}  # one copy
         atomic_write_text(out.staging / "prediction.json", canonical_json(doc) + "\n")
-        if report.per_request is not None:
+        if args.capture_per_request and report.per_request is not None:
             atomic_write_lines(out.staging / "requests.jsonl", report.per_request)
-        if report.timelines is not None:
+        if args.csv:
+            write_csv_outputs(out.staging, report.per_request, report.timelines)
+        elif report.timelines is not None:
             write_timeline_csv(out.staging / "worker_timeline.csv", report.timelines)
     if args.format == "json":
         text = canonical_json(report.summary, indent=None)

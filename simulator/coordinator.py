@@ -235,6 +235,7 @@ class Coordinator:
         self.stop_ms = stop_ms
         self.resource_guard = resource_guard
         self.stats = CoordinatorStats()
+        self._latest_event_ms = 0.0  # the latest event the hosts reported (the workers may run ahead of ``now``)
         self.num_offered = 0
         self.rt = runtime
         self.window_ms = float(window_ms)
@@ -398,6 +399,8 @@ class Coordinator:
             events.extend(out["events"])
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
+        if events:
+            self._latest_event_ms = max(self._latest_event_ms, max(e[0] for e in events))
         for t, _phase, sid, _seq, kind, payload in events:
             if kind == EV_TERMINAL:
                 self._terminal(payload, t)
@@ -730,6 +733,8 @@ class Coordinator:
             if nxt is None and not self._coupled:
                 self._step(now, INF)  # nothing outside the workers is due any more: run them out
             until = nxt
+        if self.stats.stopped_at_ms is None:  # run out ahead of the loop's clock: the run ends at its last event
+            now = max(now, self._latest_event_ms)
         self.stats.last_event_ms = now
         self._finish(now)
         return self.stats

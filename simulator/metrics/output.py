@@ -29,10 +29,13 @@ interrupted run, and is deleted (or, for the one case above, restored).
 
 from __future__ import annotations
 
+import csv
 import ctypes
 import errno
 import fcntl
 import hashlib
+import io
+import itertools
 import json
 import math
 import os
@@ -47,8 +50,8 @@ from typing import Iterable
 from simulator.errors import InputError
 
 #: every file aisim writes into an output directory (``--overwrite`` replaces only these)
-KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "resource-plan.json",
-                 "resource-runtime.json")
+KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "request_metrics.csv",
+                 "resource-plan.json", "resource-runtime.json")
 
 #: temporary files of earlier aisim versions, which wrote in place (``.prediction.json.<random>.tmp``)
 _LEGACY_TMP = re.compile(r"\.(?:%s)\..+\.tmp" % "|".join(re.escape(n) for n in KNOWN_OUTPUTS))
@@ -123,6 +126,24 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_lines(path: Path, rows) -> None:
     """One canonical JSON object per line, serialised row by row (never the whole file in memory)."""
     atomic_write_chunks(path, (canonical_json(r, indent=None) + "\n" for r in rows))
+
+
+def csv_lines(header: Iterable, rows: Iterable[Iterable]) -> Iterable[str]:
+    """``header`` then every row as CSV text (the ``csv`` module's quoting, ``\\n`` line ends), one
+    line at a time: the rows are formatted as they are consumed, never collected."""
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    for row in itertools.chain((header,), rows):
+        buf.seek(0)
+        buf.truncate()
+        out.writerow(row)
+        yield buf.getvalue()
+
+
+def atomic_write_csv(path: Path, header: Iterable, rows: Iterable[Iterable]) -> None:
+    """A CSV file written row by row (``csv_lines``) to a temporary sibling, fsynced, then renamed
+    over ``path``."""
+    atomic_write_chunks(Path(path), csv_lines(header, rows))
 
 
 def write_resource_runtime(out_dir: Path, status: str, reason: str | None, exit_code: int,

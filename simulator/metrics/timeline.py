@@ -17,21 +17,26 @@ Metrics (names accepted by ``weighted_quantile``):
 - ``running``: requests in the running batches,
 - ``kv_blocks_used``: KV blocks held by live requests,
 - ``kv_usage``: ``kv_blocks_used / kv_blocks_total`` (a fraction in [0, 1]).
+
+``worker_timeline.csv`` (``write_csv``, ``CSV_COLUMNS``): one row per interval of constant state,
+by worker id then time: ``worker_id``, ``role`` (empty when unknown), ``start_s`` (interval start,
+seconds from the first arrival), ``duration_s``, ``queue_depth_waiting``, ``queue_depth_running``,
+``kv_blocks_used``, ``kv_usage``; written row by row.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from simulator.metrics.output import atomic_write_text
+from simulator.metrics.output import atomic_write_csv, csv_lines
 
 METRICS = ("waiting", "running", "kv_blocks_used", "kv_usage")
-CSV_COLUMNS = ("worker_id", "role", "start_ms", "duration_s", "waiting", "running", "kv_usage")
+CSV_COLUMNS = ("worker_id", "role", "start_s", "duration_s", "queue_depth_waiting", "queue_depth_running",
+               "kv_blocks_used", "kv_usage")
 
 
 class Interval(NamedTuple):
@@ -170,9 +175,17 @@ class WorkerTimeline:
         total = float(d.sum())
         return float(np.dot(v, d) / total) if total > 0 else None
 
+    def iter_rows(self) -> Iterator[tuple]:
+        """CSV rows, one per interval (``CSV_COLUMNS``), made as they are consumed."""
+        starts, dur, w, r, k = self._segments()
+        usage = self._usage(k)
+        wid, role = self.worker_id, self.role or ""
+        for a, d, x, y, b, u in zip(starts.tolist(), dur.tolist(), w.tolist(), r.tolist(), k.tolist(), usage.tolist()):
+            yield (wid, role, a / 1000.0, d / 1000.0, x, y, b, u)
+
     def to_rows(self) -> list[tuple]:
         """CSV rows, one per interval: ``CSV_COLUMNS``."""
-        return [(self.worker_id, self.role or "", *iv) for iv in self.intervals()]
+        return list(self.iter_rows())
 
 
 def weighted_quantile(values, weights, q: float) -> float | None:
@@ -230,15 +243,21 @@ def worst_worker_quantile(timelines: Iterable[WorkerTimeline | None], metric: st
     return best
 
 
-def timelines_to_csv(timelines: Iterable[WorkerTimeline | None]) -> str:
-    buf = io.StringIO()
-    out = csv.writer(buf, lineterminator="\n")
-    out.writerow(CSV_COLUMNS)
+def timeline_rows(timelines: Iterable[WorkerTimeline | None]) -> Iterator[tuple]:
+    """Every worker's intervals (``CSV_COLUMNS``), by worker id then time; None entries skipped."""
     for tl in sorted((t for t in timelines if t is not None), key=lambda t: t.worker_id):
-        out.writerows(tl.to_rows())
+        yield from tl.iter_rows()
+
+
+def timelines_to_csv(timelines: Iterable[WorkerTimeline | None]) -> str:
+    """``worker_timeline.csv`` as one string (small timelines; files go through ``write_csv``)."""
+    buf = io.StringIO()
+    buf.writelines(csv_lines(CSV_COLUMNS, timeline_rows(timelines)))
     return buf.getvalue()
 
 
 def write_csv(path: Path, timelines: Iterable[WorkerTimeline | None]) -> None:
-    """Write every worker's intervals (``CSV_COLUMNS``, by worker id then time) atomically."""
-    atomic_write_text(Path(path), timelines_to_csv(timelines))
+    """Write ``worker_timeline.csv``: every worker's intervals (``CSV_COLUMNS``, by worker id then
+    time), row by row, atomically (e.g. ``ReplayReport.timelines`` of a plan with
+    ``capture_worker_timeline``)."""
+    atomic_write_csv(Path(path), CSV_COLUMNS, timeline_rows(timelines))

@@ -65,7 +65,7 @@ def test_a_failing_run_is_a_failed_result_with_its_category_and_one_line(plan):
     object.__setattr__(bad, "planner", with_planner.planner.model_copy(update={"min_gpu_budget": 16,
                                                                                 "max_gpu_budget": 2}))
     result = run_trial(bad)
-    assert result == TrialResult("failed", "gpu_budget", "planner.min_gpu_budget: 16 is over max_gpu_budget 2; "
+    assert result == TrialResult("failed", "gpu_budget", "planner.min_num_gpus: 16 is over max_gpu_budget 2; "
                                  "lower it or raise max_gpu_budget", None)
 
 

@@ -120,11 +120,13 @@ def test_csv(tmp_path):
     write_csv(path, [a, None, b])
     rows = list(csv.reader(path.open()))
     assert tuple(rows[0]) == CSV_COLUMNS
+    assert rows[0] == ["worker_id", "role", "start_s", "duration_s", "queue_depth_waiting", "queue_depth_running",
+                       "kv_blocks_used", "kv_usage"]
     assert rows[1:] == [
-        ["0", "", "0.0", "0.5", "0", "0", "0.0"],
-        ["0", "", "500.0", "0.5", "1", "1", "0.1"],
-        ["1", "aggregated", "0.0", "3.0", "0", "1", "0.2"],
-        ["1", "aggregated", "3000.0", "1.0", "4", "2", "0.5"],
+        ["0", "", "0.0", "0.5", "0", "0", "0", "0.0"],
+        ["0", "", "0.5", "0.5", "1", "1", "1", "0.1"],
+        ["1", "aggregated", "0.0", "3.0", "0", "1", "2", "0.2"],
+        ["1", "aggregated", "3.0", "1.0", "4", "2", "5", "0.5"],
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["timeline.csv"]  # no temporary file left
-    assert a.to_rows() == [(1, "aggregated", 0.0, 3.0, 0, 1, 0.2), (1, "aggregated", 3000.0, 1.0, 4, 2, 0.5)]
+    assert a.to_rows() == [(1, "aggregated", 0.0, 3.0, 0, 1, 2, 0.2), (1, "aggregated", 3.0, 1.0, 4, 2, 5, 0.5)]

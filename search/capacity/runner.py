@@ -1,0 +1,346 @@
+"""Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
+
+- Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
+  lanes (default: the CPU count, at most the number of jobs). Each lane owns a one-worker
+  ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a trial never
+  pays a process start-up after the lane's first, and a job's trials run one after another as the
+  seed's adaptive and linear algorithms need (``algorithms``). Results never depend on the lanes.
+- A trial: the job's predict config at the trial's QPS (``config.trial_config``), replayed in the
+  worker with per-request records and worker timelines captured; the worker returns
+  ``prediction.json``, ``request_metrics.csv`` and ``worker_timeline.csv`` as text, the SLA is
+  evaluated here on those files (``sla.evaluate_rules``). ``benchmark_timeout`` bounds each trial
+  (its worker is killed, the trial is ``timed_out`` and its job's search stops).
+- Cache: a completed trial's three files are stored under ``cache_dir`` keyed by a digest of its
+  resolved predict config and the aisim version; a rerun (into any output directory) reuses them
+  and only re-evaluates the SLA (``cached: true``).
+- A job that raises is recorded with its error and skipped; the others run.
+- Outputs (atomic): ``capacity_search_results.json``, ``capacity_search_results.csv``,
+  ``jobs/<name>_<key>/job_summary.json`` and ``jobs/<name>_<key>/runs/<qps>/`` (``config.yaml`` =
+  the trial's predict config, ``prediction.json``, ``request_metrics.csv``, ``worker_timeline.csv``,
+  ``trial_result.json``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["CapacityResult", "JobResult", "run_capacity_search", "run_capacity_trial", "default_cache_dir"]
+
+FILES = ("prediction.json", "request_metrics.csv", "worker_timeline.csv")
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("AISIM_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "aisim") / "capacity"
+
+
+@dataclass
+class JobResult:
+    job_name: str
+    job_key: str
+    mode: str
+    max_qps_under_sla: float | None
+    num_trials: int
+    error: str | None
+    search_trace: list[dict] = field(default_factory=list)
+    stopped: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"job_name": self.job_name, "job_key": self.job_key, "mode": self.mode,
+                "max_qps_under_sla": self.max_qps_under_sla, "num_trials": self.num_trials, "error": self.error,
+                "stopped": self.stopped, "search_trace": self.search_trace}
+
+
+@dataclass
+class CapacityResult:
+    jobs: list[JobResult]
+    output_dir: Path
+
+    @property
+    def failed(self) -> bool:
+        return any(j.error for j in self.jobs)
+
+    def to_dict(self) -> dict:
+        return {"jobs": [j.to_dict() for j in self.jobs]}
+
+
+# -- the worker side ------------------------------------------------------------------------------
+def run_capacity_trial(item: dict) -> dict:
+    """Replay one trial (in a fan-out worker): {"config": predict mapping, "config_dir": str | None}
+    -> {"files": {name: text}} or a failed ``TrialResult`` dict."""
+    import tempfile
+
+    from search.trial import TrialResult, plan_with_overrides
+    from simulator.metrics.csv_out import write_request_csv
+    from simulator.metrics.output import canonical_json
+    from simulator.metrics.timeline import write_csv as write_timeline_csv
+    from simulator.run import run_plan
+
+    t0 = time.perf_counter()
+    try:
+        plan = plan_with_overrides(item["config"], {}, item.get("config_dir"), capture_per_request=True,
+                                   capture_worker_timeline=True)
+        report = run_plan(plan)
+        doc = report.to_dict()
+        doc["per_request"] = {"path": "request_metrics.csv", "records": len(report.per_request or [])}
+        with tempfile.TemporaryDirectory(prefix="aisim-capacity-") as tmp:
+            write_request_csv(Path(tmp) / "request_metrics.csv", report.per_request or [])
+            write_timeline_csv(Path(tmp) / "worker_timeline.csv", report.timelines or [])
+            files = {name: (Path(tmp) / name).read_text() for name in FILES[1:]}
+        files["prediction.json"] = canonical_json(doc) + "\n"
+        return {"files": files, "wall_s": time.perf_counter() - t0}
+    except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
+        return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
+
+
+# -- the parent side --------------------------------------------------------------------------------
+def _trial_key(mapping: dict) -> str:
+    from aisim import __version__
+
+    doc = json.dumps({"config": mapping, "aisim": __version__}, sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _qps_dir(qps: float) -> str:
+    return f"{qps:.6g}"
+
+
+def _rows(text: str) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+class _Lane:
+    """One job at a time, its trials one after another, on its own one-worker Fanout."""
+
+    def __init__(self, backend: str, ray_address: str | None) -> None:
+        from search.fanout import fanout
+
+        self.fan = fanout(backend, 1, ray_address)
+
+    def close(self) -> None:
+        self.fan.close()
+
+
+class _Job:
+    def __init__(self, search: "_Search", job, index: int) -> None:
+        from search.capacity.config import job_config, job_key, job_qps_list
+
+        self.s = search
+        self.job = job
+        self.index = index
+        self.mapping = job_config(search.cfg, job)
+        self.key = job_key(self.mapping)
+        self.qps_list = job_qps_list(search.cfg, job)
+        self.dir = search.out / "jobs" / f"{job.name}_{self.key}"
+        self._trace_rps: float | None | bool = False
+
+    def trace_rps(self) -> float | None:
+        """Requests per second of the job's trace (None for synthetic traffic)."""
+        if self._trace_rps is False:
+            from simulator.config import models as m
+            from simulator.config.loading import validate_config
+            from simulator.traffic.build import build_traffic
+
+            cfg = validate_config(self.mapping)
+            rps = None
+            if isinstance(cfg.traffic.source, m.TraceSource):
+                w = build_traffic(cfg.traffic, self.s.config_dir).workload
+                span_s = (float(w.timestamp_ms.max()) - float(w.timestamp_ms.min())) / 1000.0
+                rps = len(w) / span_s if span_s > 0 else float(len(w))
+            self._trace_rps = rps
+        return self._trace_rps
+
+    def evaluate(self, lane: _Lane, qps: float):
+        """One trial at ``qps``: cached or replayed, then judged against the SLA."""
+        from search.capacity.algorithms import TrialOutcome
+        from search.capacity.config import trial_config
+        from search.capacity.sla import SlaRule, evaluate_rules
+        from simulator.metrics.output import atomic_write_text, canonical_json
+
+        cfg = self.s.cfg
+        mapping = trial_config(self.mapping, qps, self.trace_rps())
+        key = _trial_key(mapping)
+        run_dir = self.dir / "runs" / _qps_dir(qps)
+        files = self.s.cache_get(key)
+        cached = files is not None
+        timed_out = False
+        error = None
+        if files is None:
+            item = {"config": mapping, "config_dir": str(self.s.config_dir) if self.s.config_dir else None}
+            res = lane.fan.map(run_capacity_trial, [item], item_timeout_s=cfg.benchmark_timeout_s)[0]
+            if not isinstance(res, dict):
+                res = res.to_dict()
+            if "files" in res:
+                files = res["files"]
+                self.s.cache_put(key, files)
+            elif res.get("status") == "timeout":
+                timed_out = True
+            else:
+                error = res.get("message") or "the trial failed"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        import yaml
+
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(mapping, sort_keys=False))
+        sla_results: list[dict] = []
+        passed = None
+        if files is not None:
+            for name, text in files.items():
+                atomic_write_text(run_dir / name, text)
+            if cfg.sla:
+                rules = [SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla]
+                passed, sla_results = evaluate_rules(rules, _rows(files["request_metrics.csv"]),
+                                                     _rows(files["worker_timeline.csv"]))
+        elif cfg.sla or timed_out:
+            passed = False
+        trial = {"qps": qps, "passed": passed, "timed_out": timed_out, "cached": cached, "sla_results": sla_results}
+        if error is not None:
+            trial["error"] = error
+        atomic_write_text(run_dir / "trial_result.json", canonical_json(trial) + "\n")
+        self.s.progress_event(self.job.name, qps, passed, timed_out)
+        if error is not None and not cfg.sla:
+            raise RuntimeError(f"trial at {qps:g} QPS failed: {error}")
+        return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results,
+                                                **({"error": error} if error else {})})
+
+    def run(self, lane: _Lane) -> JobResult:
+        from search.capacity.algorithms import adaptive_search, linear_search
+        from simulator.metrics.output import atomic_write_text, canonical_json
+
+        cfg = self.s.cfg
+        job = self.job
+        try:
+            def evaluate(qps: float):
+                return self.evaluate(lane, qps)
+
+            if job.start_qps is not None:
+                out = adaptive_search(evaluate, job.start_qps, max_iterations=cfg.search.max_iterations,
+                                      min_search_granularity_pct=cfg.search.min_search_granularity_pct,
+                                      max_qps_cap=cfg.search.max_qps_cap)
+            else:
+                out = linear_search(evaluate, self.qps_list)
+            best = out.max_qps_under_sla if cfg.sla else None
+            result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
+        except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
+            from search.trial import one_line
+
+            result = JobResult(job.name, self.key, job.mode, None, 0, one_line(exc))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.dir / "job_summary.json", canonical_json(result.to_dict()) + "\n")
+        return result
+
+
+class _Search:
+    def __init__(self, cfg, config_dir: Path | None, out: Path, cache_dir: Path | None,
+                 progress: Callable[[dict], None] | None) -> None:
+        self.cfg = cfg
+        self.config_dir = config_dir
+        self.out = out
+        self.cache_dir = cache_dir
+        self.progress = progress
+        self._lock = threading.Lock()
+        self.num_trials = 0
+
+    def cache_get(self, key: str) -> dict | None:
+        if self.cache_dir is None:
+            return None
+        d = self.cache_dir / key
+        try:
+            return {name: (d / name).read_text() for name in FILES}
+        except OSError:
+            return None
+
+    def cache_put(self, key: str, files: dict) -> None:
+        if self.cache_dir is None:
+            return
+        from simulator.metrics.output import atomic_write_text
+
+        d = self.cache_dir / key
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for name in FILES[1:] + FILES[:1]:  # prediction.json last: its presence marks a complete entry
+                atomic_write_text(d / name, files[name])
+        except OSError:
+            pass  # a cache that cannot be written is only slower
+
+    def progress_event(self, job: str, qps: float, passed, timed_out: bool) -> None:
+        with self._lock:
+            self.num_trials += 1
+            n = self.num_trials
+        if self.progress is not None:
+            self.progress({"trials": n, "job": job, "qps": qps, "passed": passed, "timed_out": timed_out})
+
+
+def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local", ray_address: str | None = None,
+                        max_parallel: int | None = None, cache_dir: Path | str | None = None, use_cache: bool = True,
+                        search_overrides: dict | None = None,
+                        progress: Callable[[dict], None] | None = None) -> CapacityResult:
+    """Run every job of a capacity config (a path to its YAML, or a mapping) and write the outputs
+    into ``output_dir``. ``search_overrides``: max_iterations, min_search_granularity_pct,
+    max_qps_cap (the CLI flags)."""
+    from search.capacity.config import load_capacity_config
+    from simulator.metrics.output import atomic_write_text, canonical_json
+
+    if isinstance(config, dict):
+        cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides)
+    else:
+        cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
+    search = _Search(cfg, config_dir, out, cache, progress)
+    jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]
+    lanes_n = max(1, min(len(jobs), max_parallel or os.cpu_count() or 1))
+    todo: queue.Queue = queue.Queue()
+    for j in jobs:
+        todo.put(j)
+    results: dict[int, JobResult] = {}
+    errors: list[BaseException] = []
+
+    def lane_main() -> None:
+        lane = None
+        try:
+            lane = _Lane(backend, ray_address)
+            while True:
+                try:
+                    j = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results[j.index] = j.run(lane)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+        finally:
+            if lane is not None:
+                lane.close()
+
+    if lanes_n == 1:
+        lane_main()
+    else:
+        threads = [threading.Thread(target=lane_main, daemon=True) for _ in range(lanes_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    if errors:
+        raise errors[0]
+    result = CapacityResult([results[i] for i in range(len(jobs))], out)
+    atomic_write_text(out / "capacity_search_results.json", canonical_json(result.to_dict()) + "\n")
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["job_name", "job_key", "max_qps_under_sla", "num_trials", "error"])
+    for j in result.jobs:
+        w.writerow([j.job_name, j.job_key, "" if j.max_qps_under_sla is None else repr(j.max_qps_under_sla),
+                    j.num_trials, j.error or ""])
+    atomic_write_text(out / "capacity_search_results.csv", buf.getvalue())
+    return result
+

@@ -1,0 +1,119 @@
+"""CSV outputs: ``request_metrics.csv`` (one row per request) and ``worker_timeline.csv`` (one row
+per worker state interval, ``simulator.metrics.timeline.write_csv``).
+
+``aisim predict --output-dir D --csv`` writes both (``write_csv_outputs``); a capacity search writes
+them from a ``ReplayReport`` of a plan with ``capture_per_request`` and ``capture_worker_timeline``::
+
+    write_request_csv(path, report.per_request)
+    simulator.metrics.timeline.write_csv(path, report.timelines)
+
+``request_metrics.csv`` (``REQUEST_CSV_COLUMNS``), from the per-request records (``requests.jsonl``
+keys in brackets); times in seconds from the first arrival, latencies in milliseconds; an empty cell
+where the value does not exist:
+
+- ``request_id`` [``uuid``], ``status`` [``terminal_status``: completed, rejected or incomplete],
+  ``worker_id`` [``decode_worker_idx``: the worker that generated the tokens; empty if never routed],
+- ``arrival_time_s`` [``arrival_time_ms`` / 1000], ``first_admit_time_s`` [``first_admit_ms``: first
+  admission into a running batch], ``first_token_time_s`` [``first_token_ms``], ``last_token_time_s``
+  [``last_token_ms``], each / 1000,
+- ``input_tokens`` [``input_length``], ``output_tokens`` [``output_length``: tokens generated],
+  ``reused_input_tokens`` [``reused_input_tokens``: prefix-cache hit, the largest over admissions],
+- the metrics, only for a completed request (the requests the summary's latency statistics count;
+  empty for a rejected or incomplete one):
+  ``request_scheduling_delay`` = (``first_admit_ms`` - ``arrival_time_ms``) / 1000, in seconds;
+  ``ttft_ms`` = ``first_token_ms`` - ``arrival_time_ms``;
+  ``tpot_ms`` = (``last_token_ms`` - ``first_token_ms``) / (``output_length`` - 1), empty for a
+  single-token output;
+  ``itl_ms`` = the request's mean inter-token gap [``itl_ms``] (the same value as ``tpot_ms``);
+  ``e2e_latency_ms`` = ``last_token_ms`` - ``arrival_time_ms``.
+
+Rows follow the records' order (``ReplayReport.per_request`` is sorted by arrival, then uuid) and
+are formatted one at a time as the file is written.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from simulator.metrics.output import atomic_write_csv
+from simulator.metrics.timeline import write_csv as write_timeline_csv
+
+REQUEST_CSV = "request_metrics.csv"
+TIMELINE_CSV = "worker_timeline.csv"
+
+REQUEST_CSV_COLUMNS = (
+    "request_id", "status", "worker_id", "arrival_time_s", "first_admit_time_s", "first_token_time_s",
+    "last_token_time_s", "input_tokens", "output_tokens", "reused_input_tokens", "request_scheduling_delay",
+    "ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms",
+)
+
+
+def _num(x) -> float | None:
+    """A finite number, or None (missing, null, NaN, inf)."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _cell(x):
+    return "" if x is None else x
+
+
+def _seconds(ms) -> float | None:
+    ms = _num(ms)
+    return None if ms is None else ms / 1000.0
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def request_row(rec: dict) -> tuple:
+    """One ``request_metrics.csv`` row (``REQUEST_CSV_COLUMNS``) from a per-request record."""
+    arrival = _num(rec.get("arrival_time_ms"))
+    admit = _num(rec.get("first_admit_ms"))
+    first = _num(rec.get("first_token_ms"))
+    last = _num(rec.get("last_token_ms"))
+    n = rec.get("output_length")
+    status = rec.get("terminal_status")
+    delay = ttft = tpot = itl = e2e = None
+    if status == "completed":
+        d = _diff(admit, arrival)
+        delay = None if d is None else d / 1000.0
+        ttft = _diff(first, arrival)
+        gen = _diff(last, first)
+        if gen is not None and isinstance(n, int) and n >= 2:
+            tpot = gen / (n - 1)
+        itl = _num(rec.get("itl_ms"))
+        if itl is None:
+            itl = tpot
+        e2e = _diff(last, arrival)
+    worker = rec.get("decode_worker_idx")
+    return tuple(_cell(v) for v in (
+        rec.get("uuid"), status, worker, _seconds(arrival), _seconds(admit), _seconds(first), _seconds(last),
+        rec.get("input_length"), n, rec.get("reused_input_tokens"), delay, ttft, tpot, itl, e2e,
+    ))
+
+
+def request_rows(records: Iterable[dict]) -> Iterator[tuple]:
+    """``request_row`` of every record, in order, made as they are consumed."""
+    return (request_row(r) for r in records)
+
+
+def write_request_csv(path, records: Iterable[dict]) -> None:
+    """Write ``request_metrics.csv`` (``REQUEST_CSV_COLUMNS``) from per-request records (e.g.
+    ``ReplayReport.per_request``), row by row, atomically (temporary sibling, fsync, rename)."""
+    atomic_write_csv(Path(path), REQUEST_CSV_COLUMNS, request_rows(records))
+
+
+def write_csv_outputs(directory, per_request: Iterable[dict], timelines) -> None:
+    """``request_metrics.csv`` and ``worker_timeline.csv`` in ``directory``."""
+    directory = Path(directory)
+    write_request_csv(directory / REQUEST_CSV, per_request)
+    write_timeline_csv(directory / TIMELINE_CSV, timelines)

@@ -1,0 +1,121 @@
+"""request_metrics.csv from per-request records: exact text, the metric definitions, empty cells,
+streaming, atomic writes."""
+
+from __future__ import annotations
+
+import math
+
+from simulator.metrics.csv_out import (
+    REQUEST_CSV_COLUMNS,
+    request_row,
+    write_csv_outputs,
+    write_request_csv,
+)
+from simulator.metrics.output import KNOWN_OUTPUTS, csv_lines
+from simulator.metrics.timeline import CSV_COLUMNS, WorkerTimeline
+
+HEADER = ("request_id,status,worker_id,arrival_time_s,first_admit_time_s,first_token_time_s,last_token_time_s,"
+          "input_tokens,output_tokens,reused_input_tokens,request_scheduling_delay,ttft_ms,tpot_ms,itl_ms,"
+          "e2e_latency_ms")
+
+
+def record(uuid, status, arrival, admit, first, last, n_in, n_out, reused, worker, itl):
+    """The requests.jsonl keys request_metrics.csv reads (plus one it ignores)."""
+    return {"uuid": uuid, "terminal_status": status, "arrival_time_ms": arrival, "first_admit_ms": admit,
+            "first_token_ms": first, "last_token_ms": last, "input_length": n_in, "output_length": n_out,
+            "reused_input_tokens": reused, "decode_worker_idx": worker, "itl_ms": itl,
+            "ttft_ms": None if first is None else first - arrival, "admission_history": []}
+
+
+RECORDS = [
+    # 5 tokens: admitted 0.5 s after arrival, first token 750 ms after it, 4 gaps of 250 ms
+    record("req-a", "completed", 1000.0, 1500.0, 1750.0, 2750.0, 100, 5, 64, 1, 250.0),
+    # a single token: no gap, so no TPOT/ITL
+    record("req-b", "completed", 2000.0, 2000.0, 2100.0, 2100.0, 30, 1, 0, 0, None),
+    # rejected before any worker took it
+    record("req-c", "rejected", 3000.0, None, None, None, 200, 0, 0, None, None),
+    # incomplete when the replay stopped: its times are recorded, its latencies are not metrics
+    record("req-d", "incomplete", 0.0, 250.0, 500.0, 1000.0, 40, 3, 0, 0, 250.0),
+]
+
+EXPECTED = "\n".join([
+    HEADER,
+    "req-a,completed,1,1.0,1.5,1.75,2.75,100,5,64,0.5,750.0,250.0,250.0,1750.0",
+    "req-b,completed,0,2.0,2.0,2.1,2.1,30,1,0,0.0,100.0,,,100.0",
+    "req-c,rejected,,3.0,,,,200,0,0,,,,,",
+    "req-d,incomplete,0,0.0,0.25,0.5,1.0,40,3,0,,,,,",
+]) + "\n"
+
+
+def test_columns_in_order():
+    assert ",".join(REQUEST_CSV_COLUMNS) == HEADER
+    assert "request_metrics.csv" in KNOWN_OUTPUTS and "worker_timeline.csv" in KNOWN_OUTPUTS
+
+
+def test_hand_made_records_give_the_exact_text(tmp_path):
+    path = tmp_path / "request_metrics.csv"
+    write_request_csv(path, RECORDS)
+    assert path.read_text() == EXPECTED
+    assert [p.name for p in tmp_path.iterdir()] == ["request_metrics.csv"]  # no temporary file left
+
+
+def test_request_scheduling_delay_is_first_admission_minus_arrival_in_seconds():
+    row = dict(zip(REQUEST_CSV_COLUMNS, request_row(
+        record("x", "completed", 1234.0, 4567.0, 5000.0, 5000.0, 1, 1, 0, 0, None))))
+    assert row["request_scheduling_delay"] == (4567.0 - 1234.0) / 1000
+    assert row["ttft_ms"] == 5000.0 - 1234.0 and row["e2e_latency_ms"] == 5000.0 - 1234.0
+
+
+def test_tpot_is_the_mean_gap_and_itl_comes_from_the_record():
+    row = dict(zip(REQUEST_CSV_COLUMNS, request_row(
+        record("x", "completed", 0.0, 0.0, 100.0, 400.0, 1, 4, 0, 0, 100.0))))
+    assert row["tpot_ms"] == 100.0 and row["itl_ms"] == 100.0
+    no_itl = record("y", "completed", 0.0, 0.0, 100.0, 400.0, 1, 4, 0, 0, None)
+    assert dict(zip(REQUEST_CSV_COLUMNS, request_row(no_itl)))["itl_ms"] == 100.0  # falls back to the mean gap
+
+
+def test_rejected_and_incomplete_requests_have_empty_metric_cells():
+    metrics = ("request_scheduling_delay", "ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
+    for rec in RECORDS[2:]:
+        row = dict(zip(REQUEST_CSV_COLUMNS, request_row(rec)))
+        assert [row[k] for k in metrics] == [""] * 5, rec["uuid"]
+
+
+def test_missing_and_non_finite_values_are_empty_cells():
+    rec = record("z", "completed", 0.0, math.nan, None, None, 7, 0, 0, None, math.inf)
+    row = dict(zip(REQUEST_CSV_COLUMNS, request_row(rec)))
+    assert row["first_admit_time_s"] == row["request_scheduling_delay"] == row["itl_ms"] == ""
+    assert row["ttft_ms"] == row["tpot_ms"] == row["e2e_latency_ms"] == row["worker_id"] == ""
+    assert row["arrival_time_s"] == 0.0 and row["input_tokens"] == 7
+
+
+def test_rows_are_formatted_as_they_are_consumed():
+    consumed = []
+
+    def records():
+        for r in RECORDS:
+            consumed.append(r["uuid"])
+            yield r
+
+    lines = csv_lines(REQUEST_CSV_COLUMNS, (request_row(r) for r in records()))
+    assert next(lines) == HEADER + "\n" and consumed == []
+    assert next(lines) == EXPECTED.splitlines()[1] + "\n" and consumed == ["req-a"]
+    assert "".join(lines) == "".join(EXPECTED.splitlines(keepends=True)[2:])
+
+
+def test_quoting_follows_the_csv_module(tmp_path):
+    path = tmp_path / "r.csv"
+    write_request_csv(path, [record('a,"b"', "completed", 0.0, 0.0, 1.0, 1.0, 1, 1, 0, 0, None)])
+    assert path.read_text().splitlines()[1].startswith('"a,""b""",completed,0,')
+
+
+def test_both_files_from_records_and_timelines(tmp_path):
+    tl = WorkerTimeline(0, "aggregated", [0.0, 1500.0], [2, 0], [1, 3], [5, 8], 10, end_ms=2000.0)
+    write_csv_outputs(tmp_path, RECORDS, [tl])
+    assert (tmp_path / "request_metrics.csv").read_text() == EXPECTED
+    assert (tmp_path / "worker_timeline.csv").read_text() == "\n".join([
+        ",".join(CSV_COLUMNS),
+        "0,aggregated,0.0,1.5,2,1,5,0.5",
+        "0,aggregated,1.5,0.5,0,3,8,0.8",
+    ]) + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["request_metrics.csv", "worker_timeline.csv"]
