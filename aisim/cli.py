@@ -67,7 +67,32 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="join a running Ray cluster instead of starting a local one (implies --backend ray)")
     _add_trace_parser(sub)
     _add_recommend_parser(sub)
+    _add_capacity_parser(sub)
     return p
+
+
+def _add_capacity_parser(sub) -> None:
+    cp = sub.add_parser("capacity", help="find the highest QPS a deployment sustains under an SLA (capacity search)",
+                        description="Run the jobs of a capacity-search YAML (benchmark_base, jobs, sla, search): "
+                                    "adaptive jobs double the QPS until a trial fails, then bisect; linear jobs run a "
+                                    "QPS list. Every trial is a replay. Writes capacity_search_results.json/.csv "
+                                    "and jobs/<name>_<key>/ under --output-dir.")
+    src = cp.add_mutually_exclusive_group(required=True)
+    src.add_argument("-c", "--config", type=Path, help="capacity-search YAML")
+    src.add_argument("--config-path", dest="config", type=Path, help="the same (the seed's spelling)")
+    cp.add_argument("--output-dir", type=Path, required=True, help="where the results go")
+    cp.add_argument("--max-iterations", type=int, default=None, help="trials per job (overrides search.max_iterations)")
+    cp.add_argument("--min-search-granularity-pct", type=float, default=None,
+                    help="stop bisecting at this gap (overrides search.min_search_granularity_pct)")
+    cp.add_argument("--max-qps-cap", type=float, default=None, help="the highest QPS tried (overrides search.max_qps_cap)")
+    cp.add_argument("--overwrite", action="store_true", help="write into an --output-dir that holds earlier results")
+    cp.add_argument("--backend", choices=("local", "ray"), default="local", help="where trials run (default: local)")
+    cp.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT", help="run trials on a Ray cluster")
+    cp.add_argument("--max-parallel", type=int, default=None, help="jobs run at once (default: the CPU count)")
+    cp.add_argument("--cache-dir", type=Path, default=None,
+                    help="completed trials are cached here (default: $AISIM_CACHE_DIR/capacity or ~/.cache/aisim/capacity)")
+    cp.add_argument("--no-cache", action="store_true", help="neither read nor write the trial cache")
+    cp.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
 
 
 def _add_recommend_parser(sub) -> None:
@@ -483,6 +508,55 @@ def _trace(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _capacity(args, t0: float, signals: _Signals) -> int:
+    """Run ``aisim capacity``: exit 0, or 1 when a job errored."""
+    import json
+
+    from search.capacity.runner import run_capacity_search
+    from simulator.errors import InputError
+
+    for flag, value in (("--max-iterations", args.max_iterations), ("--max-parallel", args.max_parallel)):
+        if value is not None and value < 1:
+            raise InputError(flag, f"must be >= 1, got {value}")
+    for flag, value in (("--min-search-granularity-pct", args.min_search_granularity_pct),
+                        ("--max-qps-cap", args.max_qps_cap)):
+        if value is not None and not value > 0:
+            raise InputError(flag, f"must be > 0, got {value:g}")
+    out = args.output_dir
+    if (out / "capacity_search_results.json").exists() and not args.overwrite:
+        raise InputError("--output-dir", f"{out} already holds capacity_search_results.json; pass --overwrite to "
+                                         "replace it (earlier trials are reused from the cache either way)")
+    backend = "ray" if args.ray_address else args.backend
+
+    def progress(ev: dict) -> None:
+        verdict = "timed out" if ev["timed_out"] else {True: "pass", False: "fail", None: "done"}[ev["passed"]]
+        sys.stderr.write(f"\rtrials {ev['trials']}  {ev['job']} @ {ev['qps']:g} QPS: {verdict}          ")
+        sys.stderr.flush()
+
+    show = progress if args.format != "json" and sys.stderr.isatty() else None
+    result = run_capacity_search(
+        args.config, out, backend=backend, ray_address=args.ray_address, max_parallel=args.max_parallel,
+        cache_dir=args.cache_dir, use_cache=not args.no_cache, progress=show,
+        search_overrides={"max_iterations": args.max_iterations,
+                          "min_search_granularity_pct": args.min_search_granularity_pct,
+                          "max_qps_cap": args.max_qps_cap})
+    if show is not None:
+        sys.stderr.write("\n")
+    if args.format == "json":
+        sys.stdout.write(json.dumps({"jobs": [{k: v for k, v in j.to_dict().items() if k != "search_trace"}
+                                              for j in result.jobs], "output_dir": str(out)}, sort_keys=True) + "\n")
+    else:
+        for j in result.jobs:
+            best = "null" if j.max_qps_under_sla is None else f"{j.max_qps_under_sla:g}"
+            tail = f"error: {j.error}" if j.error else f"{j.num_trials} trials, {j.stopped}"
+            sys.stdout.write(f"{j.job_name} ({j.mode}): max QPS under SLA {best} ({tail})\n")
+        sys.stdout.write(f"wrote {out / 'capacity_search_results.json'}, capacity_search_results.csv and jobs/\n")
+    if result.failed:
+        sys.stderr.write("aisim capacity: a job failed (see its error above)\n")
+        return 1
+    return 0
+
+
 def _has_dgd(args) -> bool:
     from simulator.config.loading import apply_overrides, read_yaml_mapping
 
@@ -557,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("AISIM_DEBUG") == "1"
     with _Signals() as signals:
         try:
-            run = {"trace": _trace, "recommend": _recommend}.get(args.command, _predict)
+            run = {"trace": _trace, "recommend": _recommend, "capacity": _capacity}.get(args.command, _predict)
             return run(args, t0, signals)
         except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
             code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]
