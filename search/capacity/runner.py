@@ -78,12 +78,10 @@ class CapacityResult:
 def run_capacity_trial(item: dict) -> dict:
     """Replay one trial (in a fan-out worker): {"config": predict mapping, "config_dir": str | None}
     -> {"files": {name: text}} or a failed ``TrialResult`` dict."""
-    import tempfile
-
     from search.trial import TrialResult, plan_with_overrides
-    from simulator.metrics.csv_out import write_request_csv
-    from simulator.metrics.output import canonical_json
-    from simulator.metrics.timeline import write_csv as write_timeline_csv
+    from simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_rows
+    from simulator.metrics.output import canonical_json, csv_lines
+    from simulator.metrics.timeline import CSV_COLUMNS, timeline_rows
     from simulator.run import run_plan
 
     t0 = time.perf_counter()
@@ -93,11 +91,11 @@ def run_capacity_trial(item: dict) -> dict:
         report = run_plan(plan)
         doc = report.to_dict()
         doc["per_request"] = {"path": "request_metrics.csv", "records": len(report.per_request or [])}
-        with tempfile.TemporaryDirectory(prefix="aisim-capacity-") as tmp:
-            write_request_csv(Path(tmp) / "request_metrics.csv", report.per_request or [])
-            write_timeline_csv(Path(tmp) / "worker_timeline.csv", report.timelines or [])
-            files = {name: (Path(tmp) / name).read_text() for name in FILES[1:]}
-        files["prediction.json"] = canonical_json(doc) + "\n"
+        files = {  # the same text aisim predict --csv writes
+            "prediction.json": canonical_json(doc) + "\n",
+            "request_metrics.csv": "".join(csv_lines(REQUEST_CSV_COLUMNS, request_rows(report.per_request or []))),
+            "worker_timeline.csv": "".join(csv_lines(CSV_COLUMNS, timeline_rows(report.timelines or []))),
+        }
         return {"files": files, "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()

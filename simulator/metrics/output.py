@@ -128,15 +128,23 @@ def atomic_write_lines(path: Path, rows) -> None:
     atomic_write_chunks(path, (canonical_json(r, indent=None) + "\n" for r in rows))
 
 
+_CSV_BATCH_ROWS = 1024
+
+
 def csv_lines(header: Iterable, rows: Iterable[Iterable]) -> Iterable[str]:
-    """``header`` then every row as CSV text (the ``csv`` module's quoting, ``\\n`` line ends), one
-    line at a time: the rows are formatted as they are consumed, never collected."""
+    """``header`` then every row as CSV text (the ``csv`` module's quoting, ``\\n`` line ends), in
+    chunks of up to ``_CSV_BATCH_ROWS`` lines: the rows are formatted as they are consumed, never
+    all collected."""
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
-    for row in itertools.chain((header,), rows):
+    it = itertools.chain((header,), rows)
+    while True:
+        batch = list(itertools.islice(it, _CSV_BATCH_ROWS))
+        if not batch:
+            return
         buf.seek(0)
         buf.truncate()
-        out.writerow(row)
+        out.writerows(batch)
         yield buf.getvalue()
 
 

@@ -89,7 +89,10 @@ def test_missing_and_non_finite_values_are_empty_cells():
     assert row["arrival_time_s"] == 0.0 and row["input_tokens"] == 7
 
 
-def test_rows_are_formatted_as_they_are_consumed():
+def test_rows_are_formatted_as_they_are_consumed(monkeypatch):
+    import simulator.metrics.output as output
+
+    monkeypatch.setattr(output, "_CSV_BATCH_ROWS", 2)  # header + one row per chunk
     consumed = []
 
     def records():
@@ -98,8 +101,8 @@ def test_rows_are_formatted_as_they_are_consumed():
             yield r
 
     lines = csv_lines(REQUEST_CSV_COLUMNS, (request_row(r) for r in records()))
-    assert next(lines) == HEADER + "\n" and consumed == []
-    assert next(lines) == EXPECTED.splitlines()[1] + "\n" and consumed == ["req-a"]
+    assert consumed == []  # nothing formatted before the first chunk is asked for
+    assert next(lines) == HEADER + "\n" + EXPECTED.splitlines()[1] + "\n" and consumed == ["req-a"]
     assert "".join(lines) == "".join(EXPECTED.splitlines(keepends=True)[2:])
 
 
