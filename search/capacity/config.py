@@ -82,8 +82,16 @@ class BaseRef(Strict):
 
 
 class CapacityConfig(Strict):
-    benchmark_base: dict[str, Any] | BaseRef
+    benchmark_base: BaseRef | dict[str, Any]
     jobs: list[Job] = Field(min_length=1)
+
+    @field_validator("benchmark_base", mode="before")
+    @classmethod
+    def _reference_or_mapping(cls, v):
+        """``{config: path, set: {...}}`` refers to a predict config file; any other mapping is one."""
+        if isinstance(v, dict) and "config" in v and set(v) <= {"config", "set"}:
+            return BaseRef.model_validate(v)
+        return v
     sla: list[SlaRuleSpec] = Field(default_factory=list)
     search: SearchSettings = SearchSettings()
 

@@ -169,3 +169,16 @@ def test_bad_configs_fail_in_one_line_naming_the_key(change, where, needle, tmp_
                         str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"{where}:" in p.stderr and needle in p.stderr, p.stderr
+
+
+def test_a_base_may_be_a_predict_config_file_with_overrides(tmp_path):
+    from search.capacity.config import job_config, load_capacity_config
+
+    cfg = {"benchmark_base": {"config": str(ROOT / "configs" / "quickstart.yaml"),
+                              "set": {"engine.workers.aggregated.parallelism.replicas": 3}},
+           "jobs": [{"name": "q", "qps_list": [2]}]}
+    loaded, config_dir = load_capacity_config(data=cfg)
+    mapping = job_config(loaded, loaded.jobs[0])
+    assert mapping["engine"]["workers"]["aggregated"]["parallelism"]["replicas"] == 3
+    assert config_dir == ROOT / "configs"  # the base's trace paths resolve next to it
+    assert loaded.benchmark_timeout_s == 900.0
