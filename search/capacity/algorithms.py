@@ -219,16 +219,10 @@ def adaptive_search(evaluate: Callable[[float], TrialOutcome], start_qps: float,
                     min_qps: float = 1e-3) -> SearchOutcome:
     """Double from ``start_qps`` until a trial fails, then bisect (see the module doc). Each QPS
     is evaluated at most once."""
-    plan = adaptive_plan(start_qps, max_iterations=max_iterations,
-                         min_search_granularity_pct=min_search_granularity_pct, max_qps_cap=max_qps_cap,
-                         min_qps=min_qps)
-    seen: dict[float, TrialOutcome] = {}
-    while not plan.done:
-        q = plan.next_qps()
-        if q not in seen:
-            seen[q] = _checked(evaluate(q), q)
-        plan.tell(q, seen[q])
-    return plan.outcome()
+    return adaptive_search_batched(lambda points: [evaluate(q) for q in points], start_qps, lookahead=1,
+                                   max_iterations=max_iterations,
+                                   min_search_granularity_pct=min_search_granularity_pct, max_qps_cap=max_qps_cap,
+                                   min_qps=min_qps)
 
 
 def adaptive_search_batched(evaluate_many: Callable[[list[float]], Iterable[TrialOutcome]], start_qps: float, *,
