@@ -182,3 +182,13 @@ def test_a_base_may_be_a_predict_config_file_with_overrides(tmp_path):
     assert mapping["engine"]["workers"]["aggregated"]["parallelism"]["replicas"] == 3
     assert config_dir == ROOT / "configs"  # the base's trace paths resolve next to it
     assert loaded.benchmark_timeout_s == 900.0
+
+
+def test_every_shipped_search_config_loads():
+    from search.capacity.config import load_capacity_config
+    from search.spica.config import load_search_config
+
+    for path in sorted((ROOT / "configs").glob("capacity-*.yaml")):
+        load_capacity_config(path)
+    for path in sorted((ROOT / "configs").glob("spica-*.yaml")):
+        load_search_config(path)
