@@ -39,6 +39,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="aisim", description="Predict how an LLM inference deployment behaves, before renting the GPUs.")
+    from aisim import __version__
+
+    p.add_argument("--version", action="version", version=f"aisim {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     pr = sub.add_parser("predict", help="replay traffic through simulated workers and report latency/throughput")
     pr.add_argument("-c", "--config", type=Path, default=None, help=f"predict YAML (default: the bundled {QUICKSTART.name})")

@@ -200,3 +200,10 @@ def test_recommend_rejects_a_bad_search_config_in_one_line(tmp_path):
     assert "missing.yaml" in err
     err = one_line_error(aisim("recommend", "-c", str(cfg), "--output-dir", str(tmp_path / "o"), "--parallelism", "0"))
     assert "--parallelism" in err
+
+
+def test_version():
+    from aisim import __version__
+
+    p = aisim("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"aisim {__version__}"
