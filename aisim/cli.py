@@ -71,6 +71,15 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_trace_parser(sub)
     _add_recommend_parser(sub)
     _add_capacity_parser(sub)
+    va = sub.add_parser("validate", help="validate a predict, recommend or capacity config and show what it resolves to",
+                        description="Validate a config without replaying: the effective deployment (GPUs, KV blocks "
+                                    "per rank, context length, timing and model sources) and the traffic's statistics "
+                                    "(rows, tokens, rows the context limit will reject); search configs show their "
+                                    "branches and grids, capacity configs their jobs.")
+    va.add_argument("-c", "--config", type=Path, required=True, help="a predict, search or capacity YAML")
+    va.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
+                    help="override a key before validation (repeatable)")
+    va.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
     return p
 
 
@@ -511,6 +520,18 @@ def _trace(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _validate(args, t0: float, signals: _Signals) -> int:
+    """Run ``aisim validate``: the resolved config, nothing replayed."""
+    import json
+
+    from aisim.validate import render, validate_config_file
+
+    report = validate_config_file(args.config, args.overrides)
+    text = json.dumps(report, sort_keys=True, default=str) if args.format == "json" else render(report)
+    sys.stdout.write(text + "\n")
+    return 0
+
+
 def _capacity(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim capacity``: exit 0, or 1 when a job errored."""
     import json
@@ -634,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("AISIM_DEBUG") == "1"
     with _Signals() as signals:
         try:
-            run = {"trace": _trace, "recommend": _recommend, "capacity": _capacity}.get(args.command, _predict)
+            run = {"trace": _trace, "recommend": _recommend, "capacity": _capacity,
+                   "validate": _validate}.get(args.command, _predict)
             return run(args, t0, signals)
         except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
             code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]

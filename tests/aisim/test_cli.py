@@ -207,3 +207,12 @@ def test_version():
 
     p = aisim("--version")
     assert p.returncode == 0 and p.stdout.strip() == f"aisim {__version__}"
+
+
+def test_validate_prints_the_resolved_config_and_fails_in_one_line(tmp_path):
+    p = aisim("validate", "-c", str(ROOT / "configs" / "quickstart.yaml"), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["kind"] == "predict" and report["pools"][0]["provenance"]["kv_capacity_blocks_per_rank"] == 29249
+    err = one_line_error(aisim("validate", "-c", str(ROOT / "configs" / "quickstart.yaml"), "--set", "router.policy=x"))
+    assert "router.policy" in err
