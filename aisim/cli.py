@@ -71,6 +71,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_trace_parser(sub)
     _add_recommend_parser(sub)
     _add_capacity_parser(sub)
+    cm = sub.add_parser("compare", help="compare aisim predict output directories side by side",
+                        description="A side-by-side table of runs (GPU hours, goodput, TTFT/ITL/E2E mean, p90, p99, "
+                                    "completed and rejected requests, scaling events, retune decisions) with deltas "
+                                    "against the first run.")
+    cm.add_argument("dirs", nargs="+", metavar="DIR", help="aisim predict --output-dir directories (or prediction.json)")
+    cm.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format (default: table)")
     va = sub.add_parser("validate", help="validate a predict, recommend or capacity config and show what it resolves to",
                         description="Validate a config without replaying: the effective deployment (GPUs, KV blocks "
                                     "per rank, context length, timing and model sources) and the traffic's statistics "
@@ -520,6 +526,14 @@ def _trace(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _compare(args, t0: float, signals: _Signals) -> int:
+    """Run ``aisim compare``."""
+    from aisim.compare import main_compare
+
+    sys.stdout.write(main_compare(args.dirs, args.format) + "\n")
+    return 0
+
+
 def _validate(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim validate``: the resolved config, nothing replayed."""
     import json
@@ -656,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     with _Signals() as signals:
         try:
             run = {"trace": _trace, "recommend": _recommend, "capacity": _capacity,
-                   "validate": _validate}.get(args.command, _predict)
+                   "validate": _validate, "compare": _compare}.get(args.command, _predict)
             return run(args, t0, signals)
         except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: nothing half-written, the previous outputs kept
             code, what = _INTERRUPT_EXIT[getattr(exc, "signum", signal.SIGINT)]

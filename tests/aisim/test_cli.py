@@ -216,3 +216,15 @@ def test_validate_prints_the_resolved_config_and_fails_in_one_line(tmp_path):
     assert report["kind"] == "predict" and report["pools"][0]["provenance"]["kv_capacity_blocks_per_rank"] == 29249
     err = one_line_error(aisim("validate", "-c", str(ROOT / "configs" / "quickstart.yaml"), "--set", "router.policy=x"))
     assert "router.policy" in err
+
+
+def test_compare_runs_side_by_side_and_rejects_a_missing_directory(tmp_path):
+    for name in ("a", "b"):
+        p = aisim("predict", "--output-dir", str(tmp_path / name), "--format", "json", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+    p = aisim("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["metric"]: r for r in json.loads(p.stdout)["rows"]}
+    assert rows["gpu_hours"]["deltas"] == [None, 0] or rows["gpu_hours"]["deltas"] == [None, 0.0]
+    err = one_line_error(aisim("compare", str(tmp_path / "a"), str(tmp_path / "missing")))
+    assert "missing" in err

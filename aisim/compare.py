@@ -1,0 +1,286 @@
+"""``aisim compare DIR...``: runs side by side, with deltas against the first run.
+
+Each DIR is an ``aisim predict --output-dir`` directory (holding ``prediction.json``); a
+``prediction.json`` path is accepted too. The comparison has one row per metric (``METRICS``:
+GPU hours, goodput, TTFT/ITL/E2E mean, p90 and p99, completed and rejected requests, the
+Planner's scaling events and retune decisions) and one value per run; every later run also
+gets its delta against the first (``value - first``) and that delta in percent of the first.
+
+    result = compare([load_run(Path(d)) for d in dirs])
+    print(render_table(result))          # or to_json(result) / to_csv(result)
+    print(main_compare(dirs, "table"))   # what the CLI prints
+
+A missing directory, one without prediction.json, an unreadable or invalid prediction.json, or
+one without a ``summary`` raises a one-line ``InputError`` (``where`` = the path as given; exit 2).
+
+Wiring into aisim/cli.py (a sketch)::
+
+    cp = sub.add_parser("compare", help="compare aisim predict output directories side by side")
+    cp.add_argument("dirs", nargs="+", metavar="DIR")
+    cp.add_argument("--format", choices=FORMATS, default="table")
+    ...
+    def _compare(args, t0, signals):
+        from aisim.compare import main_compare
+        sys.stdout.write(main_compare(args.dirs, args.format) + "\\n")
+        return 0
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import InputError
+
+FORMATS: tuple[str, ...] = ("table", "json", "csv")
+PREDICTION = "prediction.json"
+
+# (key, label, unit, better): display order. ``better`` says which direction is an improvement
+# ("lower", "higher") or None where neither is (counts of Planner activity).
+METRICS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("gpu_hours", "GPU hours", "h", "lower"),
+    ("goodput_output_throughput_tok_s", "goodput output", "tok/s", "higher"),
+    ("goodput_request_throughput_rps", "goodput requests", "req/s", "higher"),
+    ("mean_ttft_ms", "TTFT mean", "ms", "lower"),
+    ("p90_ttft_ms", "TTFT p90", "ms", "lower"),
+    ("p99_ttft_ms", "TTFT p99", "ms", "lower"),
+    ("mean_itl_ms", "ITL mean", "ms", "lower"),
+    ("p90_itl_ms", "ITL p90", "ms", "lower"),
+    ("p99_itl_ms", "ITL p99", "ms", "lower"),
+    ("mean_e2e_latency_ms", "E2E mean", "ms", "lower"),
+    ("p90_e2e_latency_ms", "E2E p90", "ms", "lower"),
+    ("p99_e2e_latency_ms", "E2E p99", "ms", "lower"),
+    ("completed_requests", "completed", "requests", "higher"),
+    ("rejected_requests", "rejected", "requests", "lower"),
+    ("scaling_events", "scaling events", "events", None),
+    ("scale_ups", "scale-ups", "events", None),
+    ("scale_downs", "scale-downs", "events", None),
+    ("worker_starts", "worker starts", "workers", None),
+    ("retune_decisions", "retune decisions", "decisions", None),
+    ("retune_applied", "retune applied", "decisions", None),
+)
+
+# Rows computed from prediction.json's ``planner`` (None for a run without a Planner).
+PLANNER_METRICS = frozenset(("scaling_events", "scale_ups", "scale_downs", "worker_starts",
+                             "retune_decisions", "retune_applied"))
+
+_FIX = "give an `aisim predict --output-dir DIR` directory"
+
+
+class CompareError(InputError):
+    """A path given to ``aisim compare`` is not a readable run directory (exit code 2)."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def load_run(path: Path) -> dict:
+    """``{"name": str(path), "summary": {...}, "planner": {...} | None}`` for one run directory
+    (or a prediction.json path). Raises ``CompareError`` (an ``InputError``, where = the path)
+    when it is missing, holds no prediction.json, or its prediction.json is unreadable, not JSON,
+    or has no ``summary`` mapping."""
+    path = Path(path)
+    where = str(path)
+    if not path.exists():
+        raise CompareError(where, f"no such directory; {_FIX}")
+    file = path / PREDICTION if path.is_dir() else path
+    if path.is_dir() and not file.is_file():
+        raise CompareError(where, f"holds no {PREDICTION}, so it is not an aisim predict output directory; {_FIX}")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CompareError(where, f"cannot read {file.name}: {_one_line(detail)}; check the file's permissions "
+                                  f"or rerun aisim predict --output-dir to rewrite it") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CompareError(where, f"{file.name} is not valid JSON ({_one_line(exc.msg)} at line {exc.lineno} "
+                                  f"column {exc.colno}); rerun aisim predict --output-dir to rewrite it") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("summary"), dict):
+        raise CompareError(where, f'{file.name} has no "summary" mapping, so it is not an aisim predict '
+                                  f"prediction; {_FIX}")
+    planner = data.get("planner")
+    if planner is not None and not isinstance(planner, dict):
+        raise CompareError(where, f'{file.name}\'s "planner" is neither a mapping nor null; '
+                                  f"rerun aisim predict --output-dir to rewrite it")
+    return {"name": where, "summary": data["summary"], "planner": planner}
+
+
+def _number(v: Any) -> int | float | None:
+    """``v`` when it is a finite number (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _dicts(items: Any) -> list[dict]:
+    return [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
+
+
+def planner_counts(planner: dict | None) -> dict[str, int | None]:
+    """The Planner rows of one run: every value None without a Planner."""
+    if planner is None:
+        return dict.fromkeys(PLANNER_METRICS)
+    events = _dicts(planner.get("scaling_events"))
+    retunes = _dicts(planner.get("retune_events"))  # null without retune: 0 decisions
+    return {
+        "scaling_events": len(events),
+        "scale_ups": sum(e.get("reason") == "scale_up" for e in events),
+        "scale_downs": sum(e.get("reason") == "scale_down" for e in events),
+        "worker_starts": sum(t.get("transition") == "worker_starting"
+                             for op in _dicts(planner.get("lifecycle_operations"))
+                             for t in _dicts(op.get("transitions"))),
+        "retune_decisions": len(retunes),
+        "retune_applied": sum(e.get("outcome") == "applied" for e in retunes),
+    }
+
+
+def _clean(x: float | int) -> float | int:
+    """Round float noise away (0.3 - 0.1 -> 0.2): 12 significant digits; ints unchanged."""
+    return x if isinstance(x, int) else float(f"{x:.12g}")
+
+
+def compare(runs: list[dict]) -> dict:
+    """``{"runs": [names], "rows": [{"metric", "label", "unit", "better", "values", "deltas",
+    "delta_pct"}]}``. ``deltas[i] = values[i] - values[0]`` and ``delta_pct[i]`` is that in percent
+    of ``|values[0]|`` (both None for the first run and where a value is missing; the percentage
+    also where the first value is 0)."""
+    if not runs:
+        raise CompareError("aisim compare", f"no runs to compare; {_FIX} (one or more)")
+    planners = [planner_counts(r.get("planner")) for r in runs]
+    rows = []
+    for key, label, unit, better in METRICS:
+        if key in PLANNER_METRICS:
+            values = [p[key] for p in planners]
+        else:
+            values = [_number(r["summary"].get(key)) for r in runs]
+        first = values[0]
+        deltas: list = [None]
+        pcts: list = [None]
+        for v in values[1:]:
+            if v is None or first is None:
+                deltas.append(None)
+                pcts.append(None)
+                continue
+            deltas.append(_clean(v - first))
+            pcts.append(None if first == 0 else _clean((v - first) / abs(first) * 100.0))
+        rows.append({"metric": key, "label": label, "unit": unit, "better": better,
+                     "values": values, "deltas": deltas, "delta_pct": pcts})
+    return {"runs": [r["name"] for r in runs], "rows": rows}
+
+
+# ---- rendering ---------------------------------------------------------------------------------
+
+def _decimals(v: float) -> int:
+    """Decimals for a float of this size: 1 from 100 up, 2 from 1 up, 3 significant digits below."""
+    a = abs(v)
+    if a >= 100:
+        return 1
+    if a >= 1 or a == 0:
+        return 2
+    return max(3, 2 - math.floor(math.log10(a)))
+
+
+def fmt_value(v: int | float | None, sign: bool = False, like: int | float | None = None) -> str:
+    """``-`` for None; ints with thousands separators; floats with ``_decimals`` of ``like`` (the
+    value itself by default; a delta is written to its value's precision). ``sign`` adds + to
+    positive numbers (for deltas)."""
+    if v is None:
+        return "-"
+    plus = "+" if sign else ""
+    if isinstance(v, int):
+        return f"{v:{plus},d}"
+    return f"{v:{plus},.{_decimals(v if like is None else like)}f}"
+
+
+def fmt_cell(value, delta, pct, first: bool) -> str:
+    """A run's cell: the value, and for a later run its delta vs the first:
+    ``1.23 (+0.10, +8.8%)``, ``1.23 (+0.10)`` without a percentage, ``1.23 (=)`` when equal."""
+    text = fmt_value(value)
+    if first or value is None or delta is None:
+        return text
+    if delta == 0:
+        return f"{text} (=)"
+    if pct is None:
+        return f"{text} ({fmt_value(delta, sign=True, like=value)})"
+    return f"{text} ({fmt_value(delta, sign=True, like=value)}, {pct:+.1f}%)"
+
+
+def _metric_label(row: dict) -> str:
+    return f"{row['label']} ({row['unit']})" if row["unit"] else row["label"]
+
+
+def render_table(result: dict, width: int = 100) -> str:
+    """Plain text, no trailing newline. Side by side (a metric column, then one column per run)
+    when that fits ``width`` columns; otherwise one block per run, stacked."""
+    names = result["runs"]
+    labels = [_metric_label(r) for r in result["rows"]]
+    cells = [[fmt_cell(v, d, p, i == 0) for i, (v, d, p) in enumerate(zip(r["values"], r["deltas"], r["delta_pct"]))]
+             for r in result["rows"]]
+    footer = f"deltas: each run minus the first ({names[0]})" if len(names) > 1 else None
+    label_w = max(len("metric"), *(len(s) for s in labels))
+    col_ws = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(names)]
+    gap = "  "
+    total = label_w + sum(len(gap) + w for w in col_ws)
+    if total <= width:
+        lines = [f"{'metric':<{label_w}}" + "".join(f"{gap}{n:>{w}}" for n, w in zip(names, col_ws))]
+        lines.append("-" * total)
+        for label, row in zip(labels, cells):
+            lines.append(f"{label:<{label_w}}" + "".join(f"{gap}{c:>{w}}" for c, w in zip(row, col_ws)))
+    else:  # stacked: one block per run
+        lines = []
+        for i, name in enumerate(names):
+            if i:
+                lines.append("")
+            lines.append(f"run {i + 1}: {name}" + (" (vs run 1)" if i else ""))
+            for label, row in zip(labels, cells):
+                lines.append(f"  {label:<{label_w}}{gap}{row[i]}")
+    if footer:
+        lines.extend(["", footer])
+    return "\n".join(lines)
+
+
+def to_json(result: dict) -> str:
+    """The comparison as indented JSON (no trailing newline); missing values are null."""
+    return json.dumps(result, indent=2)
+
+
+def to_csv(result: dict) -> str:
+    """``metric,label,unit,<run1>,<run2>,...,delta_<run2>,...,delta_pct_<run2>,...`` (one row per
+    metric; missing values empty; numbers as Python writes them). No trailing newline."""
+    names = result["runs"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["metric", "label", "unit", *names, *(f"delta_{n}" for n in names[1:]),
+                *(f"delta_pct_{n}" for n in names[1:])])
+    for r in result["rows"]:
+        w.writerow([r["metric"], r["label"], r["unit"],
+                    *("" if v is None else v for v in r["values"]),
+                    *("" if v is None else v for v in r["deltas"][1:]),
+                    *("" if v is None else v for v in r["delta_pct"][1:])])
+    return buf.getvalue()[:-1]
+
+
+def main_compare(paths: list[str], fmt: str = "table", width: int | None = None) -> str:
+    """What ``aisim compare`` prints (without the final newline). Loads every path (the first bad
+    one raises its one-line ``InputError``), compares them and renders ``fmt``; ``width`` defaults
+    to the terminal's width (100 when it is not a terminal)."""
+    if fmt not in FORMATS:
+        raise CompareError("--format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    result = compare([load_run(Path(p)) for p in paths])
+    if fmt == "json":
+        return to_json(result)
+    if fmt == "csv":
+        return to_csv(result)
+    if width is None:
+        width = shutil.get_terminal_size((100, 24)).columns
+    return render_table(result, width)
