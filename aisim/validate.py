@@ -89,29 +89,13 @@ def predict_summary(cfg, config_dir: Path | None) -> dict:
 def plan_summary(plan) -> dict:
     """What a ``ReplayPlan`` will run: pools (with the run's provenance), deployment, traffic."""
     from simulator.builders import build_decode_router, build_router, build_timing
-    from simulator.catalog.models import resolve_model
+    from simulator.run import pool_provenance
 
     pools = []
     for pool in plan.pools:
         a = pool.args
         timing = build_timing(a, f"engine.workers.{pool.role}.timing")
-        # the keys and values of simulator.run._build_actors' provenance[role]
-        provenance = {
-            **timing.describe(),
-            "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
-            "kv_block_size": a.block_size,
-            "kv_bytes_per_token": a.kv_cache_bytes_per_token,
-            "attention_data_ranks": a.dp_size,
-            "gpus_per_worker": a.gpus_per_worker,
-            "replicas": pool.replicas,
-            "context_length": a.max_model_len,
-            "backend": a.engine_type,
-            "backend_version": a.backend_version,
-            "model": a.model,
-            "model_source": resolve_model(a.model).origin if a.model else None,
-            "hardware": a.hardware,
-            "kv_sizing": pool.kv_sizing,
-        }
+        provenance = pool_provenance(pool, timing)  # what the run reports in prediction_provenance[role]
         pools.append({
             "role": pool.role,
             "replicas": pool.replicas,

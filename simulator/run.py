@@ -21,7 +21,7 @@ from simulator.planning import build_planner, capabilities, planner_report
 from simulator.runtime.local import LocalRuntime
 from simulator.traffic.workload import BlockHashStore
 
-__all__ = ["ReplayReport", "run_plan"]
+__all__ = ["ReplayReport", "run_plan", "pool_provenance"]
 
 
 @dataclass
@@ -76,22 +76,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
                           caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
                           startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))
         num_workers += pool.replicas
-        provenance[pool.role] = {
-            **timing.describe(),
-            "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
-            "kv_block_size": a.block_size,
-            "kv_bytes_per_token": a.kv_cache_bytes_per_token,
-            "attention_data_ranks": a.dp_size,
-            "gpus_per_worker": a.gpus_per_worker,
-            "replicas": pool.replicas,
-            "context_length": a.max_model_len,
-            "backend": a.engine_type,
-            "backend_version": a.backend_version,
-            "model": a.model,
-            "model_source": resolve_model(a.model).origin if a.model else None,
-            "hardware": a.hardware,
-            "kv_sizing": pool.kv_sizing,
-        }
+        provenance[pool.role] = pool_provenance(pool, timing)
     actors = _Actors(pools, entry_router, decode_router, timings, provenance,
                      router_description=entry_router.describe())
     if plan.planner is not None:
@@ -118,6 +103,28 @@ def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
                 if hashes:
                     router.on_kv_events(wid, rank, STORED, hashes)
     return out
+
+
+def pool_provenance(pool, timing) -> dict:
+    """What a pool runs with, as ``summary.prediction_provenance[role]`` reports it (also what
+    ``aisim validate`` prints without replaying)."""
+    a = pool.args
+    return {
+        **timing.describe(),
+        "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
+        "kv_block_size": a.block_size,
+        "kv_bytes_per_token": a.kv_cache_bytes_per_token,
+        "attention_data_ranks": a.dp_size,
+        "gpus_per_worker": a.gpus_per_worker,
+        "replicas": pool.replicas,
+        "context_length": a.max_model_len,
+        "backend": a.engine_type,
+        "backend_version": a.backend_version,
+        "model": a.model,
+        "model_source": resolve_model(a.model).origin if a.model else None,
+        "hardware": a.hardware,
+        "kv_sizing": pool.kv_sizing,
+    }
 
 
 class _PlannerClock:
