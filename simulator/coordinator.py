@@ -235,7 +235,7 @@ class Coordinator:
         self.stop_ms = stop_ms
         self.resource_guard = resource_guard
         self.stats = CoordinatorStats()
-        self._latest_event_ms = 0.0  # the latest event the hosts reported (the workers may run ahead of ``now``)
+        self._latest_event_ms = 0.0  # the last event of the final run-out (the workers run ahead of ``now`` there)
         self.num_offered = 0
         self.rt = runtime
         self.window_ms = float(window_ms)
@@ -377,7 +377,10 @@ class Coordinator:
     def _step(self, start: float, until: float) -> None:
         calls = self._take_calls()
         if calls:
-            self._absorb(self.rt.step(calls, start, until))
+            outs = self.rt.step(calls, start, until)
+            if until == INF:  # running the workers out: their last events lie past the loop's clock
+                self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out["events"]])
+            self._absorb(outs)
 
     def _absorb(self, outs: list[dict]) -> None:
         """Merge the hosts' events into lockstep order and apply them."""
@@ -399,8 +402,6 @@ class Coordinator:
             events.extend(out["events"])
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
-        if events:
-            self._latest_event_ms = max(self._latest_event_ms, max(e[0] for e in events))
         for t, _phase, sid, _seq, kind, payload in events:
             if kind == EV_TERMINAL:
                 self._terminal(payload, t)
