@@ -89,7 +89,7 @@ def predict_summary(cfg, config_dir: Path | None) -> dict:
 def plan_summary(plan) -> dict:
     """What a ``ReplayPlan`` will run: pools (with the run's provenance), deployment, traffic."""
     from simulator.builders import build_decode_router, build_router, build_timing
-    from simulator.run import pool_provenance
+    from simulator.run import deployment_summary, pool_provenance
 
     pools = []
     for pool in plan.pools:
@@ -114,19 +114,8 @@ def plan_summary(plan) -> dict:
     entry, decode = plan.pools[0], (plan.pools[1] if len(plan.pools) > 1 else None)
     entry_router = build_router(plan.router, entry.args.block_size, plan.seed, entry.role)
     decode_router = build_decode_router(decode.args.block_size, plan.seed) if decode else None
-    disaggregated = decode is not None
-    deployment = {  # simulator.run._report's summary["deployment"]
-        "mode": "disaggregated" if disaggregated else "aggregated",
-        "router": entry_router.describe(),
-        "decode_router": decode_router.describe() if decode_router else None,
-        "workers": {p.role: p.replicas for p in plan.pools},
-        "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
-        "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
-                         "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
-                        if disaggregated and plan.transfer else None),
-        "seed": plan.seed,
-        "router_sync_ms": float(plan.execution.router_sync_ms),
-    }
+    deployment = deployment_summary(plan, entry_router.describe(),  # what the run reports
+                                    decode_router.describe() if decode_router else None)
     planner = None
     if plan.planner is not None:
         planner = {"enabled": True, "retune": plan.planner.retune is not None}

@@ -21,7 +21,7 @@ from simulator.planning import build_planner, capabilities, planner_report
 from simulator.runtime.local import LocalRuntime
 from simulator.traffic.workload import BlockHashStore
 
-__all__ = ["ReplayReport", "run_plan", "pool_provenance"]
+__all__ = ["ReplayReport", "run_plan", "pool_provenance", "deployment_summary"]
 
 
 @dataclass
@@ -103,6 +103,24 @@ def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
                 if hashes:
                     router.on_kv_events(wid, rank, STORED, hashes)
     return out
+
+
+def deployment_summary(plan: ReplayPlan, router: dict, decode_router: dict | None) -> dict:
+    """``summary.deployment``: the deployment a plan starts with (``router``/``decode_router``: the
+    routers' ``describe()`` before the run)."""
+    disaggregated = len(plan.pools) > 1
+    return {
+        "mode": "disaggregated" if disaggregated else "aggregated",
+        "router": router,
+        "decode_router": decode_router,
+        "workers": {p.role: p.replicas for p in plan.pools},  # at the start
+        "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
+        "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
+                         "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
+                        if disaggregated and plan.transfer else None),
+        "seed": plan.seed,
+        "router_sync_ms": float(plan.execution.router_sync_ms),
+    }
 
 
 def pool_provenance(pool, timing) -> dict:
@@ -241,19 +259,8 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
     summary = summarize(log, coord.gap_sinks, accounting, counters, plan.sla, wall_ms,
                         planner_total_ticks=planner.total_ticks if planner is not None else None)
-    disaggregated = len(plan.pools) > 1
-    summary["deployment"] = {
-        "mode": "disaggregated" if disaggregated else "aggregated",
-        "router": actors.router_description,
-        "decode_router": actors.decode_router.describe() if actors.decode_router else None,
-        "workers": {p.role: p.replicas for p in plan.pools},  # at the start
-        "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
-        "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
-                         "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
-                        if disaggregated and plan.transfer else None),
-        "seed": plan.seed,
-        "router_sync_ms": float(plan.execution.router_sync_ms),
-    }
+    summary["deployment"] = deployment_summary(plan, actors.router_description,
+                                                actors.decode_router.describe() if actors.decode_router else None)
     per_request = None
     if log.records is not None:
         per_request = sorted(log.records, key=lambda r: (r["arrival_time_ms"], r["uuid"]))
