@@ -169,12 +169,26 @@ def warmup_windows(spec: str, interval_s: int, field: str) -> list[tuple[int, fl
     w = read_dynamo(paths) if ('"schema"' in head or paths[0].name.endswith(".gz")) else read_mooncake(paths)
     t = w.timestamp_ms
     t = np.where(np.isnan(t), 0.0, t - np.nanmin(t))
-    idx = (t // (interval_s * 1000.0)).astype(np.int64)
+    return interval_buckets(t, w.input_len, w.output_len, 0.0, interval_s * 1000.0)
+
+
+def interval_buckets(times_ms, isl, osl, zero_ms: float, width_ms: float, lo: int = 0,
+                     hi: int | None = None) -> list[tuple[float, float, float]]:
+    """(count, mean ISL, mean OSL) of the requests arriving in each bucket ``k = lo .. hi - 1``,
+    bucket ``k`` = ``[zero + k width, zero + (k + 1) width)`` (``hi`` None: up to the last
+    arrival's); an empty bucket counts 0. The Planner's load-predictor history (warm-up, retune's
+    history and pre-sweep, Spica's pre-sweep)."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    idx = np.floor((t - zero_ms) / width_ms).astype(np.int64)
+    if hi is None:
+        hi = int(idx.max()) + 1 if len(idx) else lo
+    isl = np.asarray(isl)
+    osl = np.asarray(osl)
     out = []
-    for k in range(int(idx.max()) + 1 if len(idx) else 0):
+    for k in range(lo, hi):
         sel = idx == k
         n = int(sel.sum())
-        out.append((n, float(w.input_len[sel].mean()) if n else 0.0, float(w.output_len[sel].mean()) if n else 0.0))
+        out.append((float(n), float(isl[sel].mean()) if n else 0.0, float(osl[sel].mean()) if n else 0.0))
     return out
 
 

@@ -22,20 +22,9 @@ from functools import partial
 import numpy as np
 
 from actors.planner.presets import PRESETS, common_warmup, preset_loss
+from simulator.planning import interval_buckets
 
 __all__ = ["interval_history", "presweep", "preset_fields", "preset_of"]
-
-
-def _buckets(abs_ms: np.ndarray, isl: np.ndarray, osl: np.ndarray, zero_ms: float, width_ms: float,
-             lo: int, hi: int) -> list[tuple[float, float, float]]:
-    """(count, mean ISL, mean OSL) for buckets lo .. hi - 1 (bucket k = [zero + k w, zero + (k+1) w))."""
-    idx = np.floor((abs_ms - zero_ms) / width_ms).astype(np.int64)
-    out = []
-    for k in range(lo, hi):
-        sel = idx == k
-        n = int(sel.sum())
-        out.append((float(n), float(isl[sel].mean()) if n else 0.0, float(osl[sel].mean()) if n else 0.0))
-    return out
 
 
 def interval_history(history, workload, speedup: float, interval_s: float, end_virtual_ms: float,
@@ -61,7 +50,7 @@ def interval_history(history, workload, speedup: float, interval_s: float, end_v
     lo = max(lo, first)
     if lo >= hi:
         return ()
-    return tuple(_buckets(t, np.concatenate(parts_i), np.concatenate(parts_o), zero, width, lo, hi))
+    return tuple(interval_buckets(t, np.concatenate(parts_i), np.concatenate(parts_o), zero, width, lo, hi))
 
 
 def preset_fields(name: str) -> dict:

@@ -18,6 +18,7 @@ import numpy as np
 
 from actors.planner.predictors import PredictorSpec
 from actors.planner.presets import PRESETS, spec_loss
+from simulator.planning import interval_buckets
 
 __all__ = ["predictor_winners", "candidate_spec", "arrival_history"]
 
@@ -39,13 +40,7 @@ def arrival_history(times_ms: np.ndarray, isl: np.ndarray, osl: np.ndarray, inte
     """(count, mean ISL, mean OSL) per interval of the arrivals (from the first one)."""
     if len(times_ms) == 0:
         return []
-    idx = np.floor((times_ms - times_ms.min()) / (interval_s * 1000.0)).astype(np.int64)
-    out = []
-    for k in range(int(idx.max()) + 1):
-        sel = idx == k
-        n = int(sel.sum())
-        out.append((float(n), float(isl[sel].mean()) if n else 0.0, float(osl[sel].mean()) if n else 0.0))
-    return out
+    return interval_buckets(times_ms, isl, osl, float(np.min(times_ms)), interval_s * 1000.0)
 
 
 def _arrivals(cfg, config_dir):
