@@ -88,7 +88,7 @@ class _Branch:
     ratio: tuple[float, float] | None  # kv_load_ratio searched over [min, max]
     seen: dict[str, dict] = field(default_factory=dict)  # params key -> ledger record
     exhausted: bool = False
-    grid: list[dict] | None = None  # the unseen-point draw order of ``random`` (enumerable spaces)
+    grid: list[tuple[str, dict]] | None = None  # ``random``: every (params key, point) of an enumerable branch
 
     def distributions(self) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -196,8 +196,8 @@ class _Search:
             name = f"{cfg.study.name}-{mode}"
             study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(i),
                                         directions=directions(cfg.optimization.target), load_if_exists=True)
-            ratio = cfg.kv_load_ratio_range if hasattr(cfg, "kv_load_ratio_range") else None
-            out.append(_Branch(mode, study, choices, labels, shapes, [shape_key(s) for s in shapes], ratio))
+            out.append(_Branch(mode, study, choices, labels, shapes, [shape_key(s) for s in shapes],
+                               cfg.kv_load_ratio_range))
         return out
 
     def _pool(self, mode, worker_shapes, shape_pool) -> list[dict]:
@@ -246,15 +246,17 @@ class _Search:
     def _draw_random(self, b: _Branch, pending: set[str]) -> dict | None:
         """The next unseen point of ``b`` for ``random`` (uniform over the points neither evaluated nor
         in flight; seeded, so the draws do not depend on how many run at once)."""
-        dists = b.distributions()
-        if b.size() <= _MAX_ENUMERATED:
+        if b.size() > _MAX_ENUMERATED:
+            return None  # sampled by the Optuna RandomSampler, duplicates re-asked
+        if b.grid is None:  # enumerated once per branch: (key, point) in a fixed order
+            dists = b.distributions()
             names = sorted(dists)
-            grid = [dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names))]
-            unseen = [p for p in grid if _params_key(p) not in b.seen and _params_key(p) not in pending]
-            if not unseen:
-                return None
-            return unseen[int(self.rng.integers(len(unseen)))]
-        return None  # sampled by the Optuna RandomSampler, duplicates re-asked
+            points = (dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names)))
+            b.grid = [(_params_key(p), p) for p in points]
+        unseen = [p for key, p in b.grid if key not in b.seen and key not in pending]
+        if not unseen:
+            return None
+        return unseen[int(self.rng.integers(len(unseen)))]
 
     def ask(self, b: _Branch, pending: set[str]):
         """(trial, params) of an unseen, not pending suggestion of ``b``, or None when exhausted."""
