@@ -8,6 +8,12 @@ start, imports, trace loading, the replay and the report, and the peak RSS is th
 
     python scripts/bench_replay.py                       # 3 repeats, prints a summary line per run
     python scripts/bench_replay.py --trace PATH --repeat 5 --json
+    python scripts/bench_replay.py --compare fad994a --repeat 5   # this tree vs a commit, interleaved
+
+``--compare REV`` checks REV out into a temporary git worktree and, for each repeat, runs the
+same config first from REV's tree and then from this one (interleaved, so a change in the
+machine's load hits both alike). It reports both medians, their ratio (this / REV) and whether
+the two summaries agree on every field they share, wall-time fields aside.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -38,6 +43,18 @@ engine:
 {transfer}  workers:
 {workers}
 router: {{policy: {router}}}
+{planner}"""
+
+PLANNER = """planner:
+  policy: enabled
+  target: sla
+  enable_throughput_scaling: true
+  enable_load_scaling: true
+  max_num_gpus: 4
+  min_workers: 1
+  load_predictor: kalman
+evaluation:
+  sla: {ttft_ms: 1500, itl_ms: 50}
 """
 
 ROLE = """    {role}:
@@ -60,20 +77,89 @@ def render_config(args) -> str:
         workers = ROLE.format(role="aggregated", replicas=args.workers, seqs=256, **common)
         transfer, mode = "", "aggregated"
     return CONFIG.format(trace=json.dumps(str(args.trace.resolve())), mode=mode, transfer=transfer,
-                         workers=workers.rstrip("\n"), router=args.router)
+                         workers=workers.rstrip("\n"), router=args.router, planner=PLANNER if args.planner else "")
 
 
-def run_once(config: Path, env: dict) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+WALL_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
+
+# The child reports its own peak RSS (RUSAGE_CHILDREN is a running max over all children, so it
+# cannot tell two trees apart when they alternate).
+CHILD = r"""
+import resource, runpy, sys
+sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json"]
+try:
+    runpy.run_module("aisim", run_name="__main__")
+finally:
+    sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def run_once(config: Path, env: dict, tree: Path = ROOT) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "aisim", "predict", "-c", str(config), "--format", "json"],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-c", CHILD, str(config)], capture_output=True, text=True,
+                       env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        raise SystemExit(f"aisim predict failed ({p.returncode}): {p.stderr.strip()}")
+        raise SystemExit(f"aisim predict failed in {tree} ({p.returncode}): {p.stderr.strip()[-2000:]}")
     summary = json.loads(p.stdout)
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"wall_s": wall, "peak_rss_mb": max(peak_kb, before) / 1024, "summary": summary}
+    peak_kb = int(p.stderr.rsplit("AISIM_BENCH_PEAK_KB=", 1)[1].split()[0])
+    return {"wall_s": wall, "peak_rss_mb": peak_kb / 1024, "summary": summary}
+
+
+def summary_differences(a: dict, b: dict) -> list[str]:
+    """Fields both summaries have whose values differ (wall-time fields aside)."""
+    return sorted(k for k in a.keys() & b.keys() if k not in WALL_FIELDS and a[k] != b[k])
+
+
+def compare(args, config: Path, env: dict) -> int:
+    """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
+    work = Path(tempfile.mkdtemp(prefix="aisim-bench-replay-"))
+    base = work / "baseline"
+    subprocess.run(["git", "worktree", "add", "--detach", str(base), args.compare], cwd=ROOT, check=True,
+                   capture_output=True)
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    try:
+        for i in range(args.repeat):
+            for name, tree in (("baseline", base), ("this", ROOT)):
+                r = run_once(config, env, tree)
+                runs[name].append(r)
+                if not args.json:
+                    print(f"repeat {i + 1} {name:8}: wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                          f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s", flush=True)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
+    replay = {k: statistics.median(r["summary"]["wall_time_ms"] / 1000 for r in v) for k, v in runs.items()}
+    diffs = sorted({d for a, b in zip(runs["baseline"], runs["this"]) for d in summary_differences(a["summary"], b["summary"])})
+    this_self = sorted({d for r in runs["this"][1:] for d in summary_differences(runs["this"][0]["summary"], r["summary"])})
+    result = {
+        "scenario": scenario_name(args), "baseline": args.compare, "repeat": args.repeat,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "median_wall_s": med, "median_replay_s": replay,
+        "ratio_this_to_baseline": med["this"] / med["baseline"],
+        "replay_ratio_this_to_baseline": replay["this"] / replay["baseline"],
+        "peak_rss_mb": {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()},
+        "differing_summary_fields": diffs,
+        "nondeterministic_fields": this_self,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"median whole process: {args.compare} {med['baseline']:.2f} s, this {med['this']:.2f} s, "
+              f"ratio {result['ratio_this_to_baseline']:.3f} (replay alone {result['replay_ratio_this_to_baseline']:.3f}); "
+              f"peak RSS {result['peak_rss_mb']['baseline']:.0f} vs {result['peak_rss_mb']['this']:.0f} MB "
+              f"({result['machine']})")
+        print("summaries: " + ("identical on every shared field (wall time aside)" if not diffs
+                               else "DIFFER in " + ", ".join(diffs)))
+    return 0 if not diffs and not this_self else 1
+
+
+def scenario_name(args) -> str:
+    shape = ("%dP%dD disaggregated" % tuple(args.disaggregated) if args.disaggregated
+             else "%d aggregated workers" % args.workers)
+    return (f"conversation trace, {shape}, {args.timing}, block 64, {args.blocks} blocks/worker, {args.router}"
+            + (", Planner" if args.planner else ""))
 
 
 def main() -> int:
@@ -89,6 +175,9 @@ def main() -> int:
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
                     help="disaggregated with this many prefill and decode workers (instead of --workers)")
     ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")
+    ap.add_argument("--planner", action="store_true",
+                    help="with the Planner in the loop (SLA 1,500/50 ms, kalman, up to 4 GPUs)")
+    ap.add_argument("--compare", metavar="REV", help="time this tree against git revision REV, interleaved")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
     if not args.trace.is_file():
@@ -96,15 +185,14 @@ def main() -> int:
 
     home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
     (home / "ray_bootstrap_config.yaml").write_text("")
-    env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
     config = home / "bench.yaml"
     config.write_text(render_config(args))
+    if args.compare:
+        return compare(args, config, env)
 
     runs = []
     for i in range(args.repeat):
-        # RUSAGE_CHILDREN's max RSS is a running max over children: run each repeat in its own
-        # grandchild-free process and report the max, which is what we want for a peak anyway.
         r = run_once(config, env)
         runs.append(r)
         s = r["summary"]
@@ -115,8 +203,7 @@ def main() -> int:
     warm = walls[1:] if args.timing == "default" and len(walls) > 1 else walls
     s = runs[0]["summary"]
     result = {
-        "scenario": (f"conversation trace, {'%dP%dD disaggregated' % tuple(args.disaggregated) if args.disaggregated else '%d aggregated workers' % args.workers}, "
-                     f"{args.timing}, block 64, {args.blocks} blocks/worker, {args.router}"),
+        "scenario": scenario_name(args),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
         "requests": s["num_requests"],

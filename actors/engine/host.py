@@ -318,8 +318,7 @@ class WorkerHost:
                 continue
             worker.sync(self.now)
             self._take_kv(wid, worker)
-            hits, _ = kv.match_prefix(hashes, limit)
-            out.append(len(hits))
+            out.append(kv.match_prefix(hashes, limit)[0])
         return out
 
     def kv_contents(self, wids) -> list:

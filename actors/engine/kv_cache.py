@@ -12,74 +12,102 @@ Semantics (vLLM v1 / the reference mocker):
   tail-first (the last block of the sequence first), so leaves are evicted before parents.
 - A new slot takes a free block or evicts the least recently released cached block.
 
-Representation (chosen for speed, see BENCHMARKS.md): one dict ``refs`` maps a cached hash to
-``1`` (active) or to ``-stamp`` (inactive; ``stamp`` numbers the release batch that made it
-inactive). Holders beyond the first of an active block are counted in the small dict
-``extra`` (only concurrently shared blocks, e.g. a common system prompt), so releasing a
-request is one write per block. Release batches sit in a deque in LRU order; a block that is
-reactivated leaves a stale entry there, and eviction checks entries only in batches that have
-one (``_stale``). Every hot operation is a C-level bulk call over the request's hash list.
+Representation (chosen for speed, see BENCHMARKS.md): resident blocks live in *runs*
+(``_Run``): consecutive blocks of one hash chain that share one state (held by the same
+number of live requests, or cached inactive since the same release). Bookkeeping costs one
+step per run, not per block: a prefill chunk registers as one run, a request's release moves
+its runs to the LRU pool as one batch, and eviction takes whole runs (or the tail of one).
+A run is split only where a request's prefix hit ends inside it.
+
+Only the first hash of each run is indexed (``_heads``). That suffices because hashes are
+chained: a resident block whose parent is resident lies in its parent's run or starts a run,
+so a prefix lookup goes run by run (one dict probe and one comparison of the run's last key
+per run, a binary search where the prefix ends inside a run), and a block filled right
+after a block its request holds is already cached only if its hash starts a run.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress, islice, repeat, takewhile
-
-try:  # C helper behind Counter.update: counts an iterable into a dict at C speed
-    from collections import _count_elements  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - every CPython has it
-
-    def _count_elements(mapping, iterable):
-        get = mapping.get
-        for elem in iterable:
-            mapping[elem] = get(elem, 0) + 1
-
 
 # KV event kinds (published to routers at pass end)
 STORED = 1
 REMOVED = 2
 
-_ONE_EQ = (1).__eq__
-_ZERO_LT = (0).__lt__
-_ZERO_GT = (0).__gt__
+
+class _Run:
+    """Consecutive blocks of one chain in one state.
+
+    ``keys``: the chained hashes, parent first. ``holders``: live requests holding the run
+    (0: cached inactive, in the release batch numbered ``stamp``). ``tail``: the run split off
+    this one's end while requests held both (a holder's ``(run, n)`` record covers ``n``
+    blocks along this link). ``marks``: (offset, insertion number, index in that insertion)
+    where the blocks from ``offset`` on were made resident (orders ``contents()``)."""
+
+    __slots__ = ("keys", "holders", "stamp", "tail", "marks")
+
+    def __init__(self, keys: list, holders: int, marks: list) -> None:
+        self.keys = keys
+        self.holders = holders
+        self.stamp = 0
+        self.tail: _Run | None = None
+        self.marks = marks
+
+
+def _split_marks(marks: list, at: int) -> tuple[list, list]:
+    """Marks of the blocks before ``at`` and of those from ``at`` on (offsets rebased)."""
+    head = []
+    tail = []
+    for off, seq, idx in marks:
+        if off < at:
+            head.append((off, seq, idx))
+        else:
+            tail.append((off - at, seq, idx))
+    if not tail or tail[0][0] != 0:
+        off, seq, idx = head[-1]
+        tail.insert(0, (0, seq, idx + at - off))
+    return head, tail
 
 
 class KVCache:
-    """Per-rank block pool. Capacity misses are return values, never exceptions."""
+    """Per-rank block pool. Capacity misses are return values, never exceptions.
+
+    A request's holdings live on the request: ``held`` (a list of ``(run, n)`` records, chain
+    order: the first ``n`` blocks along the run and its split-off tails), ``num_held`` (shared
+    blocks held), ``num_private`` (slots not shared: partial blocks and private copies),
+    ``num_full_registered`` (full blocks accounted for, held or private) and ``dup_tail``
+    (whether the last of those is a private copy)."""
 
     __slots__ = (
         "capacity",
         "block_size",
         "prefix_caching",
-        "refs",
         "num_active_shared",
         "num_inactive",
         "num_private",
         "events",
         "num_evicted",
-        "extra",
+        "_heads",
         "_batches",
         "_batch_entries",
         "_stamp",
-        "_stale",
+        "_seq",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int, prefix_caching: bool = True, record_events: bool = False):
         self.capacity = int(capacity_blocks)
         self.block_size = int(block_size)
         self.prefix_caching = bool(prefix_caching)
-        self.refs: dict[int, int] = {}  # 1 = active, -stamp = cached inactive
-        self.extra: dict[int, int] = {}  # active blocks with more than one holder: holders - 1
         self.num_active_shared = 0
         self.num_inactive = 0
         self.num_private = 0
         self.events: list[tuple[int, list[int]]] | None = [] if record_events else None
         self.num_evicted = 0
-        self._batches: deque[list] = deque()  # [neg_stamp, keys (eviction order), next position]
+        self._heads: dict[int, _Run] = {}  # first hash of each resident run -> run
+        self._batches: deque[list] = deque()  # [stamp, runs (eviction order), next position]
         self._batch_entries = 0
         self._stamp = 0
-        self._stale: set[int] = set()  # batches (by -stamp) holding reactivated entries
+        self._seq = 0  # numbers insertions (contents() lists active blocks in insertion order)
 
     # -- capacity -----------------------------------------------------------------
     @property
@@ -97,35 +125,82 @@ class KVCache:
         return self.capacity - self.num_active_shared - self.num_private
 
     # -- prefix lookup --------------------------------------------------------------
-    def match_prefix(self, hashes: list[int], limit_blocks: int) -> tuple[list[int], int]:
+    def match_prefix(self, hashes: list[int], limit_blocks: int) -> tuple[int, int, list]:
         """Longest resident chain among the first ``limit_blocks`` hashes.
 
-        Returns the hit hashes and how many of them are currently active.
+        Returns how many blocks hit, how many of them are currently active, and the hit as
+        ``(run, n)`` pieces for ``acquire``.
         """
         if limit_blocks <= 0 or not self.prefix_caching:
-            return [], 0
-        refs = self.refs
-        hits = list(takewhile(refs.__contains__, islice(hashes, limit_blocks)))
-        if not hits:
-            return hits, 0
-        return hits, sum(map(_ZERO_LT, map(refs.__getitem__, hits)))
+            return 0, 0, []
+        get = self._heads.get
+        path = []
+        pos = num_active = 0
+        while pos < limit_blocks:
+            run = get(hashes[pos])
+            if run is None:
+                break
+            keys = run.keys
+            n = len(keys)
+            if n > limit_blocks - pos:
+                n = limit_blocks - pos
+            if keys[n - 1] != hashes[pos + n - 1]:
+                # equal chained hashes mean equal prefixes: find the last equal position
+                lo, hi = 1, n - 1  # keys[lo - 1] matches, keys[hi] does not
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if keys[mid] == hashes[pos + mid]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                n = lo
+            path.append((run, n))
+            if run.holders:
+                num_active += n
+            pos += n
+        return pos, num_active, path
 
-    def acquire(self, req, hits: list[int]) -> None:
-        """Make ``hits`` (a resident prefix) held by ``req``; takes ownership of the list."""
-        if hits:
-            refs = self.refs
-            vals = list(map(refs.__getitem__, hits))
-            n_active = vals.count(1)
-            if n_active:
-                _count_elements(self.extra, compress(hits, map(_ONE_EQ, vals)))
-            if n_active != len(hits):
-                inactive = list(compress(hits, map(_ZERO_GT, vals)))
-                self._stale.update(compress(vals, map(_ZERO_GT, vals)))
-                refs.update(zip(inactive, repeat(1)))
-                self.num_inactive -= len(inactive)
-                self.num_active_shared += len(inactive)
-        req.held = hits
-        req.num_full_registered = len(hits)
+    def acquire(self, req, path: list) -> None:
+        """Make the hit ``path`` (from ``match_prefix``, nothing changed since) held by ``req``."""
+        held = []
+        total = 0
+        for run, n in path:
+            if n < len(run.keys):
+                run = self._split(run, n)
+            if run.holders:
+                run.holders += 1
+            else:
+                run.holders = 1
+                self.num_inactive -= n
+                self.num_active_shared += n
+            held.append((run, n))
+            total += n
+        req.held = held
+        req.num_held = total
+        req.num_full_registered = total
+        req.dup_tail = False
+
+    def _split(self, run: _Run, at: int) -> _Run:
+        """Split ``run`` after its first ``at`` blocks; returns the part holding them."""
+        keys = run.keys
+        head_marks, tail_marks = _split_marks(run.marks, at)
+        if run.holders:
+            # holders keep their records on ``run``: the tail part follows it by the link
+            tail = _Run(keys[at:], run.holders, tail_marks)
+            tail.stamp = run.stamp
+            tail.tail = run.tail
+            del keys[at:]
+            run.marks = head_marks
+            run.tail = tail
+            self._heads[tail.keys[0]] = tail
+            return run
+        # cached inactive: the tail part keeps its place in its release batch
+        head = _Run(keys[:at], 0, head_marks)
+        del keys[:at]
+        run.marks = tail_marks
+        self._heads[head.keys[0]] = head
+        self._heads[keys[0]] = run
+        return head
 
     # -- allocation -----------------------------------------------------------------
     def grow(self, req, target_tokens: int, hashes: list[int] | None) -> bool:
@@ -134,15 +209,14 @@ class KVCache:
         Returns False (changing nothing) when free + evictable blocks do not suffice.
         """
         bs = self.block_size
-        need = -(-target_tokens // bs) - len(req.held) - req.num_private
+        need = -(-target_tokens // bs) - req.num_held - req.num_private
         if need > 0:
             if not self.reserve(need):
                 return False
             req.num_private += need
         full = target_tokens // bs
         if full > req.num_full_registered and self.prefix_caching:
-            self.register(req, hashes[req.num_full_registered : full])
-            req.num_full_registered = full
+            self.register(req, hashes, full)
         return True
 
     def reserve(self, num_blocks: int) -> bool:
@@ -156,51 +230,136 @@ class KVCache:
         self.num_private += num_blocks
         return True
 
-    def register(self, req, new: list[int]) -> None:
-        """Turn ``req``'s private slots for the full blocks ``new`` into shared cached blocks."""
-        refs = self.refs
-        if refs.keys().isdisjoint(new):
-            refs.update(zip(new, repeat(1)))
-            req.held.extend(new)
-            stored = new
-        else:
-            stored = []
-            for h in new:
-                if h in refs:
-                    continue  # identical block already cached: this copy stays private
-                refs[h] = 1
-                req.held.append(h)
-                stored.append(h)
-        n = len(stored)
-        req.num_private -= n
-        self.num_private -= n
-        self.num_active_shared += n
-        if self.events is not None and stored:
-            self.events.append((STORED, list(stored)))
+    def register(self, req, hashes: list[int], full: int) -> None:
+        """Turn ``req``'s private slots for its full blocks up to ``full`` into shared cached
+        blocks (those not already cached elsewhere, which stay private copies)."""
+        heads = self._heads
+        pos = req.num_full_registered
+        req.num_full_registered = full
+        stored = [] if self.events is not None else None
+        num_stored = 0
+        self._seq += 1
+        seq = self._seq
+        # Is hashes[pos] resident? It starts a run, unless the block before it is a private
+        # copy of a cached block, whose run it may continue.
+        run = heads.get(hashes[pos])
+        off = 0
+        if run is None and req.dup_tail:
+            run, off = self._locate_next(hashes, pos)
+        while pos < full:
+            if run is not None:
+                # an identical block is cached: a private copy, as long as the chains agree
+                keys = run.keys
+                n = len(keys) - off
+                if n > full - pos:
+                    n = full - pos
+                if keys[off + n - 1] != hashes[pos + n - 1]:
+                    lo, hi = 1, n - 1
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if keys[off + mid] == hashes[pos + mid]:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    n = lo
+                pos += n
+                req.dup_tail = True
+                run = heads.get(hashes[pos]) if pos < full else None
+                off = 0
+                continue
+            # new blocks up to the next cached one (which can only start a run: its parent is new)
+            end = full
+            if pos + 1 < full and not heads.keys().isdisjoint(hashes[pos + 1 : full]):
+                end = pos + 1
+                while hashes[end] not in heads:
+                    end += 1
+            new = hashes[pos:end]
+            n = end - pos
+            held = req.held
+            last = held[-1] if held and not req.dup_tail else None
+            if last is not None and last[0].holders == 1 and last[0].tail is None and len(last[0].keys) == last[1]:
+                # the request's own last run (held by it alone): extend it in place
+                own = last[0]
+                own.marks.append((len(own.keys), seq, num_stored))
+                own.keys.extend(new)
+                held[-1] = (own, last[1] + n)
+            else:
+                own = _Run(new, 1, [(0, seq, num_stored)])
+                heads[new[0]] = own
+                held.append((own, n))
+            if stored is not None:
+                stored.extend(new)
+            num_stored += n
+            req.dup_tail = False
+            pos = end
+            if pos < full:
+                run = heads[hashes[pos]]
+        req.num_held += num_stored
+        req.num_private -= num_stored
+        self.num_private -= num_stored
+        self.num_active_shared += num_stored
+        if stored:
+            self.events.append((STORED, stored))
+
+    def _locate_next(self, hashes: list[int], pos: int) -> tuple[_Run | None, int]:
+        """The run and offset of ``hashes[pos]`` when it continues the run holding
+        ``hashes[pos - 1]`` (a cached block the request has a private copy of)."""
+        heads = self._heads
+        parent = hashes[pos - 1]
+        for q in range(pos - 1, -1, -1):
+            run = heads.get(hashes[q])
+            if run is None:
+                continue
+            off = pos - q
+            keys = run.keys
+            if off - 1 < len(keys) and keys[off - 1] == parent and off < len(keys) and keys[off] == hashes[pos]:
+                return run, off
+            return None, 0  # the run starting at q holds hashes[q], so no other run holds hashes[pos - 1]
+        return None, 0
 
     def _evict(self, count: int) -> None:
-        refs = self.refs
+        heads = self._heads
         batches = self._batches
-        stale = self._stale
-        victims: list[int] = []
-        while len(victims) < count:
+        victims: list[int] | None = [] if self.events is not None else None
+        left = count
+        while left:
             batch = batches[0]
-            stamp, keys, pos = batch
-            need = count - len(victims)
-            chunk = keys[pos : pos + need] if pos or need < len(keys) else keys
-            batch[2] = pos + len(chunk)
-            if stamp in stale:
-                victims.extend(compress(chunk, map(stamp.__eq__, map(refs.get, chunk))))
-            else:
-                victims.extend(chunk)
-            if batch[2] >= len(keys):
+            stamp, runs, i = batch
+            n = len(runs)
+            while i < n:
+                run = runs[i]
+                keys = run.keys
+                if run.holders or run.stamp != stamp or not keys:
+                    i += 1  # stale entry: held again, released again later, or gone
+                    continue
+                k = len(keys)
+                if k <= left:
+                    del heads[keys[0]]
+                    if victims is not None:
+                        victims.extend(reversed(keys))
+                    run.keys = []
+                    run.marks = []
+                    left -= k
+                    i += 1
+                    if not left:
+                        break
+                else:
+                    cut = k - left
+                    if victims is not None:
+                        victims.extend(reversed(keys[cut:]))
+                    del keys[cut:]
+                    marks = run.marks
+                    while marks[-1][0] >= cut:
+                        marks.pop()
+                    left = 0
+                    break
+            batch[2] = i
+            if i >= n:
                 batches.popleft()
-                stale.discard(stamp)
-                self._batch_entries -= len(keys)
-        deque(map(refs.__delitem__, victims), 0)
+                self._batch_entries -= n
         self.num_inactive -= count
         self.num_evicted += count
-        if self.events is not None:
+        if victims is not None:
             self.events.append((REMOVED, victims))
 
     # -- release --------------------------------------------------------------------
@@ -208,96 +367,136 @@ class KVCache:
         """Free everything ``req`` holds (completion or preemption)."""
         held = req.held
         if held:
-            extra = self.extra
-            if not extra:
-                zeros = held[::-1]  # tail first: leaves are evicted before their parents
-            else:
-                # Blocks other live requests also hold are usually a prefix of ``held`` (others
-                # got them as a prefix hit); a request that filled a block while an identical one
-                # was cached holds a gapped chain, which the general path below handles.
-                k = len(list(takewhile(extra.__contains__, held)))
-                if extra.keys().isdisjoint(islice(held, k, None)):
-                    shared = held[:k]
-                    zeros = held[: k - 1 : -1] if k else held[::-1]
-                else:
-                    flags = list(map(extra.__contains__, held))
-                    shared = list(compress(held, flags))
-                    zeros = [h for h, f in zip(reversed(held), reversed(flags)) if not f]
-                for h in shared:
-                    c = extra[h] - 1
-                    if c:
-                        extra[h] = c
-                    else:
-                        del extra[h]
+            zeros = []  # runs no live request holds any more, tail first
+            num_zero = 0
+            for run, n in reversed(held):
+                if n == len(run.keys):
+                    run.holders -= 1
+                    if not run.holders:
+                        zeros.append(run)
+                        num_zero += n
+                    continue
+                parts = []
+                while n > 0:
+                    parts.append(run)
+                    n -= len(run.keys)
+                    run = run.tail
+                for run in reversed(parts):
+                    run.holders -= 1
+                    if not run.holders:
+                        zeros.append(run)
+                        num_zero += len(run.keys)
             if zeros:
                 self._stamp += 1
-                neg = -self._stamp
-                self.refs.update(zip(zeros, repeat(neg)))
-                self._batches.append([neg, zeros, 0])
-                n = len(zeros)
-                self._batch_entries += n
-                self.num_inactive += n
-                self.num_active_shared -= n
+                stamp = self._stamp
+                for run in zeros:
+                    run.stamp = stamp
+                self._batches.append([stamp, zeros, 0])
+                self._batch_entries += len(zeros)
+                self.num_inactive += num_zero
+                self.num_active_shared -= num_zero
                 if self._batch_entries > 2 * self.num_inactive + 4096:
                     self._compact()
             req.held = []
+            req.num_held = 0
         self.num_private -= req.num_private
         req.num_private = 0
         req.num_full_registered = 0
+        req.dup_tail = False
 
     def _compact(self) -> None:
-        """Drop stale LRU entries (blocks reactivated or re-released since)."""
-        refs = self.refs
+        """Drop stale LRU entries (runs held again or released again since)."""
         kept: deque[list] = deque()
         total = 0
-        for stamp, keys, pos in self._batches:
-            live = list(compress(islice(keys, pos, None), map(stamp.__eq__, map(refs.get, islice(keys, pos, None)))))
+        for stamp, runs, pos in self._batches:
+            live = [r for r in runs[pos:] if not r.holders and r.stamp == stamp and r.keys]
             if live:
                 kept.append([stamp, live, 0])
                 total += len(live)
         self._batches = kept
         self._batch_entries = total
-        self._stale.clear()
 
     # -- warm start (retune window replays) ----------------------------------------------
     def contents(self) -> list[int]:
         """Every resident block, next eviction first: the cached inactive ones in LRU order, then
-        the active ones (released later, so evicted later)."""
-        return self.lru_order() + [h for h, c in self.refs.items() if c > 0]
+        the active ones (released later, so evicted later) in the order they became resident."""
+        parts = []
+        for run in self._heads.values():
+            if run.holders:
+                keys = run.keys
+                marks = run.marks
+                for j, (off, seq, idx) in enumerate(marks):
+                    end = marks[j + 1][0] if j + 1 < len(marks) else len(keys)
+                    parts.append((seq, idx, keys[off:end]))
+        parts.sort(key=lambda p: (p[0], p[1]))
+        out = self.lru_order()
+        for _, _, keys in parts:
+            out.extend(keys)
+        return out
 
     def preload(self, hashes: list[int]) -> None:
         """Start from ``hashes`` cached and inactive (``contents()`` of another cache, next eviction
         first; the most recent ``capacity`` of them fit). Only on an empty cache; no KV events."""
-        if self.refs:
+        if self._heads or self.num_active:
             raise RuntimeError("preload needs an empty KV cache")
         if not self.prefix_caching:
             return
         keep = list(dict.fromkeys(hashes))[-self.capacity:] if self.capacity > 0 else []
         if not keep:
             return
+        # one run per block: the chains behind a flat list are unknown (every block starts a run)
+        self._seq += 1
         self._stamp += 1
-        neg = -self._stamp
-        self.refs.update(zip(keep, repeat(neg)))
-        self._batches.append([neg, keep, 0])
-        self._batch_entries += len(keep)
+        seq, stamp = self._seq, self._stamp
+        runs = []
+        for i, h in enumerate(keep):
+            run = _Run([h], 0, [(0, seq, i)])
+            run.stamp = stamp
+            self._heads[h] = run
+            runs.append(run)
+        self._batches.append([stamp, runs, 0])
+        self._batch_entries += len(runs)
         self.num_inactive += len(keep)
 
     # -- introspection (tests, planner) ----------------------------------------------
     def lru_order(self) -> list[int]:
         """Cached inactive blocks, next eviction first."""
-        refs = self.refs
         out = []
-        for stamp, keys, pos in self._batches:
-            out.extend(h for h in keys[pos:] if refs.get(h) == stamp)
+        for stamp, runs, pos in self._batches:
+            for run in runs[pos:]:
+                if not run.holders and run.stamp == stamp and run.keys:
+                    out.extend(reversed(run.keys))
+        return out
+
+    def resident(self) -> set[int]:
+        """Hashes of every cached block (active or inactive)."""
+        out: set[int] = set()
+        for run in self._heads.values():
+            out.update(run.keys)
+        return out
+
+    @staticmethod
+    def held_hashes(req) -> list[int]:
+        """The shared blocks ``req`` holds, chain order."""
+        out = []
+        for run, n in req.held:
+            while n > 0:
+                out.extend(run.keys[:n])
+                n -= len(run.keys)
+                run = run.tail
         return out
 
     def check_invariants(self) -> None:
-        active = sum(1 for c in self.refs.values() if c > 0)
-        inactive = sum(1 for c in self.refs.values() if c < 0)
-        assert set(self.refs.values()) <= {1} | {v for v in self.refs.values() if v < 0}
-        assert all(self.refs.get(h) == 1 and c > 0 for h, c in self.extra.items())
+        runs = list(self._heads.values())
+        assert all(r.keys and self._heads.get(r.keys[0]) is r for r in runs)
+        keys = [h for r in runs for h in r.keys]
+        assert len(keys) == len(set(keys)), "a hash is resident twice"
+        active = sum(len(r.keys) for r in runs if r.holders > 0)
+        inactive = sum(len(r.keys) for r in runs if r.holders == 0)
+        assert all(r.holders >= 0 for r in runs)
         assert active == self.num_active_shared, (active, self.num_active_shared)
         assert inactive == self.num_inactive, (inactive, self.num_inactive)
         assert len(self.lru_order()) == inactive
+        assert all(len(r.marks) >= 1 and r.marks[0][0] == 0 for r in runs)
         assert self.num_private >= 0
         assert self.num_active + self.num_inactive <= self.capacity

@@ -48,6 +48,8 @@ class Request:
         "hashes",
         "hash_block_size",
         "held",
+        "num_held",
+        "dup_tail",
         "num_full_registered",
         "num_private",
         "status",
@@ -93,7 +95,9 @@ class Request:
         self.prefill_done = False
         self.hashes: list[int] | None = None
         self.hash_block_size = 0
-        self.held: list[int] = []
+        self.held: list = []  # KV runs held: (run, blocks) records (KVCache)
+        self.num_held = 0  # shared KV blocks held
+        self.dup_tail = False  # the last full block is a private copy of a cached one (KVCache)
         self.num_full_registered = 0
         self.num_private = 0
         self.status = WAITING

@@ -143,7 +143,7 @@ class RankScheduler:
             target = req.num_computed + n
             can_schedule = True
             # inline no-op check of kv.grow: most decode steps need no new block
-            if -(-target // bs) <= len(req.held) + req.num_private and (
+            if -(-target // bs) <= req.num_held + req.num_private and (
                 not caching or target // bs <= req.num_full_registered
             ):
                 items.append((req, n))
@@ -184,12 +184,12 @@ class RankScheduler:
                         continue
                 hashes = req.block_hashes(bs) if cfg.enable_prefix_caching else None
                 if hashes is not None:
-                    hits, active_hits = kv.match_prefix(hashes, (known - 1) // bs)
+                    num_hits, active_hits, hits = kv.match_prefix(hashes, (known - 1) // bs)
                 else:
-                    hits, active_hits = [], 0
+                    num_hits, active_hits, hits = 0, 0, []
                 if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
                     break
-                reused = len(hits) * bs
+                reused = num_hits * bs
                 if req.materialized:
                     # transferred KV: the prompt is computed but its last token, whose decode
                     # step emits the client-visible first token
@@ -440,5 +440,5 @@ class RankScheduler:
         bs = cfg.block_size
         active_hits = 0
         if cfg.enable_prefix_caching:
-            _, active_hits = self.kv.match_prefix(req.block_hashes(bs), (known - 1) // bs)
+            _, active_hits, _ = self.kv.match_prefix(req.block_hashes(bs), (known - 1) // bs)
         return -(-known // bs) - active_hits > self.kv.capacity - self.kv.num_active

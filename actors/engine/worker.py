@@ -400,7 +400,7 @@ class EngineWorker:
             for req, c in zip(batch, c0):
                 t = c + upto
                 # inline no-op check: most passes neither cross a block boundary nor fill a block
-                if -(-t // bs) > len(req.held) + req.num_private or (caching and t // bs > req.num_full_registered):
+                if -(-t // bs) > req.num_held + req.num_private or (caching and t // bs > req.num_full_registered):
                     if not kv.grow(req, t, req.hashes):  # pragma: no cover - the horizon guarantees it
                         raise AssertionError("fast-forward run ran out of KV blocks")
 

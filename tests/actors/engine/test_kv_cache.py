@@ -17,14 +17,15 @@ class Req:
     def __init__(self, hashes):
         self.hashes = hashes
         self.held = []
+        self.num_held = 0
+        self.dup_tail = False
         self.num_private = 0
         self.num_full_registered = 0
 
 
 def admit(kv: KVCache, req: Req, tokens: int) -> int:
-    hits, _ = kv.match_prefix(req.hashes, (tokens - 1) // kv.block_size)
-    k = len(hits)
-    kv.acquire(req, hits)  # takes ownership of the list
+    k, _, hits = kv.match_prefix(req.hashes, (tokens - 1) // kv.block_size)
+    kv.acquire(req, hits)
     assert kv.grow(req, tokens, req.hashes)
     return k
 
@@ -51,7 +52,7 @@ def test_release_then_evict_is_lru_and_tail_first():
     c = Req([21, 22, 23, 24])
     assert kv.grow(c, 16, c.hashes)  # 4 new blocks: evicts 3, 2, 1, 13
     assert kv.lru_order() == [12, 11]
-    assert 1 not in kv.refs and 12 in kv.refs
+    assert 1 not in kv.resident() and 12 in kv.resident()
     kv.check_invariants()
 
 
@@ -87,7 +88,7 @@ def test_identical_block_computed_twice_stays_private_and_is_freed():
     a, b = Req([1, 2]), Req([1, 2])
     assert kv.grow(a, 8, a.hashes)
     assert kv.grow(b, 8, b.hashes)  # nothing cached for b at its admission; fills the same hashes
-    assert a.held == [1, 2] and b.held == [] and b.num_private == 2
+    assert kv.held_hashes(a) == [1, 2] and kv.held_hashes(b) == [] and b.num_private == 2
     assert kv.num_active == 4
     kv.release(b)
     assert kv.num_active == 2 and kv.num_free == 8
@@ -98,7 +99,7 @@ def test_allocation_miss_is_a_return_value():
     kv = KVCache(2, 4)
     a = Req([1, 2, 3])
     assert not kv.grow(a, 12, a.hashes)
-    assert kv.num_active == 0 and a.held == []
+    assert kv.num_active == 0 and kv.held_hashes(a) == []
 
 
 def test_events_report_stored_and_removed_blocks():
@@ -171,8 +172,11 @@ class RefModel:
         self.private -= self.priv.pop(rid)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_operations_match_the_reference_model(seed):
+@pytest.mark.parametrize("max_cut", [10, 30])
+@pytest.mark.parametrize("seed", range(60))
+def test_random_operations_match_the_reference_model(seed, max_cut):
+    """max_cut 30: long shared prefixes, so runs split, are held by several requests at once and
+    are computed twice (private copies that continue a cached run)."""
     rnd = random.Random(seed)
     bs = rnd.choice([1, 2, 4])
     cap = rnd.randint(8, 60)
@@ -184,15 +188,14 @@ def test_random_operations_match_the_reference_model(seed):
         op = rnd.random()
         if op < 0.45 or not live:
             fam = rnd.choice(families)
-            cut = rnd.randint(0, 10)
+            cut = rnd.randint(0, max_cut)
             hashes = fam[:cut] + [rnd.getrandbits(62) for _ in range(25)]
             tokens = rnd.randint(1, 12 * bs)
             limit = (tokens - 1) // bs
-            hits, n_active = kv.match_prefix(hashes, limit)
-            assert len(hits) == ref.match(hashes, limit)
-            assert n_active == sum(1 for h in hits if ref.ref[h] > 0)
+            k, n_active, hits = kv.match_prefix(hashes, limit)
+            assert k == ref.match(hashes, limit)
+            assert n_active == sum(1 for h in hashes[:k] if ref.ref[h] > 0)
             req = Req(hashes)
-            k = len(hits)
             kv.acquire(req, hits)
             ref.acquire(step, hashes, k)
             target = max(tokens, k * bs)
@@ -214,7 +217,12 @@ def test_random_operations_match_the_reference_model(seed):
             ref.release(rid)
         assert kv.lru_order() == list(ref.lru)
         assert kv.num_free == ref.free()
-        assert set(kv.refs) == set(ref.ref)
+        assert kv.resident() == set(ref.ref)
+        # active blocks in the order they became resident (a dict's insertion order)
+        assert kv.contents() == list(ref.lru) + [h for h, c in ref.ref.items() if c > 0]
+        for rid, (req, _, _) in live.items():
+            assert kv.held_hashes(req) == ref.held[rid]
+            assert req.num_private == ref.priv[rid]
         kv.check_invariants()
 
 
