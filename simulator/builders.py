@@ -38,7 +38,8 @@ class ScaledTiming(TimingModel):
         return self.inner.decode_ms(num_decode, decode_kv_tokens, total_kv_tokens) / self._ddiv
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        return self.inner.decode_run_ms(num_decode, kv_tokens0, total_kv_tokens, num_passes) / self._ddiv
+        div = self._ddiv
+        return [d / div for d in self.inner.decode_run_ms(num_decode, kv_tokens0, total_kv_tokens, num_passes)]
 
     def describe(self) -> dict:
         return self.inner.describe()

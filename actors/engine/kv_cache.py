@@ -236,10 +236,20 @@ class KVCache:
         heads = self._heads
         pos = req.num_full_registered
         req.num_full_registered = full
-        stored = [] if self.events is not None else None
-        num_stored = 0
         self._seq += 1
         seq = self._seq
+        if full == pos + 1 and not req.dup_tail and hashes[pos] not in heads:
+            # one new block right after one the request holds (a decode step filled it)
+            self._store(req, hashes[pos:full], seq, 0)
+            req.num_held += 1
+            req.num_private -= 1
+            self.num_private -= 1
+            self.num_active_shared += 1
+            if self.events is not None:
+                self.events.append((STORED, hashes[pos:full]))
+            return
+        stored = [] if self.events is not None else None
+        num_stored = 0
         # Is hashes[pos] resident? It starts a run, unless the block before it is a private
         # copy of a cached block, whose run it may continue.
         run = heads.get(hashes[pos])
@@ -274,23 +284,10 @@ class KVCache:
                 while hashes[end] not in heads:
                     end += 1
             new = hashes[pos:end]
-            n = end - pos
-            held = req.held
-            last = held[-1] if held and not req.dup_tail else None
-            if last is not None and last[0].holders == 1 and last[0].tail is None and len(last[0].keys) == last[1]:
-                # the request's own last run (held by it alone): extend it in place
-                own = last[0]
-                own.marks.append((len(own.keys), seq, num_stored))
-                own.keys.extend(new)
-                held[-1] = (own, last[1] + n)
-            else:
-                own = _Run(new, 1, [(0, seq, num_stored)])
-                heads[new[0]] = own
-                held.append((own, n))
+            self._store(req, new, seq, num_stored)
             if stored is not None:
                 stored.extend(new)
-            num_stored += n
-            req.dup_tail = False
+            num_stored += end - pos
             pos = end
             if pos < full:
                 run = heads[hashes[pos]]
@@ -300,6 +297,22 @@ class KVCache:
         self.num_active_shared += num_stored
         if stored:
             self.events.append((STORED, stored))
+
+    def _store(self, req, new: list[int], seq: int, index: int) -> None:
+        """Make ``new`` (blocks nobody has cached, continuing ``req``'s chain) held by ``req``
+        alone: appended to its last run when it holds that run alone, else a new run."""
+        held = req.held
+        if held and not req.dup_tail:
+            own, n = held[-1]
+            if own.holders == 1 and own.tail is None and len(own.keys) == n:
+                own.marks.append((n, seq, index))
+                own.keys.extend(new)
+                held[-1] = (own, n + len(new))
+                return
+        own = _Run(new, 1, [(0, seq, index)])
+        self._heads[new[0]] = own
+        held.append((own, len(new)))
+        req.dup_tail = False
 
     def _locate_next(self, hashes: list[int], pos: int) -> tuple[_Run | None, int]:
         """The run and offset of ``hashes[pos]`` when it continues the run holding

@@ -23,6 +23,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from operator import add, attrgetter, mul, sub
 
 from actors.engine.kv_cache import KVCache
 from actors.engine.request import (
@@ -37,6 +38,12 @@ from actors.engine.request import (
     Request,
 )
 from actors.engine.timing import PassShape, TimingModel
+
+_PREFILL_DONE = attrgetter("prefill_done")
+_GENERATED = attrgetter("num_generated")
+_COMPUTED = attrgetter("num_computed")
+_PROMPT_LEN = attrgetter("prompt_len")
+_MAX_OUTPUT = attrgetter("max_output")
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class GapSink:
     def __init__(self) -> None:
         self.pooled_values = array("d")
         self.pooled_weights = array("q")
-        self.run_chunks: list = []  # (ndarray of gaps, weight)
+        self.run_chunks: list = []  # (array('d') or ndarray of gaps, weight)
         self.individual = array("d")
 
 
@@ -128,19 +135,37 @@ class RankScheduler:
         chunked = cfg.enable_chunked_prefill
         caching = kv.prefix_caching
         items: list = []
+        append = items.append
         num_preempted = 0
+        # decode requests (one token each) are summed as they are scheduled
+        num_decode = decode_kv = sq_kv = 0
         i = 0
-        while i < len(running) and budget > 0:
+        num_running = len(running)
+        while i < num_running and budget > 0:
             req = running[i]
-            n = req.prompt_len + req.num_generated - req.num_computed
-            if defer_prefill and not req.prefill_done and n > 1:
+            c = req.num_computed
+            known = req.prompt_len + req.num_generated
+            n = known - c
+            if n == 1 and req.prefill_done:
+                # a decode step: no KV work unless it crosses into or fills a block
+                if -(-known // bs) <= req.num_held + req.num_private and (
+                    not caching or known // bs <= req.num_full_registered
+                ):
+                    append((req, 1))
+                    num_decode += 1
+                    decode_kv += known
+                    sq_kv += known * known
+                    budget -= 1
+                    i += 1
+                    continue
+            elif defer_prefill and not req.prefill_done and n > 1:
                 i += 1
                 continue
             if n > budget:
                 if not chunked:
                     break
                 n = budget
-            target = req.num_computed + n
+            target = c + n
             can_schedule = True
             # inline no-op check of kv.grow: most decode steps need no new block
             if -(-target // bs) <= req.num_held + req.num_private and (
@@ -149,9 +174,15 @@ class RankScheduler:
                 items.append((req, n))
                 budget -= n
                 i += 1
+                if req.prefill_done:
+                    num_decode += 1
+                    decode_kv += known
+                    sq_kv += known * known
                 continue
             while not kv.grow(req, target, req.hashes):
                 victim = running.pop() if self._lifo else running.pop(0)
+                num_running -= 1
+                was_decode = victim.prefill_done
                 self._preempt(victim)
                 num_preempted += 1
                 if victim is req:
@@ -164,12 +195,21 @@ class RankScheduler:
                         if r is victim:
                             del items[k]
                             budget += rn
+                            if was_decode:
+                                vk = victim.prompt_len + victim.num_generated
+                                num_decode -= 1
+                                decode_kv -= vk
+                                sq_kv -= vk * vk
                             break
             if not can_schedule:
                 break
             items.append((req, n))
             budget -= n
             i += 1
+            if req.prefill_done:
+                num_decode += 1
+                decode_kv += known
+                sq_kv += known * known
 
         if not num_preempted and not defer_prefill:
             max_seqs = cfg.max_sequences
@@ -215,23 +255,23 @@ class RankScheduler:
                 running.append(req)
                 items.append((req, n))
                 budget -= n
+                if req.prefill_done:  # (a transferred request arrives with its prompt done)
+                    num_decode += 1
+                    decode_kv += known
+                    sq_kv += known * known
 
         if not items:
             if num_preempted:
                 self.num_preemptions += num_preempted
             return None
-        num_prefill = new_tokens = sum_prefix = num_decode = decode_kv = sq_new = sq_kv = 0
-        for req, n in items:
-            if req.prefill_done:
-                num_decode += 1
-                kv = req.prompt_len + req.num_generated
-                decode_kv += kv
-                sq_kv += kv * kv
-            else:
-                num_prefill += 1
-                new_tokens += n
-                sq_new += n * n
-                sum_prefix += req.num_computed
+        num_prefill = new_tokens = sum_prefix = sq_new = 0
+        if num_decode < len(items):
+            for req, n in items:
+                if not req.prefill_done:
+                    num_prefill += 1
+                    new_tokens += n
+                    sq_new += n * n
+                    sum_prefix += req.num_computed
         if cfg.prefill_only:
             num_decode = decode_kv = 0
         shape = PassShape(num_prefill, new_tokens, sum_prefix + new_tokens, sum_prefix, num_decode, decode_kv,
@@ -390,35 +430,22 @@ class RankScheduler:
         n = len(running)
         if not n or cfg.prefill_only or n > cfg.max_batched_tokens or not running[-1].prefill_done:
             return None  # (the newest request is the one most likely still prefilling)
-        limit = self.context_limit
-        k = max_passes
-        kv0 = sq = 0
-        c0 = []
-        g0 = []
-        for req in running:
-            if not req.prefill_done:
-                return None
-            g = req.num_generated
-            known = req.prompt_len + g
-            left = req.max_output - g
-            if limit - known < left:
-                left = limit - known
-            if left < k:
-                k = left
-            kv0 += known
-            sq += known * known
-            c0.append(req.num_computed)
-            g0.append(g)
+        if not all(map(_PREFILL_DONE, running)):
+            return None
+        # per-request columns at C speed (map over attribute getters)
+        g0 = list(map(_GENERATED, running))
+        known = list(map(add, map(_PROMPT_LEN, running), g0))
+        k = min(max_passes, min(map(sub, map(_MAX_OUTPUT, running), g0)), self.context_limit - max(known))
         if k <= 0 or not self._admission_blocked(n):
             return None
+        c0 = list(map(_COMPUTED, running))
+        kv0 = sum(known)
+        sq = sum(map(mul, known, known))
         bs = cfg.block_size
         avail = self.kv.num_reclaimable
         # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0
         firsts = [(-c) % bs for c in c0]
-        total = 0
-        for a in firsts:
-            if a < k:
-                total += (k - 1 - a) // bs + 1
+        total = sum([(k - 1 - a) // bs + 1 for a in firsts if a < k])
         if total > avail:
             k = sorted(j for a in firsts for j in range(a, k, bs))[avail]
             if k <= 0:

@@ -58,12 +58,12 @@ class TimingModel:
         )
         return prefill + decode
 
-    def decode_run_ms(self, num_decode: int, kv_tokens0: int, total_kv_tokens: int, num_passes: int) -> np.ndarray:
-        """Durations of ``num_passes`` decode-only passes; pass j has ``kv_tokens0 + j*num_decode``."""
-        out = np.empty(num_passes, dtype=np.float64)
-        for j in range(num_passes):
-            out[j] = self.decode_ms(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)
-        return out
+    def decode_run_ms(self, num_decode: int, kv_tokens0: int, total_kv_tokens: int, num_passes: int) -> list[float]:
+        """Durations of ``num_passes`` decode-only passes; pass j has ``kv_tokens0 + j*num_decode``.
+
+        A plain list: most runs are tens of passes, where numpy's per-call cost dominates."""
+        decode = self.decode_ms
+        return [float(decode(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)) for j in range(num_passes)]
 
     def describe(self) -> dict:
         return {"estimator": self.estimator, "timing_source": self.timing_source, "data_version": self.data_version}
@@ -86,7 +86,7 @@ class FixedTiming(TimingModel):
         return self._decode
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        return np.full(num_passes, self._decode, dtype=np.float64)
+        return [self._decode] * num_passes
 
 
 # Reference polynomial coefficients.
@@ -118,15 +118,17 @@ class PolynomialTiming(TimingModel):
         return d if d > 1.0 else 1.0
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        u = np.arange(kv_tokens0, kv_tokens0 + num_passes * num_decode, num_decode, dtype=np.float64)[:num_passes]
-        u /= total_kv_tokens
-        np.minimum(u, 1.0, out=u)
-        d = u * _DA
-        d += _DB
-        d *= u
-        d += _DC
-        np.maximum(d, 1.0, out=d)
-        return d
+        out = []
+        append = out.append
+        kv = kv_tokens0
+        for _ in range(num_passes):
+            u = kv / total_kv_tokens
+            if u > 1.0:
+                u = 1.0
+            d = (_DA * u + _DB) * u + _DC
+            append(d if d > 1.0 else 1.0)
+            kv += num_decode
+        return out
 
 
 @dataclass(frozen=True)
@@ -379,4 +381,4 @@ class MeasuredTiming(TimingModel):
         if w is not None:
             d1 = _lerp_vec(self._seq_arr, self._dec_arr[i + 1], seq)
             d = d + (d1 - d) * w
-        return self.shared(b) + d
+        return (self.shared(b) + d).tolist()

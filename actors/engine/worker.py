@@ -25,9 +25,10 @@ Recording only reads state: it never changes results.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+from operator import sub
 from typing import NamedTuple
-
-import numpy as np
 
 from actors.engine.request import COMPLETED, Request
 from actors.engine.scheduler import GapSink, RankPass, RankScheduler
@@ -40,7 +41,7 @@ class DecodeRun:
 
     __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size", "held_events", "kv")
 
-    def __init__(self, start_ms: float, ends: np.ndarray, ranks: list, kv: dict | None = None) -> None:
+    def __init__(self, start_ms: float, ends: list[float], ranks: list, kv: dict | None = None) -> None:
         self.start_ms = start_ms
         self.ends = ends
         self.num_passes = len(ends)
@@ -54,7 +55,7 @@ class DecodeRun:
 
     @property
     def end_ms(self) -> float:
-        return float(self.ends[self.num_passes - 1])
+        return self.ends[self.num_passes - 1]
 
 
 class TimelineColumns(NamedTuple):
@@ -136,7 +137,7 @@ class EngineWorker:
         self.sync(now_ms)
         if self.timeline is not None:
             self._sample(now_ms)
-        keep = max(1, run.n_sched, int(np.searchsorted(run.ends, now_ms, side="left")) + 1)
+        keep = max(1, run.n_sched, bisect_left(run.ends, now_ms) + 1)
         if keep >= run.num_passes:
             return None
         run.num_passes = keep
@@ -166,7 +167,7 @@ class EngineWorker:
     def _run_pass_metrics(self, run: DecodeRun, j: int) -> dict:
         """Scheduled-batch metrics of pass j of a run, per busy rank (keyed by id(rank))."""
         ends = run.ends
-        wall = float(ends[j] - (ends[j - 1] if j else run.start_ms))
+        wall = ends[j] - (ends[j - 1] if j else run.start_ms)
         out = {}
         for rank, batch, _, _ in run.ranks:
             kv0, var0 = run.kv[id(rank)]
@@ -358,9 +359,9 @@ class EngineWorker:
         if run is None:
             return
         ends = run.ends
-        started = min(run.num_passes, int(np.searchsorted(ends, now_ms, side="left")) + 1)
+        started = min(run.num_passes, bisect_left(ends, now_ms) + 1)
         # the last pass ends (with its completions) only through finish()
-        done = min(run.num_passes - 1, int(np.searchsorted(ends, now_ms, side="right")))
+        done = min(run.num_passes - 1, bisect_right(ends, now_ms))
         if started > run.n_sched or done > run.n_done:
             self._apply_run(run, max(started, run.n_sched), done, None)
 
@@ -383,13 +384,11 @@ class EngineWorker:
         kv = {}
         for rank, (_, batch, c0, g0, kv0, var0) in plans:
             d = rank.timing.decode_run_ms(len(batch), kv0, rank.total_kv_tokens, k)
-            durations = d if durations is None else np.maximum(durations, d)
+            durations = d if durations is None else list(map(max, durations, d))
             entries.append((rank, batch, c0, g0))
             kv[id(rank)] = (kv0, var0)
-        if durations.base is not None or not durations.flags.writeable:
-            durations = durations.copy()
         durations[0] += now_ms
-        return DecodeRun(now_ms, np.cumsum(durations), entries, kv)  # sequential sums: end = start + duration
+        return DecodeRun(now_ms, list(accumulate(durations)), entries, kv)  # sequential sums: end = start + duration
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
@@ -428,8 +427,8 @@ class EngineWorker:
         if b > a:
             gaps = self.gaps
             start = run.start_ms
-            last_end = float(ends[b - 1])
-            first_end = float(ends[0])
+            last_end = ends[b - 1]
+            first_end = ends[0]
             pooled0 = 0
             for rank, batch, c0, g0 in run.ranks:
                 for req, c, g in zip(batch, c0, g0):
@@ -449,10 +448,10 @@ class EngineWorker:
                 gaps.pooled_weights.append(pooled0)
             lo = a if a > 0 else 1
             if b > lo:
-                gaps.run_chunks.append((np.diff(ends[lo - 1 : b]), run.batch_size))
+                gaps.run_chunks.append((array("d", map(sub, ends[lo:b], ends[lo - 1 : b - 1])), run.batch_size))
             run.n_done = b
         if completed is not None and b == run.num_passes:
-            end = float(ends[b - 1])
+            end = ends[b - 1]
             for rank, batch, _, _ in run.ranks:
                 limit = rank.context_limit
                 done_any = False

@@ -70,7 +70,7 @@ def test_decode_run_equals_stepping(llama):
     for b, kv0 in ((1, 1999), (7, 7 * 1500 + 3), (64, 64 * 800), (100, 123_457)):
         run = llama.decode_run_ms(b, kv0, 10**7, 300)
         step = [llama.pass_ms(PassShape(num_decode=b, decode_kv_tokens=kv0 + j * b, total_kv_tokens=10**7)) for j in range(300)]
-        assert run.tolist() == step
+        assert run == step
 
 
 def _forbid(monkeypatch, *targets):
