@@ -74,9 +74,21 @@ def _aiconfigurator_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
+def _hf_cache_dirs() -> list[Path]:
+    """Where huggingface_hub looks for its cache (its own precedence: HF_HUB_CACHE,
+    HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub)."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    dirs = [env.get("HF_HUB_CACHE"), env.get("HUGGINGFACE_HUB_CACHE"), os.path.join(home, "hub")]
+    return [Path(d).expanduser() for d in dirs if d]
+
+
 def _hf_cache(model: str, field: str) -> ModelSource | None:
     if model.count("/") != 1 or model.startswith(("/", ".")):
         return None
+    folder = "models--" + model.replace("/", "--")
+    if not any((d / folder).is_dir() for d in _hf_cache_dirs()):
+        return None  # not cached: skip importing huggingface_hub (a tenth of a second)
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - a core dependency

@@ -62,6 +62,11 @@ def _actor_classes():
             from simulator.traffic.workload import BlockHashStore
 
             self.host = WorkerHost(pools, BlockHashStore(workload), workers)
+            # the actor's process is the replay's: the collector as simulator.run.replay_gc sets it
+            import gc
+
+            gc.freeze()
+            gc.set_threshold(50_000, *gc.get_threshold()[1:])
 
         def ready(self) -> bool:
             return True
