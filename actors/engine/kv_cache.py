@@ -331,8 +331,22 @@ class KVCache:
         return None, 0
 
     def _evict(self, count: int) -> None:
-        heads = self._heads
         batches = self._batches
+        if self.events is None:
+            # the common case: the next live run has more than ``count`` blocks; cut its tail
+            stamp, runs, i = batches[0]
+            run = runs[i]
+            keys = run.keys
+            cut = len(keys) - count
+            if cut > 0 and not run.holders and run.stamp == stamp:
+                del keys[cut:]
+                marks = run.marks
+                while marks[-1][0] >= cut:
+                    marks.pop()
+                self.num_inactive -= count
+                self.num_evicted += count
+                return
+        heads = self._heads
         victims: list[int] | None = [] if self.events is not None else None
         left = count
         while left:
