@@ -7,14 +7,11 @@ scenario in a fresh child process first from the baseline tree, then from this t
 (interleaved, so drift in the machine's load hits both alike). The child times the replay
 alone (plan built beforehand) with ``time.perf_counter`` around ``run_plan``.
 
-Scenarios:
-- ``full_trace``: the Mooncake conversation trace (12,031 requests, 1 h), 2 aggregated workers,
-  polynomial timing, block 64, 29,249 blocks, round robin (bench_replay.py's scenario);
-- ``kv_router_64``: bench_actors.py's scenario: synthetic Poisson trace, 64 aggregated workers,
-  KV router, exact lockstep (``router_sync_ms: 0``), in process.
+Scenario ``kv_router_64`` (bench_actors.py's): a synthetic Poisson trace, 64 aggregated workers,
+KV router, exact lockstep (``router_sync_ms: 0``), in process. (The full-trace scenarios, whole
+process, are ``bench_replay.py --compare REV``; both check the baseline out the same way.)
 
-    python scripts/bench_compare.py --baseline fad994a --scenario full_trace --repeat 5
-    python scripts/bench_compare.py --baseline fad994a --scenario kv_router_64 --requests 30000
+    python scripts/bench_compare.py --baseline fad994a --requests 30000
 """
 
 from __future__ import annotations
@@ -31,24 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
-
-FULL_TRACE = """
-traffic:
-  source: {{type: trace, format: mooncake, paths: [{trace}], block_size: 512}}
-  load: {{type: trace_timestamps}}
-engine:
-  mode: aggregated
-  model: meta-llama/Llama-3.1-8B-Instruct
-  hardware: h200_sxm
-  workers:
-    aggregated:
-      parallelism: {{replicas: 2}}
-      scheduler: {{max_batched_tokens: 8192, max_sequences: 256}}
-      kv_cache: {{block_size: 64, capacity: {{type: fixed, blocks: 29249}}}}
-      timing: {{type: polynomial}}
-router: {{policy: round_robin}}
-"""
 
 CHILD = r"""
 import json, sys, time
@@ -80,9 +59,8 @@ def _run_child(tree: Path, config: Path, env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="git revision to compare against (e.g. fad994a)")
-    ap.add_argument("--scenario", choices=("full_trace", "kv_router_64"), default="full_trace")
+    ap.add_argument("--scenario", choices=("kv_router_64",), default="kv_router_64")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="conversation trace for full_trace")
     ap.add_argument("--requests", type=int, default=30_000, help="kv_router_64: synthetic requests")
     ap.add_argument("--rate", type=float, default=1500.0, help="kv_router_64: arrivals per second")
     ap.add_argument("--json", action="store_true")
@@ -93,23 +71,16 @@ def main() -> int:
     home.mkdir()
     (home / "ray_bootstrap_config.yaml").write_text("")
     env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
-    base_tree = work / "baseline"
-    subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.baseline], cwd=ROOT, check=True,
-                   capture_output=True)
-    try:
-        config = work / "bench.yaml"
-        if args.scenario == "full_trace":
-            if not args.trace.is_file():
-                sys.exit(f"bench_compare: --trace {args.trace} not found; pass the conversation trace")
-            config.write_text(FULL_TRACE.format(trace=json.dumps(str(args.trace.resolve()))))
-        else:
-            sys.path.insert(0, str(ROOT / "scripts"))
-            import bench_actors
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_actors
+    from bench_replay import baseline_tree
 
-            trace = work / "synthetic.jsonl"
-            bench_actors.write_trace(trace, args.requests, args.rate)
-            config.write_text(bench_actors.CONFIG.format(trace=json.dumps(str(trace)), workers=64))
-        runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    config = work / "bench.yaml"
+    trace = work / "synthetic.jsonl"
+    bench_actors.write_trace(trace, args.requests, args.rate)
+    config.write_text(bench_actors.CONFIG.format(trace=json.dumps(str(trace)), workers=64))
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    with baseline_tree(args.baseline) as base_tree:
         for i in range(args.repeat):
             for name, tree in (("baseline", base_tree), ("this", ROOT)):
                 r = _run_child(tree, config, env)
@@ -117,8 +88,6 @@ def main() -> int:
                 if not args.json:
                     print(f"repeat {i + 1} {name:8}: replay {r['replay_s']:.2f} s, process {r['process_s']:.2f} s, "
                           f"mean TTFT {r['mean_ttft_ms']:.2f} ms", flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, capture_output=True)
     med = {k: statistics.median(r["replay_s"] for r in v) for k, v in runs.items()}
     medp = {k: statistics.median(r["process_s"] for r in v) for k, v in runs.items()}
     result = {

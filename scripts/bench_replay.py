@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,14 +112,23 @@ def summary_differences(a: dict, b: dict) -> list[str]:
     return sorted(k for k in a.keys() & b.keys() if k not in WALL_FIELDS and a[k] != b[k])
 
 
+@contextmanager
+def baseline_tree(rev: str):
+    """A temporary git worktree of ``rev`` (removed afterwards)."""
+    base = Path(tempfile.mkdtemp(prefix="aisim-bench-baseline-")) / "tree"
+    p = subprocess.run(["git", "worktree", "add", "--detach", str(base), rev], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"cannot check out {rev}: {p.stderr.strip()}")
+    try:
+        yield base
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+
+
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
-    work = Path(tempfile.mkdtemp(prefix="aisim-bench-replay-"))
-    base = work / "baseline"
-    subprocess.run(["git", "worktree", "add", "--detach", str(base), args.compare], cwd=ROOT, check=True,
-                   capture_output=True)
     runs: dict[str, list[dict]] = {"baseline": [], "this": []}
-    try:
+    with baseline_tree(args.compare) as base:
         for i in range(args.repeat):
             for name, tree in (("baseline", base), ("this", ROOT)):
                 r = run_once(config, env, tree)
@@ -126,8 +136,6 @@ def compare(args, config: Path, env: dict) -> int:
                 if not args.json:
                     print(f"repeat {i + 1} {name:8}: wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
                           f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s", flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     replay = {k: statistics.median(r["summary"]["wall_time_ms"] / 1000 for r in v) for k, v in runs.items()}
     diffs = sorted({d for a, b in zip(runs["baseline"], runs["this"]) for d in summary_differences(a["summary"], b["summary"])})
