@@ -73,21 +73,15 @@ def main() -> int:
     env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench_actors
-    from bench_replay import baseline_tree
+    from bench_replay import interleaved
 
     config = work / "bench.yaml"
     trace = work / "synthetic.jsonl"
     bench_actors.write_trace(trace, args.requests, args.rate)
     config.write_text(bench_actors.CONFIG.format(trace=json.dumps(str(trace)), workers=64))
-    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
-    with baseline_tree(args.baseline) as base_tree:
-        for i in range(args.repeat):
-            for name, tree in (("baseline", base_tree), ("this", ROOT)):
-                r = _run_child(tree, config, env)
-                runs[name].append(r)
-                if not args.json:
-                    print(f"repeat {i + 1} {name:8}: replay {r['replay_s']:.2f} s, process {r['process_s']:.2f} s, "
-                          f"mean TTFT {r['mean_ttft_ms']:.2f} ms", flush=True)
+    runs = interleaved(args.baseline, args.repeat, lambda tree: _run_child(tree, config, env),
+                       None if args.json else lambda r: (f"replay {r['replay_s']:.2f} s, process {r['process_s']:.2f} s, "
+                                                         f"mean TTFT {r['mean_ttft_ms']:.2f} ms"))
     med = {k: statistics.median(r["replay_s"] for r in v) for k, v in runs.items()}
     medp = {k: statistics.median(r["process_s"] for r in v) for k, v in runs.items()}
     result = {

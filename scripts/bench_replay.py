@@ -125,17 +125,25 @@ def baseline_tree(rev: str):
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
 
 
+def interleaved(rev: str, repeat: int, run, line=None) -> dict[str, list[dict]]:
+    """``run(tree)`` ``repeat`` times from REV's tree and from this one, alternating; ``line(result)``
+    (when given) is printed after each."""
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    with baseline_tree(rev) as base:
+        for i in range(repeat):
+            for name, tree in (("baseline", base), ("this", ROOT)):
+                r = run(tree)
+                runs[name].append(r)
+                if line is not None:
+                    print(f"repeat {i + 1} {name:8}: {line(r)}", flush=True)
+    return runs
+
+
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
-    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
-    with baseline_tree(args.compare) as base:
-        for i in range(args.repeat):
-            for name, tree in (("baseline", base), ("this", ROOT)):
-                r = run_once(config, env, tree)
-                runs[name].append(r)
-                if not args.json:
-                    print(f"repeat {i + 1} {name:8}: wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
-                          f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s", flush=True)
+    runs = interleaved(args.compare, args.repeat, lambda tree: run_once(config, env, tree),
+                       None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                                                         f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"))
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     replay = {k: statistics.median(r["summary"]["wall_time_ms"] / 1000 for r in v) for k, v in runs.items()}
     diffs = sorted({d for a, b in zip(runs["baseline"], runs["this"]) for d in summary_differences(a["summary"], b["summary"])})
