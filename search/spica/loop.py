@@ -62,12 +62,27 @@ def _storage_writes():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    blocked = (signal.SIGINT, signal.SIGTERM)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(blocked))
+    # A signal that arrived just before the mask has already run its C-level handler; Python runs
+    # the Python-level one at a later bytecode, which could fall inside a write (a journal lock
+    # half released). Until the writes are done, such a signal is only noted, then re-raised.
+    deferred: list[int] = []
+    handlers = {s: signal.signal(s, lambda signum, frame: deferred.append(signum)) for s in blocked}
     try:
         yield
     finally:
+        for s, h in handlers.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s in deferred[:1]:
+            h = handlers[s]
+            if callable(h):
+                h(s, None)
+            elif h == signal.SIG_DFL and s == signal.SIGINT:
+                raise KeyboardInterrupt
+            elif h == signal.SIG_DFL:
+                signal.raise_signal(s)
 
 
 def _label(value: Any) -> Any:

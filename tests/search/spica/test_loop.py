@@ -192,3 +192,16 @@ def test_a_dgd_section_writes_the_winners_deployment(tmp_path):
     assert manifest["kind"] == "DynamoGraphDeployment" and manifest["metadata"] == {"name": "spica-test", "namespace": "ns"}
     worker = manifest["spec"]["services"]["VllmDecodeWorker"]
     assert worker["replicas"] == r.best["config"]["replicas"]
+
+
+def test_a_signal_whose_handler_runs_during_storage_writes_waits_for_them():
+    # a SIGINT that arrived just before the writes: Python runs its handler at a later bytecode
+    from search.spica.loop import _storage_writes
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with _storage_writes():
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            done.append("written")
+    assert done == ["written"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
