@@ -211,14 +211,21 @@ def replay_gc():
     replay scanning live state: collect every 50,000 instead, and leave everything built before
     the replay (plan, workload, modules) out of the scans (``gc.freeze``). Memory is unchanged
     on the benchmarks (BENCHMARKS.md)."""
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(50_000, old[1], old[2])
+    old = tune_gc_for_replay()
     try:
         yield
     finally:
         gc.set_threshold(*old)
         gc.unfreeze()
+
+
+def tune_gc_for_replay() -> tuple[int, int, int]:
+    """Set the collector as ``replay_gc`` does (for a process that only replays, e.g. a Ray engine
+    host); returns the thresholds before."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, old[1], old[2])
+    return old
 
 
 def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None) -> ReplayReport:

@@ -69,6 +69,33 @@ def _split_marks(marks: list, at: int) -> tuple[list, list]:
     return head, tail
 
 
+def _agreeing(keys: list, off: int, hashes: list, pos: int, end: int) -> int:
+    """How many blocks ``keys[off:]`` and ``hashes[pos:end]`` share from the start, given that
+    ``keys[off] == hashes[pos]``. Equal chained hashes mean equal prefixes, so agreement holds up
+    to some point and never after it: compare the last candidate, else binary-search."""
+    n = len(keys) - off
+    if n > end - pos:
+        n = end - pos
+    if keys[off + n - 1] == hashes[pos + n - 1]:
+        return n
+    lo, hi = 1, n - 1  # keys[off + lo - 1] agrees, keys[off + hi] does not
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[off + mid] == hashes[pos + mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _cut_tail(run: _Run, cut: int) -> None:
+    """Keep the first ``cut`` (>= 1) blocks of ``run``."""
+    del run.keys[cut:]
+    marks = run.marks
+    while marks[-1][0] >= cut:
+        marks.pop()
+
+
 class KVCache:
     """Per-rank block pool. Capacity misses are return values, never exceptions.
 
@@ -140,20 +167,7 @@ class KVCache:
             run = get(hashes[pos])
             if run is None:
                 break
-            keys = run.keys
-            n = len(keys)
-            if n > limit_blocks - pos:
-                n = limit_blocks - pos
-            if keys[n - 1] != hashes[pos + n - 1]:
-                # equal chained hashes mean equal prefixes: find the last equal position
-                lo, hi = 1, n - 1  # keys[lo - 1] matches, keys[hi] does not
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if keys[mid] == hashes[pos + mid]:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                n = lo
+            n = _agreeing(run.keys, 0, hashes, pos, limit_blocks)
             path.append((run, n))
             if run.holders:
                 num_active += n
@@ -259,20 +273,7 @@ class KVCache:
         while pos < full:
             if run is not None:
                 # an identical block is cached: a private copy, as long as the chains agree
-                keys = run.keys
-                n = len(keys) - off
-                if n > full - pos:
-                    n = full - pos
-                if keys[off + n - 1] != hashes[pos + n - 1]:
-                    lo, hi = 1, n - 1
-                    while lo < hi:
-                        mid = (lo + hi) >> 1
-                        if keys[off + mid] == hashes[pos + mid]:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    n = lo
-                pos += n
+                pos += _agreeing(run.keys, off, hashes, pos, full)
                 req.dup_tail = True
                 run = heads.get(hashes[pos]) if pos < full else None
                 off = 0
@@ -339,10 +340,7 @@ class KVCache:
             keys = run.keys
             cut = len(keys) - count
             if cut > 0 and not run.holders and run.stamp == stamp:
-                del keys[cut:]
-                marks = run.marks
-                while marks[-1][0] >= cut:
-                    marks.pop()
+                _cut_tail(run, cut)
                 self.num_inactive -= count
                 self.num_evicted += count
                 return
@@ -374,10 +372,7 @@ class KVCache:
                     cut = k - left
                     if victims is not None:
                         victims.extend(reversed(keys[cut:]))
-                    del keys[cut:]
-                    marks = run.marks
-                    while marks[-1][0] >= cut:
-                        marks.pop()
+                    _cut_tail(run, cut)
                     left = 0
                     break
             batch[2] = i

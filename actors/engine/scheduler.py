@@ -135,7 +135,6 @@ class RankScheduler:
         chunked = cfg.enable_chunked_prefill
         caching = kv.prefix_caching
         items: list = []
-        append = items.append
         num_preempted = 0
         # decode requests (one token each) are summed as they are scheduled
         num_decode = decode_kv = sq_kv = 0
@@ -143,66 +142,45 @@ class RankScheduler:
         num_running = len(running)
         while i < num_running and budget > 0:
             req = running[i]
-            c = req.num_computed
             known = req.prompt_len + req.num_generated
-            n = known - c
-            if n == 1 and req.prefill_done:
-                # a decode step: no KV work unless it crosses into or fills a block
-                if -(-known // bs) <= req.num_held + req.num_private and (
-                    not caching or known // bs <= req.num_full_registered
-                ):
-                    append((req, 1))
-                    num_decode += 1
-                    decode_kv += known
-                    sq_kv += known * known
-                    budget -= 1
-                    i += 1
-                    continue
-            elif defer_prefill and not req.prefill_done and n > 1:
+            n = known - req.num_computed
+            if defer_prefill and not req.prefill_done and n > 1:
                 i += 1
                 continue
             if n > budget:
                 if not chunked:
                     break
                 n = budget
-            target = c + n
-            can_schedule = True
+            target = req.num_computed + n
             # inline no-op check of kv.grow: most decode steps need no new block
-            if -(-target // bs) <= req.num_held + req.num_private and (
-                not caching or target // bs <= req.num_full_registered
+            if -(-target // bs) > req.num_held + req.num_private or (
+                caching and target // bs > req.num_full_registered
             ):
-                items.append((req, n))
-                budget -= n
-                i += 1
-                if req.prefill_done:
-                    num_decode += 1
-                    decode_kv += known
-                    sq_kv += known * known
-                continue
-            while not kv.grow(req, target, req.hashes):
-                victim = running.pop() if self._lifo else running.pop(0)
-                num_running -= 1
-                was_decode = victim.prefill_done
-                self._preempt(victim)
-                num_preempted += 1
-                if victim is req:
-                    can_schedule = False
+                can_schedule = True
+                while not kv.grow(req, target, req.hashes):
+                    victim = running.pop() if self._lifo else running.pop(0)
+                    num_running -= 1
+                    was_decode = victim.prefill_done
+                    self._preempt(victim)
+                    num_preempted += 1
+                    if victim is req:
+                        can_schedule = False
+                        break
+                    if not self._lifo:
+                        # the oldest was ahead of us: undo its scheduled work if any
+                        i -= 1
+                        for k, (r, rn) in enumerate(items):
+                            if r is victim:
+                                del items[k]
+                                budget += rn
+                                if was_decode:
+                                    vk = victim.prompt_len + victim.num_generated
+                                    num_decode -= 1
+                                    decode_kv -= vk
+                                    sq_kv -= vk * vk
+                                break
+                if not can_schedule:
                     break
-                if not self._lifo:
-                    # the oldest was ahead of us: undo its scheduled work if any
-                    i -= 1
-                    for k, (r, rn) in enumerate(items):
-                        if r is victim:
-                            del items[k]
-                            budget += rn
-                            if was_decode:
-                                vk = victim.prompt_len + victim.num_generated
-                                num_decode -= 1
-                                decode_kv -= vk
-                                sq_kv -= vk * vk
-                            break
-            if not can_schedule:
-                break
             items.append((req, n))
             budget -= n
             i += 1

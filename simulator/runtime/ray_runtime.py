@@ -62,11 +62,9 @@ def _actor_classes():
             from simulator.traffic.workload import BlockHashStore
 
             self.host = WorkerHost(pools, BlockHashStore(workload), workers)
-            # the actor's process is the replay's: the collector as simulator.run.replay_gc sets it
-            import gc
+            from simulator.run import tune_gc_for_replay
 
-            gc.freeze()
-            gc.set_threshold(50_000, *gc.get_threshold()[1:])
+            tune_gc_for_replay()  # the actor's process only replays
 
         def ready(self) -> bool:
             return True
