@@ -24,6 +24,7 @@ settlements) at ``(t, PH_PASS_END, worker)``, release-triggered drain settlement
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 from typing import Callable
 
 from actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
@@ -38,6 +39,8 @@ PH_SETTLE = 99
 # input operations (sort after (time, phase, id): a release precedes the matching enqueue)
 OP_RELEASE = 0
 OP_ENQUEUE = 1
+
+_EVENT_ORDER = itemgetter(0, 1, 2, 3)
 
 # output event kinds
 EV_FIRST_TOKEN = 0
@@ -83,6 +86,9 @@ class WorkerHost:
         self._draining: set[int] = set()
         self._events: list = []
         self._seq = 0
+        self._last = (float("-inf"), 0, 0)  # (time, phase, id) of the last event emitted
+        self._unsorted = False  # events were emitted out of (time, phase, id) order
+        self._inputs_of: dict[int, list[float]] = {}  # worker -> times of its pending inputs (a heap)
         self._kv: list = []
         self._touched: set[int] = set()  # workers whose status may have changed since the last report
         self._publishing: list[int] = []  # workers that record KV events (synced before each report)
@@ -100,6 +106,7 @@ class WorkerHost:
         self.pool_of[wid] = key
         self._version[wid] = 0
         self._pending_for[wid] = 0
+        self._inputs_of[wid] = []
         self._held_by[wid] = 0
         self._touched.add(wid)
         if worker.records_kv_events:
@@ -118,6 +125,22 @@ class WorkerHost:
     def _emit(self, t: float, phase: int, sid: int, kind: int, payload) -> None:
         self._events.append((t, phase, sid, self._seq, kind, payload))
         self._seq += 1
+        self._last = (t, phase, sid)
+
+    def _emit_terminals(self, wid: int, reqs: list[Request]) -> None:
+        """Completions at their ``terminal_ms``: a run's earlier completions are applied lazily,
+        after events that follow them (``_output`` then restores the same-time order)."""
+        encode = self._encode
+        for req in reqs:
+            t = req.terminal_ms
+            if (t, PH_PASS_END, wid) < self._last:
+                self._unsorted = True
+            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, encode(req))
+
+    def _take_exits(self, wid: int, worker: EngineWorker) -> None:
+        if worker.exits:
+            self._emit_terminals(wid, worker.take_exits())
+            self._touched.add(wid)
 
     def _take_kv(self, wid: int, worker: EngineWorker) -> None:
         if worker.kv_events:
@@ -140,13 +163,15 @@ class WorkerHost:
     def _pass_end(self, wid: int, t: float) -> None:
         worker = self.workers[wid]
         pool = self.pools[self.pool_of[wid]]
-        completed = worker.finish(t)
+        inputs = self._inputs_of[wid]
+        completed = worker.finish(t, inputs[0] if inputs else None)
+        if worker.busy:  # a run went on
+            self._schedule_end(wid, worker.pass_end_ms)
         if pool.track_first_tokens:
             for req in worker.take_first_tokens():
                 self._emit(t, PH_PASS_END, wid, EV_FIRST_TOKEN, req.index)
+        self._emit_terminals(wid, completed)
         encode = self._encode
-        for req in completed:
-            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, encode(req))
         if pool.hands_off:
             for req in worker.take_handoffs():
                 self._held[req.index] = (wid, req)
@@ -161,6 +186,7 @@ class WorkerHost:
     def _apply_input(self, item) -> None:
         t, phase, sid, op, wid, payload = item
         self._pending_for[wid] -= 1
+        heapq.heappop(self._inputs_of[wid])
         self._touched.add(wid)
         worker = self.workers[wid]
         if op == OP_ENQUEUE:
@@ -171,6 +197,7 @@ class WorkerHost:
                 req.num_computed = 0
                 req.status = WAITING
             new_end = worker.enqueue(req, rank, t)
+            self._take_exits(wid, worker)
             if new_end is not None:
                 self._schedule_end(wid, new_end)
                 self._take_kv(wid, worker)
@@ -197,8 +224,10 @@ class WorkerHost:
         dirty = sorted(self._dirty)
         self._dirty.clear()
         self._touched.update(dirty)
+        inputs_of = self._inputs_of
         for wid in dirty:
-            end, rejected = self.workers[wid].start_if_idle(t)
+            inputs = inputs_of[wid]
+            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None)
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:
@@ -227,20 +256,29 @@ class WorkerHost:
             item = tuple(item)
             heapq.heappush(self._pending, item)
             self._pending_for[item[4]] += 1
+            heapq.heappush(self._inputs_of[item[4]], item[0])
             self._touched.add(item[4])
+
+    def _sync(self, wid: int, worker: EngineWorker, t: float) -> None:
+        worker.sync(t)
+        self._take_kv(wid, worker)
+        self._take_exits(wid, worker)
 
     def _sync_all(self, t: float) -> None:
         for wid, worker in self.workers.items():
-            worker.sync(t)
-            self._take_kv(wid, worker)
+            self._sync(wid, worker, t)
 
-    def _publish_kv(self, t: float) -> None:
-        """Bring the workers that publish KV events up to ``t`` (a router reads them next)."""
+    def _publish(self, t: float) -> None:
+        """Bring up to ``t`` the workers that publish KV events (a router reads them next) and
+        those with a completion inside their run by ``t``."""
         workers = self.workers
         for wid in self._publishing:
-            worker = workers[wid]
-            worker.sync(t)
-            self._take_kv(wid, worker)
+            self._sync(wid, workers[wid], t)
+        for wid, worker in workers.items():
+            if worker.busy:
+                e = worker.next_event_ms
+                if e is not None and e <= t:
+                    self._sync(wid, worker, t)
 
     def _output(self, with_fpm: bool = False) -> dict:
         """Events and KV events since the last report, and the status (busy, has_work, pass
@@ -249,9 +287,12 @@ class WorkerHost:
         workers = self.workers
         for wid in sorted(self._touched):
             w = workers[wid]
-            status.append((wid, w.busy, w.has_work, w.pass_end_ms if w.busy else None, self._held_by[wid],
-                           self._pending_for[wid]))
+            status.append((wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid], self._pending_for[wid]))
         self._touched.clear()
+        if self._unsorted:
+            self._events.sort(key=_EVENT_ORDER)
+            self._unsorted = False
+        self._last = (float("-inf"), 0, 0)
         out = {"events": self._events, "kv": self._kv, "status": status}
         if with_fpm:
             out["fpm"] = [(wid, w.forward_pass_metrics()) for wid, w in workers.items()]
@@ -273,6 +314,7 @@ class WorkerHost:
         self._receive(control, inputs)
         t = self.now
         self._inputs_at(t)
+        self._ends_at(t)  # a run cut short by an input at t ends now
         self._settle(t)
         pending = self._pending
         ends = self._ends
@@ -292,10 +334,11 @@ class WorkerHost:
                 break
             if t_in is not None and t_in <= t:
                 self._inputs_at(t)
+                self._ends_at(t)  # a run cut short by an input at t ends now
             if self._dirty:
                 self._settle(t)
         self.now = until
-        self._publish_kv(until)
+        self._publish(until)
         return self._output()
 
     def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
@@ -316,8 +359,7 @@ class WorkerHost:
             if not kv.prefix_caching:
                 out.append(0)
                 continue
-            worker.sync(self.now)
-            self._take_kv(wid, worker)
+            self._sync(wid, worker, self.now)
             out.append(kv.match_prefix(hashes, limit)[0])
         return out
 
@@ -329,8 +371,7 @@ class WorkerHost:
             worker = self.workers.get(wid)
             if worker is None:
                 continue
-            worker.sync(self.now)
-            self._take_kv(wid, worker)
+            self._sync(wid, worker, self.now)
             out.append((wid, [rank.kv.contents() for rank in worker.ranks]))
         return out
 
@@ -341,6 +382,8 @@ class WorkerHost:
             worker = self.workers[wid]
             if worker.busy:
                 worker.sync(end_ms)
+                if worker.exits:  # pragma: no cover - the last step brought every worker up to the end
+                    raise AssertionError("completions inside a run were not reported before the end")
             reqs = [self._encode(r) for rank in worker.ranks for r in list(rank.running) + list(rank.waiting)
                     + rank.handoffs]
             leftover.append((wid, reqs))

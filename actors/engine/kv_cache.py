@@ -233,6 +233,49 @@ class KVCache:
             self.register(req, hashes, full)
         return True
 
+    def grow_each(self, items: list) -> bool:
+        """``grow(req, target, req.hashes)`` for each ``(req, target)`` in order, as one eviction
+        when every registration is one new block continuing its request's chain (decode steps),
+        which cannot change what the evictions take. False (changing nothing) when the blocks
+        do not suffice for all."""
+        bs = self.block_size
+        heads = self._heads
+        total = 0
+        simple = self.events is None and self.prefix_caching
+        for req, target in items:
+            need = -(-target // bs) - req.num_held - req.num_private
+            if need > 0:
+                total += need
+            if simple:
+                full = target // bs
+                pos = req.num_full_registered
+                if full > pos and (full != pos + 1 or req.dup_tail or req.hashes[pos] in heads):
+                    simple = False
+        if not simple:
+            for i, (req, target) in enumerate(items):
+                if not self.grow(req, target, req.hashes):
+                    if i:  # pragma: no cover - callers check the room first
+                        raise AssertionError("grow_each ran out of blocks part way")
+                    return False
+            return True
+        if total > 0 and not self.reserve(total):
+            return False
+        for req, target in items:
+            need = -(-target // bs) - req.num_held - req.num_private
+            if need > 0:
+                req.num_private += need
+            full = target // bs
+            pos = req.num_full_registered
+            if full > pos:
+                req.num_full_registered = full
+                self._seq += 1
+                self._store(req, req.hashes[pos:full], self._seq, 0)
+                req.num_held += 1
+                req.num_private -= 1
+                self.num_private -= 1
+                self.num_active_shared += 1
+        return True
+
     def reserve(self, num_blocks: int) -> bool:
         """Take ``num_blocks`` private slots, evicting LRU blocks as needed."""
         free = self.capacity - self.num_active_shared - self.num_private - self.num_inactive

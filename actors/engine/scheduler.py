@@ -23,7 +23,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from operator import add, attrgetter, mul, sub
+from operator import add, attrgetter, sub
 
 from actors.engine.kv_cache import KVCache
 from actors.engine.request import (
@@ -400,8 +400,10 @@ class RankScheduler:
     def plan_decode_run(self, max_passes: int):
         """If the next passes are pure decode of the running batch that cannot change on its
         own (no prefill, no admission possible until a request completes), return
-        ``(k, batch, computed, generated, kv_tokens)``: ``k`` passes run until the first
-        completion (inclusive) or until an allocation would need a preemption (exclusive).
+        ``(k, batch, computed, generated, known, remaining)``: request i completes in the
+        ``remaining[i]``-th pass; ``k`` passes run until every request completed when nothing
+        waits (a completion then frees blocks nobody asks for), else until the first completion
+        (inclusive), and never up to an allocation that would need a preemption (exclusive).
         Otherwise None."""
         running = self.running
         cfg = self.config
@@ -410,25 +412,31 @@ class RankScheduler:
             return None  # (the newest request is the one most likely still prefilling)
         if not all(map(_PREFILL_DONE, running)):
             return None
+        if not self._admission_blocked(n):
+            return None
         # per-request columns at C speed (map over attribute getters)
         g0 = list(map(_GENERATED, running))
         known = list(map(add, map(_PROMPT_LEN, running), g0))
-        k = min(max_passes, min(map(sub, map(_MAX_OUTPUT, running), g0)), self.context_limit - max(known))
-        if k <= 0 or not self._admission_blocked(n):
+        limit = self.context_limit
+        remaining = list(map(min, map(sub, map(_MAX_OUTPUT, running), g0), [limit - x for x in known]))
+        first = min(remaining)
+        if first <= 0:
             return None
+        k = min(max_passes, max(remaining) if not self.waiting else first)
         c0 = list(map(_COMPUTED, running))
-        kv0 = sum(known)
-        sq = sum(map(mul, known, known))
         bs = cfg.block_size
         avail = self.kv.num_reclaimable
-        # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0
-        firsts = [(-c) % bs for c in c0]
-        total = sum([(k - 1 - a) // bs + 1 for a in firsts if a < k])
-        if total > avail:
-            k = sorted(j for a in firsts for j in range(a, k, bs))[avail]
-            if k <= 0:
-                return None
-        return k, list(running), c0, g0, kv0, sq / n - (kv0 / n) ** 2
+        # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0;
+        # each request needs at most k // bs + 1 of them (releases at completions only add room)
+        if n * (k // bs + 1) > avail:
+            firsts = [(-c) % bs for c in c0]
+            ends = [r if r < k else k for r in remaining]
+            total = sum([(e - 1 - a) // bs + 1 for a, e in zip(firsts, ends) if a < e])
+            if total > avail:
+                k = sorted(j for a, e in zip(firsts, ends) for j in range(a, e, bs))[avail]
+                if k <= 0:
+                    return None
+        return k, list(running), c0, g0, known, remaining
 
     def _admission_blocked(self, num_running: int) -> bool:
         """No waiting request can be admitted (and none rejected) while the batch decodes.

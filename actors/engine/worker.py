@@ -37,25 +37,43 @@ MAX_RUN_PASSES = 4096
 
 
 class DecodeRun:
-    """k planned decode passes of fixed batches (one batch per busy rank)."""
+    """Up to ``num_planned`` decode passes of one batch per busy rank, which only shrinks: a
+    request leaves after the pass that completes it. Pass end times are computed ahead in
+    chunks (``num_passes`` of them so far, ``ends``); the run ends at the last computed one
+    unless more are planned and nothing cut it short."""
 
-    __slots__ = ("start_ms", "ends", "num_passes", "n_sched", "n_done", "ranks", "batch_size", "held_events", "kv")
+    __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
+                 "held_events", "segments", "exit_passes", "next_exit", "total_kv")
 
-    def __init__(self, start_ms: float, ends: list[float], ranks: list, kv: dict | None = None) -> None:
+    def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict, exit_passes: list) -> None:
         self.start_ms = start_ms
-        self.ends = ends
-        self.num_passes = len(ends)
+        self.ends: list[float] = []
+        self.num_passes = 0  # passes whose end time is computed
+        self.num_planned = num_planned
         self.n_sched = 0  # passes whose schedule-time effects (blocks) are applied; lazily, on sync
         self.n_done = 0
-        # per busy rank: (rank, batch, computed at start, generated at start)
+        # per busy rank: [rank, batch, computed at start, generated at start, passes to completion],
+        # the requests still in the batch
         self.ranks = ranks
-        self.batch_size = sum(len(b) for _, b, _, _ in ranks)
+        self.batch_size = sum(len(r[1]) for r in ranks)
         self.held_events: list | None = None  # KV events of the scheduled pass still in progress
-        self.kv = kv or {}  # rank -> (KV tokens of the batch at the run start, variance of sequence lengths)
+        # id(rank) -> [(first pass, batch size, sum of its sequence lengths at pass 0, their variance)],
+        # one entry per stretch of passes with the same batch (the KV tokens of pass j: sum + size * j)
+        self.segments = segments
+        self.exit_passes = exit_passes  # sorted passes after which some request leaves
+        self.next_exit = 0  # first entry of exit_passes not applied yet
 
     @property
     def end_ms(self) -> float:
         return self.ends[self.num_passes - 1]
+
+    def segment(self, rank, j: int) -> tuple:
+        """The (first pass, batch size, length sum, variance) entry of ``rank`` covering pass j."""
+        segs = self.segments[id(rank)]
+        i = len(segs) - 1
+        while segs[i][0] > j:
+            i -= 1
+        return segs[i]
 
 
 class TimelineColumns(NamedTuple):
@@ -94,6 +112,7 @@ class EngineWorker:
         self.pass_end_ms = 0.0
         self._plans: list[RankPass | None] | None = None
         self._run: DecodeRun | None = None
+        self.exits: list[Request] = []  # completed inside a run, not taken yet (take_exits)
         self.num_passes = 0
         self.num_runs = 0
         self.busy_ms = 0.0
@@ -128,20 +147,22 @@ class EngineWorker:
         """
         req.worker = self.worker_id
         req.rank = rank
-        self.ranks[rank].enqueue(req)
         run = self._run
         if run is None:
+            self.ranks[rank].enqueue(req)
             if self.timeline is not None:
                 self._sample(now_ms)
             return None
-        self.sync(now_ms)
+        self.sync(now_ms)  # (completions inside the run before now come first)
+        self.ranks[rank].enqueue(req)
         if self.timeline is not None:
             self._sample(now_ms)
         keep = max(1, run.n_sched, bisect_left(run.ends, now_ms) + 1)
         if keep >= run.num_passes:
+            run.num_planned = run.num_passes
             return None
-        run.num_passes = keep
-        run.ends = run.ends[:keep]
+        run.num_passes = run.num_planned = keep
+        del run.ends[keep:]
         end = run.end_ms
         self.pass_end_ms = end
         return end
@@ -169,10 +190,10 @@ class EngineWorker:
         ends = run.ends
         wall = ends[j] - (ends[j - 1] if j else run.start_ms)
         out = {}
-        for rank, batch, _, _ in run.ranks:
-            kv0, var0 = run.kv[id(rank)]
-            n = len(batch)
-            out[id(rank)] = (wall, 0, 0, 0, 0.0, n, kv0 + j * n, var0)
+        for entry in run.ranks:
+            rank = entry[0]
+            _, n, kv, var = run.segment(rank, j)
+            out[id(rank)] = (wall, 0, 0, 0, 0.0, n, kv + j * n, var)
         return out
 
     def forward_pass_metrics(self) -> list[tuple]:
@@ -203,6 +224,25 @@ class EngineWorker:
         out, self.kv_events = self.kv_events, []
         return out
 
+    def take_exits(self) -> list[Request]:
+        """Requests that completed inside the current run since the last call (applied by a
+        ``sync``), in completion order; ``terminal_ms`` says when."""
+        out, self.exits = self.exits, []
+        return out
+
+    @property
+    def next_event_ms(self) -> float | None:
+        """When this worker next changes what others see: the next completion inside its run,
+        else its pass end; None when idle."""
+        if not self.busy:
+            return None
+        run = self._run
+        if run is not None and run.next_exit < len(run.exit_passes):
+            e = run.exit_passes[run.next_exit]
+            if e < run.num_passes:
+                return run.ends[e]
+        return self.pass_end_ms
+
     def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """Free a handed-off request's blocks (its transfer completed); ``now_ms`` (when
         given) is when, for the timeline."""
@@ -229,18 +269,21 @@ class EngineWorker:
         return out
 
     # -- passes ---------------------------------------------------------------------
-    def start_if_idle(self, now_ms: float) -> tuple[float | None, list[Request]]:
+    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
-        end = self.start(now_ms)
+        end = self.start(now_ms, horizon_ms)
         return end, self.take_rejected()
 
-    def start(self, now_ms: float) -> float | None:
-        """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle."""
+    def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
+        """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
+
+        ``horizon_ms``: when the next request is known to arrive here (a run's pass end times are
+        computed up to it), None if unknown."""
         assert not self.busy
         if self.fast_forward and self._interval == 1:
-            run = self._plan_run(now_ms)
+            run = self._plan_run(now_ms, horizon_ms)
             if run is not None:
                 self._run = run
                 self.busy = True
@@ -270,12 +313,19 @@ class EngineWorker:
         self.pass_end_ms = now_ms + duration
         return self.pass_end_ms
 
-    def finish(self, now_ms: float) -> list[Request]:
-        """End the current pass/run at ``now_ms``; returns the requests that completed."""
-        completed: list[Request] = []
+    def finish(self, now_ms: float, horizon_ms: float | None = None) -> list[Request]:
+        """End the current pass/run at ``now_ms``; returns the requests that completed (in a run,
+        also those that completed earlier in it and were not taken yet: their ``terminal_ms``
+        says when). A run with more passes planned, and not cut short, goes on instead (the
+        worker stays busy, ``pass_end_ms`` is its new end; ``horizon_ms`` as for ``start``)."""
         run = self._run
         if run is not None:
-            self._apply_run(run, run.num_passes, run.num_passes, completed)
+            if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
+                self._extend(run, horizon_ms)
+                self.pass_end_ms = run.end_ms
+                return self.take_exits()
+            self._apply_run(run, run.num_passes, run.num_passes)
+            completed = self.take_exits()
             last = self._run_pass_metrics(run, run.num_passes - 1)
             for rank in self.ranks:
                 rank.pass_count += run.num_passes
@@ -283,6 +333,7 @@ class EngineWorker:
             self._run = None
             self.num_passes += run.num_passes
         else:
+            completed = []
             start = self.pass_start_ms
             for rank, plan in zip(self.ranks, self._plans):
                 if plan is not None:
@@ -363,10 +414,10 @@ class EngineWorker:
         # the last pass ends (with its completions) only through finish()
         done = min(run.num_passes - 1, bisect_right(ends, now_ms))
         if started > run.n_sched or done > run.n_done:
-            self._apply_run(run, max(started, run.n_sched), done, None)
+            self._apply_run(run, max(started, run.n_sched), done)
 
     # -- fast-forward ---------------------------------------------------------------
-    def _plan_run(self, now_ms: float) -> DecodeRun | None:
+    def _plan_run(self, now_ms: float, horizon_ms: float | None) -> DecodeRun | None:
         k = self.max_run_passes
         plans = []
         for rank in self.ranks:
@@ -379,31 +430,91 @@ class EngineWorker:
             plans.append((rank, plan))
         if k < 2 or not plans:
             return None
-        durations = None
         entries = []
-        kv = {}
-        for rank, (_, batch, c0, g0, kv0, var0) in plans:
-            d = rank.timing.decode_run_ms(len(batch), kv0, rank.total_kv_tokens, k)
-            durations = d if durations is None else list(map(max, durations, d))
-            entries.append((rank, batch, c0, g0))
-            kv[id(rank)] = (kv0, var0)
-        durations[0] += now_ms
-        return DecodeRun(now_ms, list(accumulate(durations)), entries, kv)  # sequential sums: end = start + duration
+        segments = {}
+        exits = set()
+        for rank, (_, batch, c0, g0, known, remaining) in plans:
+            entries.append([rank, batch, c0, g0, remaining])
+            segments[id(rank)] = _segments(known, remaining, k)
+            exits.update(r - 1 for r in remaining if r <= k)
+        run = DecodeRun(now_ms, k, entries, segments, sorted(exits))
+        self._extend(run, horizon_ms)
+        return run
+
+    def _extend(self, run: DecodeRun, horizon_ms: float | None) -> None:
+        """Compute the end times of the run's next passes: up to the one in progress at
+        ``horizon_ms`` when known, else as many as so far (at least 32)."""
+        ends = run.ends
+        m = run.num_passes
+        upto = m + max(32, m)
+        while True:
+            upto = min(upto, run.num_planned)
+            durations = None
+            for entry in run.ranks:
+                rank = entry[0]
+                d = _segment_durations(rank, run.segments[id(rank)], m, upto)
+                durations = d if durations is None else list(map(max, durations, d))
+            durations[0] += ends[-1] if ends else run.start_ms
+            ends.extend(accumulate(durations))  # sequential sums: end = previous end + duration
+            m = upto
+            if horizon_ms is None or ends[-1] >= horizon_ms or m >= run.num_planned:
+                break
+            # about as many more passes as reach the horizon at the mean pass time so far
+            last = ends[-1]
+            upto = m + 8 + int((horizon_ms - last) * m / (last - run.start_ms)) if last > run.start_ms else 2 * m
+        run.num_passes = m
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
-        for rank, batch, c0, _ in run.ranks:
+        for rank, batch, c0, _, _ in run.ranks:
             kv = rank.kv
             bs = kv.block_size
             caching = kv.prefix_caching
-            for req, c in zip(batch, c0):
-                t = c + upto
-                # inline no-op check: most passes neither cross a block boundary nor fill a block
-                if -(-t // bs) > req.num_held + req.num_private or (caching and t // bs > req.num_full_registered):
-                    if not kv.grow(req, t, req.hashes):  # pragma: no cover - the horizon guarantees it
-                        raise AssertionError("fast-forward run ran out of KV blocks")
+            # most passes neither cross a block boundary nor fill a block
+            items = [(req, c + upto) for req, c in zip(batch, c0)
+                     if -(-(c + upto) // bs) > req.num_held + req.num_private
+                     or (caching and (c + upto) // bs > req.num_full_registered)]
+            if items and not kv.grow_each(items):  # pragma: no cover - the horizon guarantees it
+                raise AssertionError("fast-forward run ran out of KV blocks")
 
-    def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int, completed: list | None) -> None:
+    def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
+        """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time
+        order: a completion inside the run frees its blocks before the next pass allocates."""
+        exits = run.exit_passes
+        x = run.next_exit
+        while x < len(exits) and exits[x] < done_upto:
+            e = exits[x]
+            self._advance(run, e + 1, e + 1)
+            self._exit(run, e)
+            x += 1
+            run.next_exit = x
+        self._advance(run, sched_upto, done_upto)
+
+    def _exit(self, run: DecodeRun, e: int) -> None:
+        """The requests whose last pass is ``e`` complete (their blocks are released) and leave the batch."""
+        end = run.ends[e]
+        left = e + 1
+        for entry in run.ranks:
+            rank, batch, c0, g0, remaining = entry
+            if left not in remaining:
+                continue
+            keep = [i for i, r in enumerate(remaining) if r != left]
+            for i, r in enumerate(remaining):
+                if r == left:
+                    req = batch[i]
+                    req.status = COMPLETED
+                    req.terminal_ms = end
+            rank.reap_completed(self.exits)
+            entry[1] = [batch[i] for i in keep]
+            entry[2] = [c0[i] for i in keep]
+            entry[3] = [g0[i] for i in keep]
+            entry[4] = [remaining[i] for i in keep]
+        run.batch_size = sum(len(entry[1]) for entry in run.ranks)
+        if self.timeline is not None:
+            self._sample(end)
+
+    def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
+        """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving."""
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
         if self.records_kv_events:
             if run.held_events is not None and done_upto >= run.n_sched:
@@ -423,43 +534,72 @@ class EngineWorker:
             self._schedule_run_passes(run, sched_upto)
             run.n_sched = sched_upto
         a, b = run.n_done, done_upto
+        if b <= a:
+            return
         ends = run.ends
-        if b > a:
-            gaps = self.gaps
-            start = run.start_ms
-            last_end = ends[b - 1]
-            first_end = ends[0]
-            pooled0 = 0
-            for rank, batch, c0, g0 in run.ranks:
-                for req, c, g in zip(batch, c0, g0):
-                    req.num_computed = c + b
-                    if a == 0:
-                        if req.last_token_ms == start:
-                            pooled0 += 1
-                        else:
-                            gaps.individual.append(first_end - req.last_token_ms)
-                        if g == 1:
-                            req.second_token_ms = first_end
-                    req.num_generated = g + b
-                    req.last_token_ms = last_end
-                rank.num_generated_tokens += len(batch) * (b - a)
-            if pooled0:
-                gaps.pooled_values.append(first_end - start)
-                gaps.pooled_weights.append(pooled0)
-            lo = a if a > 0 else 1
-            if b > lo:
-                gaps.run_chunks.append((array("d", map(sub, ends[lo:b], ends[lo - 1 : b - 1])), run.batch_size))
-            run.n_done = b
-        if completed is not None and b == run.num_passes:
-            end = ends[b - 1]
-            for rank, batch, _, _ in run.ranks:
-                limit = rank.context_limit
-                done_any = False
-                for req in batch:
-                    ng = req.num_generated
-                    if ng >= req.max_output or req.prompt_len + ng >= limit:
-                        req.status = COMPLETED
-                        req.terminal_ms = end
-                        done_any = True
-                if done_any:
-                    rank.reap_completed(completed)
+        gaps = self.gaps
+        start = run.start_ms
+        last_end = ends[b - 1]
+        first_end = ends[0]
+        pooled0 = 0
+        for rank, batch, c0, g0, _ in run.ranks:
+            for req, c, g in zip(batch, c0, g0):
+                req.num_computed = c + b
+                if a == 0:
+                    if req.last_token_ms == start:
+                        pooled0 += 1
+                    else:
+                        gaps.individual.append(first_end - req.last_token_ms)
+                    if g == 1:
+                        req.second_token_ms = first_end
+                req.num_generated = g + b
+                req.last_token_ms = last_end
+            rank.num_generated_tokens += len(batch) * (b - a)
+        if pooled0:
+            gaps.pooled_values.append(first_end - start)
+            gaps.pooled_weights.append(pooled0)
+        lo = a if a > 0 else 1
+        if b > lo:
+            gaps.run_chunks.append((array("d", map(sub, ends[lo:b], ends[lo - 1 : b - 1])), run.batch_size))
+        run.n_done = b
+
+
+def _segments(known: list[int], remaining: list[int], k: int) -> list[tuple]:
+    """One entry per stretch of passes with the same batch (a request leaves after its
+    ``remaining``-th pass): (first pass a, batch size n, s, variance of the sequence lengths at
+    pass a), where the batch's KV tokens at pass j are ``s + n * j``. Exact integer sums: the
+    same numbers a run started at pass a would compute."""
+    out = []
+    order = sorted(range(len(known)), key=remaining.__getitem__)
+    s1 = sum(known)
+    s2 = sum([x * x for x in known])
+    n = len(known)
+    a = 0
+    i = 0
+    while a < k and n:
+        s = s1 + n * a  # sum of (x + a)
+        sq = s2 + 2 * a * s1 + n * a * a  # sum of (x + a)^2
+        out.append((a, n, s1, sq / n - (s / n) ** 2))
+        nxt = remaining[order[i]]
+        while i < len(order) and remaining[order[i]] == nxt:
+            x = known[order[i]]
+            s1 -= x
+            s2 -= x * x
+            n -= 1
+            i += 1
+        a = nxt
+    return out
+
+
+def _segment_durations(rank, segs: list[tuple], m: int, upto: int) -> list[float]:
+    """Durations of one rank's passes ``m`` to ``upto`` (exclusive) of a run."""
+    out: list[float] = []
+    timing = rank.timing
+    total = rank.total_kv_tokens
+    for i, (a, n, s, _) in enumerate(segs):
+        b = segs[i + 1][0] if i + 1 < len(segs) else upto
+        lo = a if a > m else m
+        hi = b if b < upto else upto
+        if lo < hi:
+            out.extend(timing.decode_run_ms(n, s + n * lo, total, hi - lo))
+    return out
