@@ -233,47 +233,44 @@ class KVCache:
             self.register(req, hashes, full)
         return True
 
-    def grow_each(self, items: list) -> bool:
-        """``grow(req, target, req.hashes)`` for each ``(req, target)`` in order, as one eviction
-        when every registration is one new block continuing its request's chain (decode steps),
-        which cannot change what the evictions take. False (changing nothing) when the blocks
-        do not suffice for all."""
+    def grow_decode(self, items: list) -> bool | None:
+        """``grow(req, target, req.hashes)`` for each ``(req, target)`` in order, as one eviction,
+        when every registration is one new block continuing its request's chain (decode steps:
+        then the order cannot change what the evictions take). None (changing nothing) when some
+        registration is not such a block; False (changing nothing) when the blocks do not
+        suffice for all."""
+        if self.events is not None:
+            return None
         bs = self.block_size
         heads = self._heads
+        caching = self.prefix_caching
         total = 0
-        simple = self.events is None and self.prefix_caching
         for req, target in items:
             need = -(-target // bs) - req.num_held - req.num_private
             if need > 0:
                 total += need
-            if simple:
+            if caching:
                 full = target // bs
                 pos = req.num_full_registered
                 if full > pos and (full != pos + 1 or req.dup_tail or req.hashes[pos] in heads):
-                    simple = False
-        if not simple:
-            for i, (req, target) in enumerate(items):
-                if not self.grow(req, target, req.hashes):
-                    if i:  # pragma: no cover - callers check the room first
-                        raise AssertionError("grow_each ran out of blocks part way")
-                    return False
-            return True
+                    return None
         if total > 0 and not self.reserve(total):
             return False
         for req, target in items:
             need = -(-target // bs) - req.num_held - req.num_private
             if need > 0:
                 req.num_private += need
-            full = target // bs
-            pos = req.num_full_registered
-            if full > pos:
-                req.num_full_registered = full
-                self._seq += 1
-                self._store(req, req.hashes[pos:full], self._seq, 0)
-                req.num_held += 1
-                req.num_private -= 1
-                self.num_private -= 1
-                self.num_active_shared += 1
+            if caching:
+                full = target // bs
+                pos = req.num_full_registered
+                if full > pos:
+                    req.num_full_registered = full
+                    self._seq += 1
+                    self._store(req, req.hashes[pos:full], self._seq, 0)
+                    req.num_held += 1
+                    req.num_private -= 1
+                    self.num_private -= 1
+                    self.num_active_shared += 1
         return True
 
     def reserve(self, num_blocks: int) -> bool:

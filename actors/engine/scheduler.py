@@ -23,7 +23,8 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from operator import add, attrgetter, sub
+from itertools import repeat
+from operator import add, attrgetter, mul, sub
 
 from actors.engine.kv_cache import KVCache
 from actors.engine.request import (
@@ -140,6 +141,24 @@ class RankScheduler:
         num_decode = decode_kv = sq_kv = 0
         i = 0
         num_running = len(running)
+        if num_running:
+            # the leading decode requests at once when they all fit and every block they need is
+            # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
+            done = list(map(_PREFILL_DONE, running))
+            d = num_running if all(done) else done.index(False)
+            if 0 < d <= budget:
+                lead = running[:d]
+                grow = [(r, c + 1) for r, c in zip(lead, map(_COMPUTED, lead))
+                        if -(-(c + 1) // bs) > r.num_held + r.num_private
+                        or (caching and (c + 1) // bs > r.num_full_registered)]
+                if not grow or kv.grow_decode(grow):
+                    known = list(map(add, map(_PROMPT_LEN, lead), map(_GENERATED, lead)))
+                    items = list(zip(lead, repeat(1)))
+                    budget -= d
+                    i = d
+                    num_decode = d
+                    decode_kv = sum(known)
+                    sq_kv = sum(map(mul, known, known))
         while i < num_running and budget > 0:
             req = running[i]
             known = req.prompt_len + req.num_generated

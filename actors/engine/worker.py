@@ -474,7 +474,12 @@ class EngineWorker:
             items = [(req, c + upto) for req, c in zip(batch, c0)
                      if -(-(c + upto) // bs) > req.num_held + req.num_private
                      or (caching and (c + upto) // bs > req.num_full_registered)]
-            if items and not kv.grow_each(items):  # pragma: no cover - the horizon guarantees it
+            if not items:
+                continue
+            done = kv.grow_decode(items)
+            if done is None:
+                done = all([kv.grow(req, t, req.hashes) for req, t in items])
+            if not done:  # pragma: no cover - the horizon guarantees it
                 raise AssertionError("fast-forward run ran out of KV blocks")
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
