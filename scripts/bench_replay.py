@@ -125,11 +125,15 @@ def baseline_tree(rev: str):
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
 
 
-def interleaved(rev: str, repeat: int, run, line=None) -> dict[str, list[dict]]:
+def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> dict[str, list[dict]]:
     """``run(tree)`` ``repeat`` times from REV's tree and from this one, alternating; ``line(result)``
-    (when given) is printed after each."""
+    (when given) is printed after each. ``warmup``: one untimed run from each tree first (Python
+    writes its bytecode cache, the OS caches the files)."""
     runs: dict[str, list[dict]] = {"baseline": [], "this": []}
     with baseline_tree(rev) as base:
+        if warmup:
+            for tree in (base, ROOT):
+                run(tree)
         for i in range(repeat):
             for name, tree in (("baseline", base), ("this", ROOT)):
                 r = run(tree)
@@ -143,7 +147,8 @@ def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
     runs = interleaved(args.compare, args.repeat, lambda tree: run_once(config, env, tree),
                        None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
-                                                         f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"))
+                                                         f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"),
+                       warmup=not args.no_bytecode_cache)
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     replay = {k: statistics.median(r["summary"]["wall_time_ms"] / 1000 for r in v) for k, v in runs.items()}
     diffs = sorted({d for a, b in zip(runs["baseline"], runs["this"]) for d in summary_differences(a["summary"], b["summary"])})
@@ -151,6 +156,7 @@ def compare(args, config: Path, env: dict) -> int:
     result = {
         "scenario": scenario_name(args), "baseline": args.compare, "repeat": args.repeat,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
+        "bytecode_cache": not args.no_bytecode_cache,
         "date": time.strftime("%Y-%m-%d"),
         "median_wall_s": med, "median_replay_s": replay,
         "ratio_this_to_baseline": med["this"] / med["baseline"],
@@ -195,6 +201,10 @@ def main() -> int:
                     help="with the Planner in the loop (SLA 1,500/50 ms, kalman, up to 4 GPUs)")
     ap.add_argument("--compare", metavar="REV", help="time this tree against git revision REV, interleaved")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ap.add_argument("--no-bytecode-cache", action="store_true",
+                    help="compile every module in every run (as with PYTHONDONTWRITEBYTECODE set and no cache); "
+                         "by default the children may write and read Python's bytecode cache, as Python does "
+                         "unless told otherwise, and --compare warms both trees up with one untimed run")
     args = ap.parse_args()
     if not args.trace.is_file():
         raise SystemExit(f"trace not found: {args.trace} (pass --trace)")
@@ -202,6 +212,11 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
     (home / "ray_bootstrap_config.yaml").write_text("")
     env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    if args.no_bytecode_cache:  # no cache written, none found (an empty cache root)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPYCACHEPREFIX"] = str(home / "no-pycache")
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     config = home / "bench.yaml"
     config.write_text(render_config(args))
     if args.compare:
@@ -221,6 +236,7 @@ def main() -> int:
     result = {
         "scenario": scenario_name(args),
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
+        "bytecode_cache": not args.no_bytecode_cache,
         "date": time.strftime("%Y-%m-%d"),
         "requests": s["num_requests"],
         "wall_s_min": min(walls),
