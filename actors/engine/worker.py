@@ -43,9 +43,9 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit", "total_kv")
+                 "held_events", "segments", "exit_passes", "next_exit")
 
-    def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict, exit_passes: list) -> None:
+    def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
         self.start_ms = start_ms
         self.ends: list[float] = []
         self.num_passes = 0  # passes whose end time is computed
@@ -57,10 +57,9 @@ class DecodeRun:
         self.ranks = ranks
         self.batch_size = sum(len(r[1]) for r in ranks)
         self.held_events: list | None = None  # KV events of the scheduled pass still in progress
-        # id(rank) -> [(first pass, batch size, sum of its sequence lengths at pass 0, their variance)],
-        # one entry per stretch of passes with the same batch (the KV tokens of pass j: sum + size * j)
+        # id(rank) -> its _Segments (the stretches of passes with the same batch, built as needed)
         self.segments = segments
-        self.exit_passes = exit_passes  # sorted passes after which some request leaves
+        self.exit_passes: list[int] = []  # sorted passes after which some request leaves (as far as built)
         self.next_exit = 0  # first entry of exit_passes not applied yet
 
     @property
@@ -69,7 +68,7 @@ class DecodeRun:
 
     def segment(self, rank, j: int) -> tuple:
         """The (first pass, batch size, length sum, variance) entry of ``rank`` covering pass j."""
-        segs = self.segments[id(rank)]
+        segs = self.segments[id(rank)].entries
         i = len(segs) - 1
         while segs[i][0] > j:
             i -= 1
@@ -432,12 +431,10 @@ class EngineWorker:
             return None
         entries = []
         segments = {}
-        exits = set()
         for rank, (_, batch, c0, g0, known, remaining) in plans:
             entries.append([rank, batch, c0, g0, remaining])
-            segments[id(rank)] = _segments(known, remaining, k)
-            exits.update(r - 1 for r in remaining if r <= k)
-        run = DecodeRun(now_ms, k, entries, segments, sorted(exits))
+            segments[id(rank)] = _Segments(known, remaining, k)
+        run = DecodeRun(now_ms, k, entries, segments)
         self._extend(run, horizon_ms)
         return run
 
@@ -450,10 +447,15 @@ class EngineWorker:
         while True:
             upto = min(upto, run.num_planned)
             durations = None
+            exits = None
             for entry in run.ranks:
                 rank = entry[0]
-                d = _segment_durations(rank, run.segments[id(rank)], m, upto)
+                segs = run.segments[id(rank)]
+                segs.build(upto)
+                d = segs.durations(rank, m, upto)
                 durations = d if durations is None else list(map(max, durations, d))
+                exits = segs.exits if exits is None else sorted(set(exits) | set(segs.exits))
+            run.exit_passes = exits
             durations[0] += ends[-1] if ends else run.start_ms
             ends.extend(accumulate(durations))  # sequential sums: end = previous end + duration
             m = upto
@@ -569,42 +571,61 @@ class EngineWorker:
         run.n_done = b
 
 
-def _segments(known: list[int], remaining: list[int], k: int) -> list[tuple]:
-    """One entry per stretch of passes with the same batch (a request leaves after its
-    ``remaining``-th pass): (first pass a, batch size n, s, variance of the sequence lengths at
-    pass a), where the batch's KV tokens at pass j are ``s + n * j``. Exact integer sums: the
-    same numbers a run started at pass a would compute."""
-    out = []
-    order = sorted(range(len(known)), key=remaining.__getitem__)
-    s1 = sum(known)
-    s2 = sum([x * x for x in known])
-    n = len(known)
-    a = 0
-    i = 0
-    while a < k and n:
+class _Segments:
+    """One rank's stretches of passes with the same batch in a run (a request leaves after its
+    ``remaining``-th pass), built as far as the run's end times are computed. ``entries``: (first
+    pass a, batch size n, s, variance of the sequence lengths at pass a), where the batch's KV
+    tokens at pass j are ``s + n * j`` (exact integer sums: the same numbers a run started at
+    pass a would compute); ``exits``: the passes after which requests leave, ascending."""
+
+    __slots__ = ("known", "remaining", "order", "k", "i", "s1", "s2", "n", "entries", "exits")
+
+    def __init__(self, known: list[int], remaining: list[int], k: int) -> None:
+        self.known = known
+        self.remaining = remaining
+        self.order = sorted(range(len(known)), key=remaining.__getitem__)
+        self.k = k
+        self.i = 0
+        self.s1 = sum(known)
+        self.s2 = sum([x * x for x in known])
+        self.n = len(known)
+        self.entries: list[tuple] = []
+        self.exits: list[int] = []
+        self._add(0)
+
+    def _add(self, a: int) -> None:
+        n, s1 = self.n, self.s1
         s = s1 + n * a  # sum of (x + a)
-        sq = s2 + 2 * a * s1 + n * a * a  # sum of (x + a)^2
-        out.append((a, n, s1, sq / n - (s / n) ** 2))
-        nxt = remaining[order[i]]
-        while i < len(order) and remaining[order[i]] == nxt:
-            x = known[order[i]]
-            s1 -= x
-            s2 -= x * x
-            n -= 1
-            i += 1
-        a = nxt
-    return out
+        sq = self.s2 + 2 * a * s1 + n * a * a  # sum of (x + a)^2
+        self.entries.append((a, n, s1, sq / n - (s / n) ** 2))
 
+    def build(self, upto: int) -> None:
+        """Entries and exits for every pass below ``upto``."""
+        order, remaining, known = self.order, self.remaining, self.known
+        while self.n and (not self.exits or self.exits[-1] < upto - 1):
+            nxt = remaining[order[self.i]]
+            if nxt > self.k:
+                break
+            while self.i < len(order) and remaining[order[self.i]] == nxt:
+                x = known[order[self.i]]
+                self.s1 -= x
+                self.s2 -= x * x
+                self.n -= 1
+                self.i += 1
+            self.exits.append(nxt - 1)
+            if self.n and nxt < self.k:
+                self._add(nxt)
 
-def _segment_durations(rank, segs: list[tuple], m: int, upto: int) -> list[float]:
-    """Durations of one rank's passes ``m`` to ``upto`` (exclusive) of a run."""
-    out: list[float] = []
-    timing = rank.timing
-    total = rank.total_kv_tokens
-    for i, (a, n, s, _) in enumerate(segs):
-        b = segs[i + 1][0] if i + 1 < len(segs) else upto
-        lo = a if a > m else m
-        hi = b if b < upto else upto
-        if lo < hi:
-            out.extend(timing.decode_run_ms(n, s + n * lo, total, hi - lo))
-    return out
+    def durations(self, rank, m: int, upto: int) -> list[float]:
+        """Durations of the rank's passes ``m`` to ``upto`` (exclusive)."""
+        out: list[float] = []
+        timing = rank.timing
+        total = rank.total_kv_tokens
+        segs = self.entries
+        for i, (a, n, s, _) in enumerate(segs):
+            b = segs[i + 1][0] if i + 1 < len(segs) else upto
+            lo = a if a > m else m
+            hi = b if b < upto else upto
+            if lo < hi:
+                out.extend(timing.decode_run_ms(n, s + n * lo, total, hi - lo))
+        return out
