@@ -5,15 +5,19 @@ become visible at its end. A worker pass lasts as long as its slowest rank.
 
 Steady decode is fast-forwarded: when every busy rank runs pure decode of a batch that
 cannot change on its own (no prefill, no admission possible, no allocation failure ahead),
-the worker plans a *run* of k passes at once (numpy over k passes) that ends at the first
-completion. Anything that touches the worker mid-run first ``sync``s it (applies the passes
-that have started/ended by then) and an arrival truncates the run after the pass in
-progress, so a run is indistinguishable from stepping pass by pass (tested byte for byte).
+the worker plans a *run* of up to k passes at once. When nothing waits on a rank, a completion
+frees only blocks nobody asks for, so the run goes on with the smaller batch (the request leaves
+after its last pass, its blocks are released before the next pass allocates, its completion is
+taken by the host at its ``terminal_ms``); otherwise the run ends at the first completion. Pass
+end times are computed in chunks: up to the next input the host knows of, else as many as so
+far. Anything that touches the worker mid-run first ``sync``s it (applies the passes that have
+started/ended by then) and an arrival truncates the run after the pass in progress, so a run is
+indistinguishable from stepping pass by pass (tested byte for byte).
 
 Timeline (opt-in, ``record_timeline=True``): the worker samples ``(time_ms, waiting, running,
 KV blocks used)`` summed over its ranks after every event that can change them: an enqueue, a
-pass/run start (after admission, preemption and rejection) and a pass/run end (after
-completions), and a handed-off request's release when the caller passes its time. The state is
+pass/run start (after admission, preemption and rejection), a pass/run end and a completion
+inside a run (after completions), and a handed-off request's release when the caller passes its time. The state is
 piecewise constant between samples; before the first sample it is idle (0, 0, 0). KV blocks
 used are the blocks held by live requests (``KVCache.num_active``: shared + private; cached
 inactive blocks count as free, as in vLLM's KV usage). A fast-forwarded decode run allocates
