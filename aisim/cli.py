@@ -305,6 +305,16 @@ def _for_stream(text: str, stream) -> str:
         return text.encode("ascii", errors="replace").decode("ascii")
 
 
+def _terminal_width(stream) -> int | None:
+    """The columns of the terminal ``stream`` writes to; None when it is not a terminal."""
+    try:
+        if not stream.isatty():
+            return None
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _silence_stdout() -> None:
     """After a broken pipe: point stdout at /dev/null so the interpreter's final flush stays quiet."""
     try:
@@ -372,10 +382,11 @@ def _predict(args, t0: float, signals: _Signals) -> int:
             out.close()  # without a commit: the previous outputs stay exactly as they were
 
 
-def _retune_progress(plan, args):
-    """A line per retune window on stderr (window k/N, candidates, best so far, the outcome), only on a
-    terminal and never with --format json; None otherwise."""
-    if plan.planner is None or plan.planner.retune is None or args.format == "json" or not sys.stderr.isatty():
+def _retune_progress(plan, progress):
+    """A line per retune window (window k/N, candidates, best so far, the outcome) through the
+    terminal progress display (``aisim.progress``: nothing without a terminal or with --format
+    json); None when the plan does not retune."""
+    if plan.planner is None or plan.planner.retune is None or not progress.active:
         return None
     from search.retune.sweep import replay_starts_ms
     from search.retune.windows import windows_launched_by
@@ -390,13 +401,9 @@ def _retune_progress(plan, args):
         best = ""
         if top is not None and answer.improvement_pct is not None:
             best = f", best {answer.improvement_pct:+.1f}% ({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in top['point'].items())})"
-        line = (f"retune window {k + 1}/{max(total, k + 1)}: {len(answer.candidates)} candidates on "
-                f"{answer.num_requests} requests{best} -> {answer.outcome} ({answer.sweep_wall_s:.1f} s)")
-        try:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        progress.log(f"retune window {k + 1}/{max(total, k + 1)}: {len(answer.candidates)} candidates on "
+                     f"{answer.num_requests} requests{best} -> {answer.outcome} ({answer.sweep_wall_s:.1f} s)")
+        progress.steps("retune", k + 1, max(total, k + 1), "windows swept")
 
     return show
 
@@ -405,6 +412,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
     from simulator.config.loading import load_config
     from simulator.metrics.csv_out import write_csv_outputs
     from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
+    from aisim.progress import Progress
     from simulator.metrics.table import render_table
     from simulator.metrics.timeline import write_csv as write_timeline_csv
     from simulator.replay import plan_from_config, run_plan
@@ -446,7 +454,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
                 set_phase("starting the actors")
                 guard.on_next_check(watchdog.stop)  # the coordinator's first check: the replay runs
                 guard.on_next_check(lambda: set_phase("replaying"))
-                report = run_plan(plan, guard, on_sweep=_retune_progress(plan, args))
+                with Progress.for_command(args) as progress:
+                    report = run_plan(plan, guard, on_sweep=_retune_progress(plan, progress), on_progress=progress.replay)
     except Exception as exc:
         if getattr(exc, "exit_code", 1) == 3:
             limited(exc)
@@ -472,7 +481,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         if not _encodable(text, sys.stdout):
             text = canonical_json(report.summary, indent=None, ensure_ascii=True)
     else:
-        text = render_table(report.summary, runtime=report.diagnostics.get("runtime"))
+        text = render_table(report.summary, runtime=report.diagnostics.get("runtime"), planner=report.planner,
+                            width=_terminal_width(sys.stdout))
         if out is not None:
             text += f"\nSaved full report to: {args.output_dir / 'prediction.json'}"
     stdout_error = None

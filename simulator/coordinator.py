@@ -244,6 +244,13 @@ class Coordinator:
         self.has_planner = has_planner
         self.planner_hook: Callable[[bool], None] = lambda entering: None  # the runner may time the Planner's ticks
         self.retune = None  # a simulator.retune_driver.RetuneDriver when the Planner retunes
+        # progress (the runner's display): called as (now_ms, last arrival ms or None, requests ended,
+        # requests offered) after every edge; ``progress_edges`` extra edges make sure it is called
+        # often enough (an edge changes no result: the hosts' steps are exact at any edge)
+        self.progress: Callable[[float, float | None, int, int], None] | None = None
+        self.progress_edges = 200
+        self._progress_every_ms: float | None = None
+        self._progress_end_ms: float | None = None
         num_workers = len(entry.worker_ids) + (len(decode.worker_ids) if decode is not None else 0)
         self._pool_of: list[Pool] = [entry] * num_workers
         if decode is not None:
@@ -643,6 +650,11 @@ class Coordinator:
                 out.append(t)
         if self.stop_ms is not None and self.stop_ms > now:
             out.append(self.stop_ms)
+        every = self._progress_every_ms
+        if every is not None:
+            t = (math.floor(now / every) + 1) * every
+            if t < self._progress_end_ms:
+                out.append(t)
         return out
 
     def _earliest_activity(self) -> float | None:
@@ -692,6 +704,14 @@ class Coordinator:
         self._arr_i = indices.tolist()
         self._n_init = len(self._arr_t)
         self._ptr = 0
+        progress = self.progress
+        if progress is not None and self._arr_t:
+            end = max(self._arr_t)
+            if self.stop_ms is not None:
+                end = min(end, self.stop_ms)
+            if end > 0:
+                self._progress_end_ms = end
+                self._progress_every_ms = end / self.progress_edges
         if self.has_planner:
             self._tick_ms = self._tick_interval_ms = self.rt.initial_tick_ms()
         # a window only matters where the router reads worker state or one worker's events cause
@@ -731,12 +751,16 @@ class Coordinator:
                         self._edge(now, None)
                         self._step(now, now)
                 nxt = self._exact_until(now)
+            if progress is not None:
+                progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
             if nxt is None and not self._coupled:
                 self._step(now, INF)  # nothing outside the workers is due any more: run them out
             until = nxt
         if self.stats.stopped_at_ms is None:  # run out ahead of the loop's clock: the run ends at its last event
             now = max(now, self._latest_event_ms)
         self.stats.last_event_ms = now
+        if progress is not None:
+            progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
         self._finish(now)
         return self.stats
 

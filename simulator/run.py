@@ -228,11 +228,12 @@ def tune_gc_for_replay() -> tuple[int, int, int]:
     return old
 
 
-def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None) -> ReplayReport:
+def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None, on_progress=None) -> ReplayReport:
     """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime.
     A plan whose Planner retunes asks ``sweeper`` (an ``actors.planner.retune.Sweeper``; None: the
     installed one, ``load_sweeper``) for its sweeps; the run closes it. ``on_sweep(window, answer)``
-    is called after each sweep (progress)."""
+    is called after each sweep, ``on_progress(now_ms, last_arrival_ms, requests_ended,
+    num_requests)`` as the replay advances (``Coordinator.progress``); neither changes a result."""
     t_wall = time.perf_counter()
     w = plan.traffic.workload
     store = BlockHashStore(w)
@@ -254,6 +255,7 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None)
                             has_planner=actors.planner is not None, window_ms=ex.router_sync_ms)
         coord.planner_hook = planner_clock
         coord.retune = retune
+        coord.progress = on_progress
         with replay_gc():
             coord.run()
         planner = runtime.planner()  # the Planner as it ended (it may have lived in an actor)

@@ -1,13 +1,24 @@
-"""The stdout table of ``aisim predict --format table`` (layout of the reference report)."""
+"""The stdout table of ``aisim predict --format table``, drawn with rich.
+
+Two layouts of the same numbers: the full one (the reference report's rows and box, every
+statistic: avg, min, max, p99, p95, p90, p75, p50, std) wherever it fits, which is always when
+stdout is not a terminal (``width=None``), and a compact one for narrower terminals (short
+labels; avg, p50, p90, p95, p99, max; the counts and throughputs as lines below), which fits 80
+columns. Below either: request counts and rejection reasons, the deployment, the Planner's
+replica range over time, its scaling events and retune decisions when it ran, and the run's
+totals.
+"""
 
 from __future__ import annotations
 
+import io
+
 ROWS = (
-    ("Time to First Token (ms)", "ttft_ms"),
-    ("Time to Second Token (ms)", "ttst_ms"),
-    ("Request Latency (ms)", "e2e_latency_ms"),
-    ("Inter Token Latency (ms)", "itl_ms"),
-    ("Output Token Throughput Per User (tokens/sec/user)", "output_token_throughput_per_user"),
+    ("Time to First Token (ms)", "TTFT (ms)", "ttft_ms"),
+    ("Time to Second Token (ms)", "TTST (ms)", "ttst_ms"),
+    ("Request Latency (ms)", "E2E (ms)", "e2e_latency_ms"),
+    ("Inter Token Latency (ms)", "ITL (ms)", "itl_ms"),
+    ("Output Token Throughput Per User (tokens/sec/user)", "Tok/s/user", "output_token_throughput_per_user"),
 )
 SCALARS = (
     ("Output Token Throughput (tokens/sec)", "output_throughput_tok_s"),
@@ -16,8 +27,11 @@ SCALARS = (
     ("Rejected Requests (requests)", "rejected_requests"),
     ("Incomplete Requests (requests)", "incomplete_requests"),
 )
-COLUMNS = ("avg", "min", "max", "p99", "p90", "p75", "std")
-_STAT_OF = {"avg": "mean", "min": "min", "max": "max", "p99": "p99", "p90": "p90", "p75": "p75", "std": "std"}
+COLUMNS = ("avg", "min", "max", "p99", "p95", "p90", "p75", "p50", "std")
+COMPACT_COLUMNS = ("avg", "p50", "p90", "p95", "p99", "max")
+_STAT_OF = {"avg": "mean", "min": "min", "max": "max", "p99": "p99", "p95": "p95", "p90": "p90", "p75": "p75",
+            "p50": "median", "std": "std"}
+_SPARK = "▁▂▃▄▅▆▇█"
 
 
 def _fmt(v) -> str:
@@ -26,6 +40,14 @@ def _fmt(v) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return f"{v:,.2f}"
+
+
+def _fmt_short(v) -> str:
+    """Fewer digits where they do not matter (the compact layout): 12,345 / 123 / 12.3 / 1.23."""
+    if v is None or isinstance(v, int):
+        return _fmt(v)
+    a = abs(v)
+    return f"{v:,.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}"
 
 
 def rejection_lines(summary: dict) -> list[str]:
@@ -41,33 +63,114 @@ def rejection_lines(summary: dict) -> list[str]:
     return out
 
 
-def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dict | None = None) -> str:
-    body: list[list[str]] = []
-    for label, key in ROWS:
+def replicas_over_time(planner: dict, summary: dict, buckets: int = 40) -> dict[str, dict]:
+    """Per Planner component (as its scaling events name it): the replica count at the start, its
+    minimum, maximum and end, the number of scaling events, and a sparkline of the count over the
+    run in ``buckets`` equal slices of the simulated duration (each slice: its time-weighted mean
+    count, from the lowest count to the highest)."""
+    events = [e for e in planner.get("scaling_events") or [] if isinstance(e, dict)]
+    duration_s = (summary.get("duration_ms") or 0.0) / 1000.0
+    out: dict[str, dict] = {}
+    for comp in dict.fromkeys(e.get("component") for e in events):
+        evs = sorted((e for e in events if e.get("component") == comp), key=lambda e: e.get("at_s") or 0.0)
+        start = evs[0].get("from_count")
+        counts = [start] + [e.get("to_count") for e in evs]
+        counts = [c for c in counts if isinstance(c, int)]
+        if not counts:
+            continue
+        spark = ""
+        if duration_s > 0:
+            hi, lo = max(counts), min(counts)
+            level = []
+            cur, k = start, 0
+            for b in range(buckets):
+                t0, t1 = duration_s * b / buckets, duration_s * (b + 1) / buckets
+                area, t = 0.0, t0
+                while k < len(evs) and (evs[k].get("at_s") or 0.0) < t1:
+                    at = max(evs[k].get("at_s") or 0.0, t0)
+                    area += cur * (at - t)
+                    t = at
+                    cur = evs[k].get("to_count", cur)
+                    k += 1
+                area += cur * (t1 - t)
+                level.append(area / (t1 - t0))
+            span = hi - lo
+            spark = "".join(_SPARK[0 if span == 0 else round((c - lo) * (len(_SPARK) - 1) / span)] for c in level)
+        out[str(comp)] = {"start": start, "min": min(counts), "max": max(counts), "end": counts[-1],
+                          "events": len(evs), "sparkline": spark}
+    return out
+
+
+def _planner_lines(planner: dict, summary: dict) -> list[str]:
+    lines = []
+    events = [e for e in planner.get("scaling_events") or [] if isinstance(e, dict)]
+    ups = sum(e.get("reason") == "scale_up" for e in events)
+    downs = sum(e.get("reason") == "scale_down" for e in events)
+    lines.append(f"Planner: {len(events):,} scaling events ({ups:,} up, {downs:,} down), "
+                 f"{planner.get('total_ticks', 0):,} ticks")
+    for comp, r in replicas_over_time(planner, summary).items():
+        lines.append(f"  {comp}: {r['start']} -> {r['end']} replicas, {r['min']}-{r['max']} over the run  "
+                     f"{r['sparkline']}".rstrip())
+    retunes = [e for e in planner.get("retune_events") or [] if isinstance(e, dict)]
+    if planner.get("retune_events") is not None:
+        applied = sum(e.get("outcome") == "applied" for e in retunes)
+        lines.append(f"Retune: {len(retunes):,} decisions, {applied:,} applied")
+    return lines
+
+
+def _rich_table(summary: dict, title: str, compact: bool):
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.HEAVY_HEAD, title_style="", header_style="", show_edge=True)
+    cols = COMPACT_COLUMNS if compact else COLUMNS
+    table.add_column("Metric", no_wrap=True)
+    for c in cols:
+        table.add_column(c, justify="right", no_wrap=True)
+    for label, short, key in ROWS:
         if summary.get(f"mean_{key}") is None:
             continue
-        body.append([label] + [_fmt(summary.get(f"{_STAT_OF[c]}_{key}")) for c in COLUMNS])
-    for label, key in SCALARS:
-        body.append([label, _fmt(summary.get(key))] + ["N/A"] * (len(COLUMNS) - 1))
-    header = ["Metric", *COLUMNS]
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+        fmt = _fmt_short if compact else _fmt
+        table.add_row(short if compact else label, *[fmt(summary.get(f"{_STAT_OF[c]}_{key}")) for c in cols])
+    if not compact:
+        for label, key in SCALARS:
+            table.add_row(label, _fmt(summary.get(key)), *["N/A"] * (len(cols) - 1))
+    return table
 
-    def line(left: str, mid: str, right: str, fill: str) -> str:
-        return left + mid.join(fill * (w + 2) for w in widths) + right
 
-    def row(cells: list[str], bar: str) -> str:
-        parts = [f" {cells[0]:<{widths[0]}} "] + [f" {c:>{w}} " for c, w in zip(cells[1:], widths[1:])]
-        return bar + bar.join(parts) + bar
+def _render(renderable, width: int) -> list[str]:
+    from rich.console import Console
 
-    total = sum(widths) + 3 * len(widths) + 1
-    lines = [title.center(total).rstrip(), line("┏", "┳", "┓", "━"), row(header, "┃"), line("┡", "╇", "┩", "━")]
-    lines += [row(r, "│") for r in body]
-    lines.append(line("└", "┴", "┘", "─"))
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False, legacy_windows=False,
+            emoji=False, highlight=False, markup=False).print(renderable)
+    return [ln.rstrip() for ln in buf.getvalue().splitlines()]
+
+
+def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dict | None = None,
+                 planner: dict | None = None, width: int | None = None) -> str:
+    """The table and the lines below it; ``width``: the terminal's columns (None: not a terminal,
+    the full layout at its natural width)."""
+    natural = 1000
+    full = _render(_rich_table(summary, title, compact=False), natural)
+    full_width = max(len(ln) for ln in full)
+    compact = width is not None and full_width > width
+    lines = _render(_rich_table(summary, title, compact=True), width) if compact else full
+    if compact:
+        lines.append(f"Requests: {_fmt(summary.get('completed_requests'))} completed, "
+                     f"{_fmt(summary.get('rejected_requests'))} rejected, "
+                     f"{_fmt(summary.get('incomplete_requests'))} incomplete")
+        lines.append(f"Throughput: {_fmt(summary.get('output_throughput_tok_s'))} output tokens/s, "
+                     f"{_fmt(summary.get('request_throughput_rps'))} requests/s")
     lines += rejection_lines(summary)
     dep = summary.get("deployment")
     if dep:
         pools = ", ".join(f"{n} {role}" for role, n in dep["workers"].items())
-        lines.append(f"Deployment: {dep['mode']}, {pools} workers ({dep['gpus']} GPUs), router {dep['router']['policy']}")
+        start = " at the start" if planner is not None else ""
+        lines.append(f"Deployment: {dep['mode']}, {pools} workers{start} ({dep['gpus']} GPUs), "
+                     f"router {dep['router']['policy']}")
+    if planner is not None:
+        lines += _planner_lines(planner, summary)
     if runtime:
         sync = (dep or {}).get("router_sync_ms") or 0
         text = f"Runtime: {runtime['backend']}"

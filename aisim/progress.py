@@ -1,0 +1,100 @@
+"""Progress on a terminal (rich, on stderr): one component for every command that waits.
+
+Shown only when stderr is a terminal and the command's output is not JSON (``active``); otherwise
+every method is a no-op, so a pipe, a log file or ``--format json`` sees nothing of it. Wall-clock
+reads happen here, never in the model: the replay reports virtual time and counts
+(``simulator.run.run_plan(on_progress=...)``) and this module turns them into speed and ETA.
+
+    with Progress.for_command(args) as progress:
+        report = run_plan(plan, on_progress=progress.replay)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _active(args) -> bool:
+    if getattr(args, "format", None) == "json":
+        return False
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress:
+    """A live line per task on stderr (see the module doc). ``interval_s``: the least time between
+    two redraws (updates in between only record numbers)."""
+
+    def __init__(self, active: bool, interval_s: float = 0.1) -> None:
+        self.active = active
+        self.interval_s = interval_s
+        self.console = None  # a rich Console to draw on (None: stderr)
+        self._live = None
+        self._tasks: dict[str, int] = {}
+        self._t0 = time.perf_counter()
+        self._last_draw = 0.0
+
+    @classmethod
+    def for_command(cls, args) -> "Progress":
+        return cls(_active(args))
+
+    def __enter__(self) -> "Progress":
+        if self.active:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+            console = self.console or Console(file=sys.stderr, highlight=False)
+            self._live = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24),
+                                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                      console=console, transient=True, auto_refresh=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def _update(self, name: str, completed: float, total: float | None, detail: str, force: bool = False) -> None:
+        live = self._live
+        if live is None:
+            return
+        task = self._tasks.get(name)
+        if task is None:
+            task = self._tasks[name] = live.add_task(name, total=total, detail=detail)
+        live.update(task, completed=completed, total=total, detail=detail)
+        now = time.perf_counter()
+        if force or now - self._last_draw >= self.interval_s:
+            self._last_draw = now
+            live.refresh()
+
+    # -- what commands report ------------------------------------------------------------------
+    def log(self, text: str) -> None:
+        """A line that stays (printed above the live display)."""
+        if self._live is not None:
+            self._live.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def replay(self, now_ms: float, end_ms: float | None, ended: int, num_requests: int) -> None:
+        """A replay's progress (``run_plan(on_progress=...)``): by virtual time up to the last
+        arrival, else by requests ended."""
+        if self._live is None:
+            return
+        wall = time.perf_counter() - self._t0
+        sim_s = now_ms / 1000.0
+        speed = f", {sim_s / wall:,.0f}x real time" if wall > 0 and sim_s > 0 else ""
+        if end_ms:
+            frac = min(1.0, now_ms / end_ms)
+            eta = f", ETA {wall * (1 - frac) / frac:,.0f} s" if 0 < frac < 1 else ""
+            detail = (f"{sim_s:,.0f} / {end_ms / 1000.0:,.0f} simulated s, {ended:,} / {num_requests:,} requests"
+                      f"{speed}{eta}")
+            self._update("replay", frac, 1.0, detail)
+        else:
+            detail = f"{ended:,} / {num_requests:,} requests, {sim_s:,.0f} simulated s{speed}"
+            self._update("replay", ended, max(num_requests, 1), detail)
+
+    def steps(self, name: str, done: int, total: int | None, detail: str = "") -> None:
+        """Any counted work: trials of a search, points of a sweep, windows of a retune."""
+        self._update(name, done, total, detail, force=True)

@@ -1,0 +1,79 @@
+"""Progress on a terminal: shown under a pseudo-terminal, absent without one and with --format json,
+and it never changes a result."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+
+import pytest
+
+from simulator.config.loading import load_config
+from simulator.metrics.output import canonical_json
+from simulator.plan import ExecutionPlan
+from simulator.replay import plan_from_config, run_plan
+from tests.conftest import ROOT
+from tests.simulator.test_coordinator import CASES, CONFIGS, without_wall
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+
+
+def run_in_pty(args: list[str], cols: int = 100) -> tuple[int, str]:
+    """``aisim ARGS`` with stdout and stderr on a pseudo-terminal of ``cols`` columns."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, cols, 0, 0))
+    p = subprocess.Popen([sys.executable, "-m", "aisim", *args], stdin=subprocess.DEVNULL, stdout=slave,
+                         stderr=slave, env=ENV, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif p.poll() is not None:
+            break
+    p.wait(timeout=120)
+    os.close(master)
+    return p.returncode, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_a_terminal_sees_replay_progress_and_the_compact_table():
+    code, out = run_in_pty(["predict"], cols=80)
+    assert code == 0, out
+    assert "replay" in out and "simulated s" in out and "/ 1,000 requests" in out
+    assert "┃ Metric     ┃   avg ┃   p50 ┃" in out  # the compact layout of an 80-column terminal
+    assert "Requests: 1,000 completed, 0 rejected, 0 incomplete" in out
+
+
+def test_no_progress_with_json_or_without_a_terminal():
+    code, out = run_in_pty(["predict", "--format", "json"])
+    assert code == 0 and "simulated s" not in out and out.lstrip().startswith("{")
+    p = subprocess.run([sys.executable, "-m", "aisim", "predict"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert p.returncode == 0 and p.stderr == ""
+    assert "Time to First Token (ms)" in p.stdout  # not a terminal: the full layout
+
+
+@pytest.mark.parametrize("name", ["round_robin", "closed_loop", "planner_aggregated", "disaggregated_2p2d"])
+def test_the_progress_edges_change_no_result(name):
+    cfg_file, sets = CASES[name]
+    cfg, cdir = load_config(CONFIGS / cfg_file, sets)
+    plan = dataclasses.replace(plan_from_config(cfg, cdir, capture_per_request=True), execution=ExecutionPlan())
+    calls = []
+    quiet = run_plan(plan).to_dict()
+    shown = run_plan(plan, on_progress=lambda *a: calls.append(a)).to_dict()
+    assert len(calls) > 50  # the progress edges did happen
+    assert [c[2] for c in calls] == sorted(c[2] for c in calls)  # requests ended only grows
+    assert canonical_json(without_wall(quiet)) == canonical_json(without_wall(shown))
