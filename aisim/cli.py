@@ -64,6 +64,10 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--csv", action="store_true",
                     help="also write request_metrics.csv (one row per request: times, lengths, worker, status, "
                          "latencies) and worker_timeline.csv (needs --output-dir; prediction.json is unchanged)")
+    pr.add_argument("--report", action="store_true",
+                    help="also write report.html: latency distributions, throughput, per-worker queues and KV "
+                         "usage, replicas and Planner diagnostics, the resolved config; opens offline (needs "
+                         "--output-dir and the report extra: pip install 'aisim[report]')")
     pr.add_argument("--backend", choices=("local", "ray"), default=None,
                     help="where the simulated workers, router and Planner live (overrides execution.backend)")
     pr.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
@@ -366,6 +370,14 @@ def _predict(args, t0: float, signals: _Signals) -> int:
         raise InputError("--capture-worker-timeline", "needs --output-dir to write worker_timeline.csv")
     if args.csv and args.output_dir is None:
         raise InputError("--csv", "needs --output-dir to write request_metrics.csv and worker_timeline.csv")
+    if args.report:
+        if args.output_dir is None:
+            raise InputError("--report", "needs --output-dir to write report.html")
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise InputError("--report", "needs matplotlib to draw its charts; install the report extra: "
+                                         "pip install 'aisim[report]'")
     if args.per_request_in_prediction and not args.capture_per_request:
         raise InputError("--per-request-in-prediction", "needs --capture-per-request")
     if args.output_dir is None:
@@ -449,8 +461,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
             with watchdog:  # initialisation bounded from t0: exit 124 when the limit passes
                 set_phase("loading the trace")
                 # --csv needs the per-request records and the timelines (prediction.json shows neither)
-                plan = plan_from_config(cfg, config_dir, args.capture_per_request or args.csv,
-                                        capture_worker_timeline=args.capture_worker_timeline or args.csv)
+                plan = plan_from_config(cfg, config_dir, args.capture_per_request or args.csv or args.report,
+                                        capture_worker_timeline=args.capture_worker_timeline or args.csv or args.report)
                 set_phase("starting the actors")
                 guard.on_next_check(watchdog.stop)  # the coordinator's first check: the replay runs
                 guard.on_next_check(lambda: set_phase("replaying"))
@@ -464,7 +476,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
     code = 1 if failure else 0
     if out is not None:
         doc = report.to_dict()
-        if args.csv and not args.capture_per_request:  # captured for --csv only: prediction.json as without it
+        if (args.csv or args.report) and not args.capture_per_request:  # captured for --csv/--report only: prediction.json as without it
             doc["per_request"] = None
             doc["coverage"] = {**doc["coverage"], "capture_per_request": False, "per_request_records": 0}
         elif report.per_request is not None and not args.per_request_in_prediction:
@@ -474,8 +486,15 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
             atomic_write_lines(out.staging / "requests.jsonl", report.per_request)
         if args.csv:
             write_csv_outputs(out.staging, report.per_request, report.timelines)
-        elif report.timelines is not None:
+        elif report.timelines is not None and args.capture_worker_timeline:
             write_timeline_csv(out.staging / "worker_timeline.csv", report.timelines)
+        if args.report:
+            from simulator.metrics.report_html import render_report_html
+
+            sla = cfg.evaluation.sla.model_dump()
+            atomic_write_text(out.staging / "report.html",
+                              render_report_html(report.summary, report.per_request or [], report.timelines,
+                                                 report.planner, cfg.model_dump(mode="json"), sla))
     if args.format == "json":
         text = canonical_json(report.summary, indent=None)
         if not _encodable(text, sys.stdout):

@@ -50,7 +50,7 @@ from typing import Iterable
 from simulator.errors import InputError
 
 #: every file aisim writes into an output directory (``--overwrite`` replaces only these)
-KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "request_metrics.csv",
+KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "request_metrics.csv", "report.html",
                  "resource-plan.json", "resource-runtime.json")
 
 #: temporary files of earlier aisim versions, which wrote in place (``.prediction.json.<random>.tmp``)

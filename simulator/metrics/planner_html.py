@@ -1,4 +1,4 @@
-"""The Planner diagnostics page of the Python API (never written by ``aisim predict``).
+"""The Planner diagnostics page of the Python API (``aisim predict --report`` has it as a section).
 
 One self-contained HTML file (inline SVG, no scripts, no network): replicas over time per
 role, observed vs predicted requests per throughput interval, and the scaling events. It is
@@ -51,6 +51,13 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], x_label: st
 
 
 def render_planner_html(planner: dict, summary: dict) -> str:
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim Planner diagnostics</title>"
+            "<style>body{font-family:sans-serif;margin:20px}</style></head><body><h1>aisim Planner diagnostics</h1>"
+            + planner_section(planner, summary) + "</body></html>")
+
+
+def planner_section(planner: dict, summary: dict) -> str:
+    """The page's body (also a section of ``aisim predict --report``'s report.html)."""
     ticks = planner.get("ticks") or []
     replicas: dict[str, list[tuple[float, float]]] = {}
     observed: list[tuple[float, float]] = []
@@ -81,9 +88,7 @@ def render_planner_html(planner: dict, summary: dict) -> str:
                            {"observed": observed, "predicted (for the next interval)": predicted}, "s", step=False))
     body.append("<h2>Scaling events</h2><table border=1 cellspacing=0 cellpadding=3><tr><th>at (s)</th>"
                 f"<th>component</th><th>from</th><th>to</th><th>reason</th></tr>{rows}</table>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim Planner diagnostics</title>"
-            "<style>body{font-family:sans-serif;margin:20px}</style></head><body><h1>aisim Planner diagnostics</h1>"
-            + "".join(body) + "</body></html>")
+    return "".join(body)
 
 
 def write_planner_html(planner: dict, summary: dict, directory: str | Path = "planner_reports") -> str:
