@@ -81,6 +81,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "against the first run.")
     cm.add_argument("dirs", nargs="+", metavar="DIR", help="aisim predict --output-dir directories (or prediction.json)")
     cm.add_argument("--format", choices=("table", "json", "csv"), default="table", help="stdout format (default: table)")
+    cm.add_argument("--report", type=Path, metavar="FILE",
+                    help="also write an HTML page overlaying the runs' TTFT/ITL/E2E distributions and replica "
+                         "curves (per-request data where a run kept it: --capture-per-request or --report)")
     va = sub.add_parser("validate", help="validate a predict, recommend or capacity config and show what it resolves to",
                         description="Validate a config without replaying: the effective deployment (GPUs, KV blocks "
                                     "per rank, context length, timing and model sources) and the traffic's statistics "
@@ -559,7 +562,12 @@ def _compare(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim compare``."""
     from aisim.compare import main_compare
 
-    sys.stdout.write(main_compare(args.dirs, args.format) + "\n")
+    text = main_compare(args.dirs, args.format)
+    if args.report is not None:
+        from aisim.compare import write_compare_report
+
+        write_compare_report(args.dirs, args.report)
+    sys.stdout.write(text + "\n")
     return 0
 
 

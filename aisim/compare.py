@@ -270,6 +270,51 @@ def to_csv(result: dict) -> str:
     return buf.getvalue()[:-1]
 
 
+def load_latencies(path: Path) -> dict[str, list[float]] | None:
+    """Per-request TTFT / ITL / E2E of a run's completed requests (arrival order), from its
+    ``requests.jsonl`` or the records inside prediction.json; None when it kept neither."""
+    path = Path(path)
+    run_dir = path if path.is_dir() else path.parent
+    rows = None
+    jsonl = run_dir / "requests.jsonl"
+    try:
+        if jsonl.is_file():
+            rows = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines() if line.strip()]
+        else:
+            per = json.loads((run_dir / PREDICTION if path.is_dir() else path).read_text(encoding="utf-8")).get("per_request")
+            rows = per if isinstance(per, list) else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CompareError(str(path), f"cannot read its request records ({_one_line(exc)}); rerun aisim predict "
+                                      "--output-dir to rewrite them") from exc
+    if rows is None:
+        return None
+    done = [r for r in rows if isinstance(r, dict) and r.get("terminal_status") == "completed"]
+    out = {}
+    for name, field in (("ttft", "ttft_ms"), ("itl", "itl_ms"), ("e2e", "e2e_latency_ms")):
+        out[name] = [float(r[field]) for r in done if _number(r.get(field)) is not None]
+    return out
+
+
+def write_compare_report(paths: list[str], file: Path, width: int = 100) -> None:
+    """``aisim compare --report FILE``: the overlay page of the runs' distributions and replica
+    curves (``simulator.metrics.report_html.render_compare_html``), written atomically."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CompareError("--report", "needs matplotlib to draw its charts; install the report extra: "
+                                       "pip install 'aisim[report]'")
+    from simulator.metrics.output import atomic_write_text
+    from simulator.metrics.report_html import render_compare_html
+
+    runs = [load_run(Path(p)) for p in paths]
+    for run, p in zip(runs, paths):
+        run["latencies"] = load_latencies(Path(p))
+    file = Path(file)
+    if not file.parent.is_dir():
+        raise CompareError("--report", f"{file.parent} is not a directory; create it or pick another path")
+    atomic_write_text(file, render_compare_html(runs, render_table(compare(runs), width)))
+
+
 def main_compare(paths: list[str], fmt: str = "table", width: int | None = None) -> str:
     """What ``aisim compare`` prints (without the final newline). Loads every path (the first bad
     one raises its one-line ``InputError``), compares them and renders ``fmt``; ``width`` defaults

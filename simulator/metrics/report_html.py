@@ -224,3 +224,61 @@ def render_report_html(summary: dict, per_request: list[dict], timelines, planne
              "figcaption{font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto}")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim report</title>"
             f"<style>{style}</style></head><body><h1>aisim report</h1>" + "".join(parts) + "</body></html>\n")
+
+
+# -- aisim compare --report -----------------------------------------------------------------------------
+_PCT_KEYS = (("min", 0.0), ("median", 0.5), ("p75", 0.75), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
+
+
+def cdf_data(summary: dict, values: list[float] | None, key: str) -> dict:
+    """One run's distribution of a latency: the per-request values when the run kept them (their
+    empirical CDF), else the summary's percentiles (a coarse CDF through min, p50, ..., max)."""
+    if values:
+        return {"values_ms": values}
+    pts = [(summary.get(f"{stat}_{key}"), q) for stat, q in _PCT_KEYS]
+    return {"percentiles": [[float(v), q] for v, q in pts if v is not None]}
+
+
+def render_compare_html(runs: list[dict], table_text: str) -> str:
+    """The overlay page of ``aisim compare --report``. ``runs``: per run ``{"name", "summary",
+    "planner", "latencies"}`` with ``latencies`` mapping ttft/itl/e2e to per-request values (or
+    None when the run did not keep its requests); ``table_text``: the comparison table."""
+    plt = _plt()
+    # the summary's statistics of the same per-request quantities (a request's mean ITL is its TPOT)
+    keys = {"ttft": "ttft_ms", "itl": "tpot_ms", "e2e": "e2e_latency_ms"}
+    parts = ["<h2>Comparison</h2>", f"<pre class='table'>{html.escape(table_text)}</pre>", "<h2>Latency</h2>"]
+    for name, _, title, _ in LATENCIES:
+        data = {}
+        fig, ax = plt.subplots(figsize=(7.5, 2.8))
+        for i, run in enumerate(runs):
+            d = cdf_data(run["summary"], (run.get("latencies") or {}).get(name), keys[name])
+            data[run["name"]] = d
+            color = _COLORS[i % len(_COLORS)]
+            if "values_ms" in d:
+                xs = np.sort(np.asarray(d["values_ms"]))
+                ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", color=color, label=run["name"])
+            elif d["percentiles"]:
+                xs, qs = zip(*d["percentiles"])
+                ax.plot(xs, qs, marker="o", markersize=3, color=color, linestyle="--",
+                        label=f"{run['name']} (percentiles only)")
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.legend(loc="lower right", fontsize=8)
+        parts.append(_figure(f"cdf-{name}", f"{title}: distribution per run", _svg(fig), {"runs": data}))
+    replicas = {run["name"]: replica_data(run.get("planner"), None, float(run["summary"].get("duration_ms") or 0.0))
+                for run in runs}
+    if any(r["components"] for r in replicas.values()):
+        fig, ax = plt.subplots(figsize=(7.5, 2.8))
+        for i, (rname, r) in enumerate(replicas.items()):
+            for j, (comp, c) in enumerate(r["components"].items()):
+                ax.step(c["times_s"], c["replicas"], where="post", color=_COLORS[i % len(_COLORS)],
+                        linestyle=("-", "--", ":", "-.")[j % 4], label=f"{rname}: {comp}")
+        ax.set_xlabel("simulated s")
+        ax.set_ylabel("replicas")
+        ax.legend(loc="upper right", fontsize=8)
+        parts += ["<h2>Planner</h2>", _figure("replicas", "Replicas over time per run", _svg(fig), {"runs": replicas})]
+    style = ("body{font-family:sans-serif;margin:20px;max-width:1100px}figure{margin:10px 0}"
+             "figcaption{font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto}")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim compare</title>"
+            f"<style>{style}</style></head><body><h1>aisim compare</h1>" + "".join(parts) + "</body></html>\n")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from aisim.compare import (
     to_json,
 )
 from simulator.errors import InputError
+from tests.conftest import ROOT
 
 SUMMARY_A = {
     "gpu_hours": 2.0, "goodput_output_throughput_tok_s": 1000.0, "goodput_request_throughput_rps": 4.0,
@@ -255,3 +259,51 @@ def test_non_numeric_and_non_finite_values_are_missing(tmp_path):
     assert _row(result, "mean_ttft_ms")["deltas"] == [None, None]
     assert _row(result, "p90_ttft_ms")["values"] == [200.0, None]
     json.loads(to_json(result))  # strict JSON: no NaN
+
+
+# --- compare --report ---------------------------------------------------------------------------
+def _report_charts(page: str) -> dict:
+    import re
+
+    blocks = re.findall(r'<script type="application/json" class="chart-data" data-chart="([a-z0-9-]+)">(.*?)</script>',
+                        page, flags=re.S)
+    return {name: json.loads(text.replace("<\\/", "</")) for name, text in blocks}
+
+
+def test_compare_report_overlays_each_runs_distribution(tmp_path):
+    pytest.importorskip("matplotlib", reason="compare --report needs the report extra (matplotlib)")
+    from aisim.compare import write_compare_report
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, extra in ((a, ["--capture-per-request"]), (b, ["--set", "engine.workers.aggregated.parallelism.replicas=3"])):
+        p = subprocess.run([sys.executable, "-m", "aisim", "predict", "--output-dir", str(d), "--format", "json", *extra],
+                           capture_output=True, text=True, env=env, timeout=180)
+        assert p.returncode == 0, p.stderr
+    out = tmp_path / "cmp.html"
+    write_compare_report([str(a), str(b)], out)
+    data = _report_charts(out.read_text())
+    rows = [json.loads(x) for x in (a / "requests.jsonl").read_text().splitlines()]
+    done = [r for r in rows if r["terminal_status"] == "completed"]
+    sb = json.loads((b / "prediction.json").read_text())["summary"]
+    assert data["cdf-ttft"]["runs"][str(a)] == {"values_ms": [r["ttft_ms"] for r in done]}
+    assert data["cdf-itl"]["runs"][str(a)] == {"values_ms": [r["itl_ms"] for r in done if r["itl_ms"] is not None]}
+    # b kept no request records: its summary's percentiles (ITL per request = the summary's TPOT)
+    assert data["cdf-ttft"]["runs"][str(b)] == {"percentiles": [
+        [sb[f"{s}_ttft_ms"], q] for s, q in (("min", 0.0), ("median", 0.5), ("p75", 0.75), ("p90", 0.9),
+                                             ("p95", 0.95), ("p99", 0.99), ("max", 1.0))]}
+    assert data["cdf-itl"]["runs"][str(b)]["percentiles"][1] == [sb["median_tpot_ms"], 0.5]
+    assert "replicas" not in data  # no Planner in either run
+    page = out.read_text()
+    assert "GPU hours" in page and "+49.9%" in page  # the comparison table with its deltas
+
+
+def test_compare_report_errors_are_one_line(tmp_path):
+    p = aisim_compare(str(tmp_path / "missing"), "--report", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "missing" in p.stderr
+
+
+def aisim_compare(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "aisim", "compare", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
