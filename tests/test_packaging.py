@@ -1,0 +1,94 @@
+"""The bundled configs work wherever the files are: from a copy of the repository at another path,
+and from a wheel installed in a fresh virtual environment (offline: the environment borrows this
+one's dependencies through a .pth file; only aisim comes from the wheel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+ENV.update(RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+PREDICT_CONFIGS = ["quickstart.yaml", "aggregated-baseline.yaml", "disaggregated-1p1d.yaml",
+                   "measured-qwen3-32b-fp8-h200.yaml", "planner-aggregated.yaml", "planner-aggregated-fp8.yaml",
+                   "planner-disaggregated.yaml", "planner-disaggregated-fp8.yaml", "retune-router.yaml",
+                   "retune-joint.yaml"]
+SEARCH_CONFIGS = ["capacity-search.yaml", "spica-agg-vs-disagg.yaml", "spica-grid-16.yaml"]
+SHORT = ["--set", "traffic.stop={max_virtual_time_seconds: 60}", "--format", "json"]
+
+
+def run(python: str, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "aisim", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env or ENV, timeout=300)
+
+
+def test_configs_run_from_a_copy_of_the_repository_elsewhere(tmp_path):
+    copy = tmp_path / "elsewhere" / "aisim-copy"
+    shutil.copytree(ROOT / "configs", copy / "configs")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = dict(ENV, PYTHONPATH=str(ROOT))
+    for name in PREDICT_CONFIGS + SEARCH_CONFIGS:
+        p = run(sys.executable, ["validate", "-c", str(copy / "configs" / name), "--format", "json"], elsewhere, env)
+        assert p.returncode == 0, (name, p.stderr)
+    for name in ("quickstart.yaml", "planner-aggregated.yaml", "disaggregated-1p1d.yaml"):
+        p = run(sys.executable, ["predict", "-c", str(copy / "configs" / name), *SHORT], elsewhere, env)
+        assert p.returncode == 0, (name, p.stderr)
+        assert json.loads(p.stdout)["completed_requests"] > 0
+
+
+def _borrowed_site_packages() -> list[str]:
+    """This environment's site-packages (the dependencies), without aisim's editable hook."""
+    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    return sorted(p for p in paths if Path(p).is_dir())
+
+
+def test_a_wheel_in_a_fresh_venv_runs_the_bundled_configs(tmp_path):
+    setuptools = pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this environment")
+    if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1):
+        pytest.skip("building the wheel offline needs setuptools >= 70.1 (its own bdist_wheel); the test extra has it")
+    dist = tmp_path / "dist"
+    # the build in a copy of the tree: a build leaves build/ and egg-info behind
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "out",
+                                                              ".pytest_cache", "planner_reports"))
+    b = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(dist), str(src)], capture_output=True, text=True, timeout=300, env=ENV)
+    assert b.returncode == 0, b.stderr[-3000:]
+    (wheel,) = dist.glob("aisim-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = str(env_dir / "bin" / "python")
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # the wheel, unpacked as pip would (a wheel is a zip of the installed files), then the borrowed deps
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    Path(site, "zz_borrowed_deps.pth").write_text("\n".join(_borrowed_site_packages()) + "\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    where = subprocess.run([py, "-c", "import simulator, configs; print(simulator.__file__); print(configs.__path__[0])"],
+                           capture_output=True, text=True, cwd=elsewhere, env=ENV)
+    assert where.returncode == 0, where.stderr
+    assert all(line.startswith(site) for line in where.stdout.split()), where.stdout  # aisim from the wheel
+    p = run(py, ["predict", "--format", "json"], elsewhere)  # the bundled quickstart
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["completed_requests"] == 1000
+    installed = Path(site) / "configs"
+    for name in PREDICT_CONFIGS + SEARCH_CONFIGS:
+        p = run(py, ["validate", "-c", str(installed / name), "--format", "json"], elsewhere)
+        assert p.returncode == 0, (name, p.stderr)
+    p = run(py, ["predict", "-c", str(installed / "planner-aggregated.yaml"), *SHORT], elsewhere)
+    assert p.returncode == 0, p.stderr
