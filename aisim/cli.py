@@ -603,20 +603,19 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
                                          "replace it (earlier trials are reused from the cache either way)")
     backend = "ray" if args.ray_address else args.backend
 
-    def progress(ev: dict) -> None:
-        verdict = "timed out" if ev["timed_out"] else {True: "pass", False: "fail", None: "done"}[ev["passed"]]
-        sys.stderr.write(f"\rtrials {ev['trials']}  {ev['job']} @ {ev['qps']:g} QPS: {verdict}          ")
-        sys.stderr.flush()
+    from aisim.progress import Progress
 
-    show = progress if args.format != "json" and sys.stderr.isatty() else None
-    result = run_capacity_search(
-        args.config, out, backend=backend, ray_address=args.ray_address, max_parallel=args.max_parallel,
-        cache_dir=args.cache_dir, use_cache=not args.no_cache, progress=show,
-        search_overrides={"max_iterations": args.max_iterations,
-                          "min_search_granularity_pct": args.min_search_granularity_pct,
-                          "max_qps_cap": args.max_qps_cap})
-    if show is not None:
-        sys.stderr.write("\n")
+    with Progress.for_command(args) as bar:
+        def progress(ev: dict) -> None:
+            verdict = "timed out" if ev["timed_out"] else {True: "pass", False: "fail", None: "done"}[ev["passed"]]
+            bar.steps("capacity", ev["trials"], None, f"trials; last: {ev['job']} @ {ev['qps']:g} QPS {verdict}")
+
+        result = run_capacity_search(
+            args.config, out, backend=backend, ray_address=args.ray_address, max_parallel=args.max_parallel,
+            cache_dir=args.cache_dir, use_cache=not args.no_cache, progress=progress if bar.active else None,
+            search_overrides={"max_iterations": args.max_iterations,
+                              "min_search_granularity_pct": args.min_search_granularity_pct,
+                              "max_qps_cap": args.max_qps_cap})
     if args.format == "json":
         sys.stdout.write(json.dumps({"jobs": [{k: v for k, v in j.to_dict().items() if k != "search_trace"}
                                               for j in result.jobs], "output_dir": str(out)}, sort_keys=True) + "\n")
@@ -658,17 +657,17 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
     if args.output == "dgd":  # --output dgd without a dgd section: the defaults
         args.overrides = [*args.overrides, "dgd={name: spica}"] if not _has_dgd(args) else args.overrides
 
-    def progress(snap: dict) -> None:
-        best = "-" if snap["best"] is None else f"{snap['best']:.4g}"
-        sys.stderr.write(f"\rtrials {snap['done']}/{snap['total']}  feasible {snap['feasible']}  best {best}  "
-                         f"{snap['trials_per_s']:.2f} trials/s ")
-        sys.stderr.flush()
+    from aisim.progress import Progress
 
-    show = progress if args.format != "json" and sys.stderr.isatty() else None
-    result = run_search(args.config, out, resume=args.resume, backend=backend, ray_address=args.ray_address,
-                        parallelism=args.parallelism, storage=args.storage, overrides=args.overrides, progress=show)
-    if show is not None:
-        sys.stderr.write("\n")
+    with Progress.for_command(args) as bar:
+        def progress(snap: dict) -> None:
+            best = "-" if snap["best"] is None else f"{snap['best']:.4g}"
+            bar.steps("recommend", snap["done"], snap["total"], f"trials, {snap['feasible']} feasible, best {best}, "
+                                                               f"{snap['trials_per_s']:.2f} trials/s")
+
+        result = run_search(args.config, out, resume=args.resume, backend=backend, ray_address=args.ray_address,
+                            parallelism=args.parallelism, storage=args.storage, overrides=args.overrides,
+                            progress=progress if bar.active else None)
     best = result.best
     if args.format == "json":
         import json

@@ -99,5 +99,7 @@ class Progress:
             self._update("replay", ended, max(num_requests, 1), detail)
 
     def steps(self, name: str, done: int, total: int | None, detail: str = "") -> None:
-        """Any counted work: trials of a search, points of a sweep, windows of a retune."""
-        self._update(name, done, total, detail, force=True)
+        """Any counted work: trials of a search, points of a sweep, windows of a retune (``total``
+        None: not known in advance)."""
+        self._update(name, done, total, f"{done:,}{'' if total is None else f' / {total:,}'} {detail}".rstrip(),
+                     force=True)

@@ -77,3 +77,30 @@ def test_the_progress_edges_change_no_result(name):
     assert len(calls) > 50  # the progress edges did happen
     assert [c[2] for c in calls] == sorted(c[2] for c in calls)  # requests ended only grows
     assert canonical_json(without_wall(quiet)) == canonical_json(without_wall(shown))
+
+
+def _plain(text: str) -> str:
+    """The terminal's text without the live display's control codes (each redraw its own line)."""
+    import re
+
+    return "\n".join(re.split(r"[\r\n]+", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)))
+
+
+def test_searches_show_their_trials_through_the_same_display(tmp_path):
+    import yaml
+
+    from tests.search.capacity.test_runner import example
+    from tests.search.spica.test_loop import _search_yaml
+
+    cfg = example()
+    cfg["jobs"] = [{"name": "only", "qps_list": [1, 2]}]
+    path = tmp_path / "cap.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code, out = run_in_pty(["capacity", "-c", str(path), "--output-dir", str(tmp_path / "cap"), "--no-cache",
+                            "--max-parallel", "1"], cols=120)
+    assert code == 0, out
+    assert "capacity" in _plain(out) and "2 trials; last: only @ " in _plain(out)
+    code, out = run_in_pty(["recommend", "-c", _search_yaml(tmp_path, max_trials=3), "--output-dir",
+                            str(tmp_path / "rec"), "--parallelism", "1"], cols=120)
+    assert code == 0, out
+    assert "3 / 3 trials," in _plain(out) and "trials/s" in _plain(out)
