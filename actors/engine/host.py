@@ -261,8 +261,10 @@ class WorkerHost:
 
     def _sync(self, wid: int, worker: EngineWorker, t: float) -> None:
         worker.sync(t)
-        self._take_kv(wid, worker)
-        self._take_exits(wid, worker)
+        if worker.kv_events:
+            self._take_kv(wid, worker)
+        if worker.exits:
+            self._take_exits(wid, worker)
 
     def _sync_all(self, t: float) -> None:
         for wid, worker in self.workers.items():
@@ -272,12 +274,13 @@ class WorkerHost:
         """Bring up to ``t`` the workers that publish KV events (a router reads them next) and
         those with a completion inside their run by ``t``."""
         workers = self.workers
-        for wid in self._publishing:
+        publishing = self._publishing
+        for wid in publishing:
             self._sync(wid, workers[wid], t)
-        for wid, worker in workers.items():
-            if worker.busy:
-                e = worker.next_event_ms
-                if e is not None and e <= t:
+        if len(publishing) < len(workers):
+            done = set(publishing)
+            for wid, worker in workers.items():
+                if worker.exit_due(t) and wid not in done:
                     self._sync(wid, worker, t)
 
     def _output(self, with_fpm: bool = False) -> dict:

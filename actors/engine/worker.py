@@ -233,6 +233,14 @@ class EngineWorker:
         out, self.exits = self.exits, []
         return out
 
+    def exit_due(self, now_ms: float) -> bool:
+        """Whether a completion inside the current run happens by ``now_ms`` (not applied yet)."""
+        run = self._run
+        if run is None or run.next_exit >= len(run.exit_passes):
+            return False
+        e = run.exit_passes[run.next_exit]
+        return e < run.num_passes and run.ends[e] <= now_ms
+
     @property
     def next_event_ms(self) -> float | None:
         """When this worker next changes what others see: the next completion inside its run,
