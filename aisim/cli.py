@@ -376,11 +376,9 @@ def _predict(args, t0: float, signals: _Signals) -> int:
     if args.report:
         if args.output_dir is None:
             raise InputError("--report", "needs --output-dir to write report.html")
-        import importlib.util
+        from simulator.metrics.report_html import require_matplotlib
 
-        if importlib.util.find_spec("matplotlib") is None:
-            raise InputError("--report", "needs matplotlib to draw its charts; install the report extra: "
-                                         "pip install 'aisim[report]'")
+        require_matplotlib("--report")
     if args.per_request_in_prediction and not args.capture_per_request:
         raise InputError("--per-request-in-prediction", "needs --capture-per-request")
     if args.output_dir is None:
@@ -426,8 +424,8 @@ def _retune_progress(plan, progress):
 def _run(args, t0: float, signals: _Signals, out) -> int:
     from simulator.config.loading import load_config
     from simulator.metrics.csv_out import write_csv_outputs
-    from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
     from aisim.progress import Progress
+    from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
     from simulator.metrics.table import render_table
     from simulator.metrics.timeline import write_csv as write_timeline_csv
     from simulator.replay import plan_from_config, run_plan
@@ -562,12 +560,7 @@ def _compare(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim compare``."""
     from aisim.compare import main_compare
 
-    text = main_compare(args.dirs, args.format)
-    if args.report is not None:
-        from aisim.compare import write_compare_report
-
-        write_compare_report(args.dirs, args.report)
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(main_compare(args.dirs, args.format, report=args.report) + "\n")
     return 0
 
 

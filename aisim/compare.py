@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import InputError
+from simulator.metrics.planner_summary import PLANNER_METRICS, planner_counts
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv")
 PREDICTION = "prediction.json"
@@ -64,10 +65,6 @@ METRICS: tuple[tuple[str, str, str, str | None], ...] = (
     ("retune_decisions", "retune decisions", "decisions", None),
     ("retune_applied", "retune applied", "decisions", None),
 )
-
-# Rows computed from prediction.json's ``planner`` (None for a run without a Planner).
-PLANNER_METRICS = frozenset(("scaling_events", "scale_ups", "scale_downs", "worker_starts",
-                             "retune_decisions", "retune_applied"))
 
 _FIX = "give an `aisim predict --output-dir DIR` directory"
 
@@ -120,28 +117,6 @@ def _number(v: Any) -> int | float | None:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
-
-
-def _dicts(items: Any) -> list[dict]:
-    return [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
-
-
-def planner_counts(planner: dict | None) -> dict[str, int | None]:
-    """The Planner rows of one run: every value None without a Planner."""
-    if planner is None:
-        return dict.fromkeys(PLANNER_METRICS)
-    events = _dicts(planner.get("scaling_events"))
-    retunes = _dicts(planner.get("retune_events"))  # null without retune: 0 decisions
-    return {
-        "scaling_events": len(events),
-        "scale_ups": sum(e.get("reason") == "scale_up" for e in events),
-        "scale_downs": sum(e.get("reason") == "scale_down" for e in events),
-        "worker_starts": sum(t.get("transition") == "worker_starting"
-                             for op in _dicts(planner.get("lifecycle_operations"))
-                             for t in _dicts(op.get("transitions"))),
-        "retune_decisions": len(retunes),
-        "retune_applied": sum(e.get("outcome") == "applied" for e in retunes),
-    }
 
 
 def _clean(x: float | int) -> float | int:
@@ -295,33 +270,31 @@ def load_latencies(path: Path) -> dict[str, list[float]] | None:
     return out
 
 
-def write_compare_report(paths: list[str], file: Path, width: int = 100) -> None:
-    """``aisim compare --report FILE``: the overlay page of the runs' distributions and replica
-    curves (``simulator.metrics.report_html.render_compare_html``), written atomically."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise CompareError("--report", "needs matplotlib to draw its charts; install the report extra: "
-                                       "pip install 'aisim[report]'")
+def write_compare_report(runs: list[dict], paths: list[str], file: Path, width: int = 100) -> None:
+    """``aisim compare --report FILE``: the overlay page of the runs' (``load_run``) distributions
+    and replica curves (``simulator.metrics.report_html.render_compare_html``), written atomically."""
     from simulator.metrics.output import atomic_write_text
-    from simulator.metrics.report_html import render_compare_html
+    from simulator.metrics.report_html import render_compare_html, require_matplotlib
 
-    runs = [load_run(Path(p)) for p in paths]
-    for run, p in zip(runs, paths):
-        run["latencies"] = load_latencies(Path(p))
+    require_matplotlib("--report")
     file = Path(file)
     if not file.parent.is_dir():
         raise CompareError("--report", f"{file.parent} is not a directory; create it or pick another path")
+    runs = [dict(run, latencies=load_latencies(Path(p))) for run, p in zip(runs, paths)]
     atomic_write_text(file, render_compare_html(runs, render_table(compare(runs), width)))
 
 
-def main_compare(paths: list[str], fmt: str = "table", width: int | None = None) -> str:
+def main_compare(paths: list[str], fmt: str = "table", width: int | None = None, report: Path | None = None) -> str:
     """What ``aisim compare`` prints (without the final newline). Loads every path (the first bad
     one raises its one-line ``InputError``), compares them and renders ``fmt``; ``width`` defaults
-    to the terminal's width (100 when it is not a terminal)."""
+    to the terminal's width (100 when it is not a terminal). ``report``: also write the HTML
+    overlay there (``write_compare_report``)."""
     if fmt not in FORMATS:
         raise CompareError("--format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    result = compare([load_run(Path(p)) for p in paths])
+    runs = [load_run(Path(p)) for p in paths]
+    if report is not None:
+        write_compare_report(runs, paths, report)
+    result = compare(runs)
     if fmt == "json":
         return to_json(result)
     if fmt == "csv":

@@ -28,10 +28,10 @@ class Progress:
     """A live line per task on stderr (see the module doc). ``interval_s``: the least time between
     two redraws (updates in between only record numbers)."""
 
-    def __init__(self, active: bool, interval_s: float = 0.25) -> None:
+    def __init__(self, active: bool, interval_s: float = 0.25, console=None) -> None:
         self.active = active
         self.interval_s = interval_s
-        self.console = None  # a rich Console to draw on (None: stderr)
+        self.console = console  # a rich Console to draw on (None: stderr)
         self._live = None
         self._tasks: dict[str, int] = {}
         self._t0 = time.perf_counter()

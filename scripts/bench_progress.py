@@ -58,8 +58,7 @@ def main() -> int:
             plan = plan_from_config(cfg, cdir)
             t0 = time.perf_counter()
             if name == "with":
-                p = progress_mod.Progress(active=True)
-                p.console = Console(file=sink, force_terminal=True, width=100)
+                p = progress_mod.Progress(active=True, console=Console(file=sink, force_terminal=True, width=100))
                 with p:
                     report = run_plan(plan, on_progress=p.replay)
             else:

@@ -278,9 +278,8 @@ class WorkerHost:
         for wid in publishing:
             self._sync(wid, workers[wid], t)
         if len(publishing) < len(workers):
-            done = set(publishing)
             for wid, worker in workers.items():
-                if worker.exit_due(t) and wid not in done:
+                if not worker.records_kv_events and worker.exit_due(t):
                     self._sync(wid, worker, t)
 
     def _output(self, with_fpm: bool = False) -> dict:

@@ -260,17 +260,8 @@ class KVCache:
             need = -(-target // bs) - req.num_held - req.num_private
             if need > 0:
                 req.num_private += need
-            if caching:
-                full = target // bs
-                pos = req.num_full_registered
-                if full > pos:
-                    req.num_full_registered = full
-                    self._seq += 1
-                    self._store(req, req.hashes[pos:full], self._seq, 0)
-                    req.num_held += 1
-                    req.num_private -= 1
-                    self.num_private -= 1
-                    self.num_active_shared += 1
+            if caching and target // bs > req.num_full_registered:
+                self.register(req, req.hashes, target // bs)  # its one-block path
         return True
 
     def reserve(self, num_blocks: int) -> bool:

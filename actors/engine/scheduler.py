@@ -144,8 +144,8 @@ class RankScheduler:
         if num_running:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
-            done = list(map(_PREFILL_DONE, running))
-            d = num_running if all(done) else done.index(False)
+            decoding = list(map(_PREFILL_DONE, running))
+            d = num_running if all(decoding) else decoding.index(False)
             if 0 < d <= budget:
                 lead = running[:d]
                 grow = [(r, c + 1) for r, c in zip(lead, map(_COMPUTED, lead))

@@ -233,13 +233,19 @@ class EngineWorker:
         out, self.exits = self.exits, []
         return out
 
-    def exit_due(self, now_ms: float) -> bool:
-        """Whether a completion inside the current run happens by ``now_ms`` (not applied yet)."""
+    def _next_exit_ms(self) -> float | None:
+        """When the next completion inside the current run happens (not applied yet), if its end
+        time is computed; None otherwise."""
         run = self._run
         if run is None or run.next_exit >= len(run.exit_passes):
-            return False
+            return None
         e = run.exit_passes[run.next_exit]
-        return e < run.num_passes and run.ends[e] <= now_ms
+        return run.ends[e] if e < run.num_passes else None
+
+    def exit_due(self, now_ms: float) -> bool:
+        """Whether a completion inside the current run happens by ``now_ms`` (not applied yet)."""
+        t = self._next_exit_ms()
+        return t is not None and t <= now_ms
 
     @property
     def next_event_ms(self) -> float | None:
@@ -247,12 +253,8 @@ class EngineWorker:
         else its pass end; None when idle."""
         if not self.busy:
             return None
-        run = self._run
-        if run is not None and run.next_exit < len(run.exit_passes):
-            e = run.exit_passes[run.next_exit]
-            if e < run.num_passes:
-                return run.ends[e]
-        return self.pass_end_ms
+        t = self._next_exit_ms()
+        return self.pass_end_ms if t is None else t
 
     def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """Free a handed-off request's blocks (its transfer completed); ``now_ms`` (when

@@ -21,8 +21,20 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from simulator.errors import InputError
+from simulator.metrics.planner_summary import replica_steps
+
 MAX_POINTS = 2000  # per plotted series: timelines are sampled on an even grid beyond this
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def require_matplotlib(where: str) -> None:
+    """A one-line ``InputError`` naming ``where`` (the flag) when matplotlib is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InputError(where, "needs matplotlib to draw its charts; install the report extra: "
+                                "pip install 'aisim[report]'")
 
 
 def _plt():
@@ -103,29 +115,6 @@ def timeline_data(timelines) -> list[dict]:
         out.append({"worker_id": tl.worker_id, "role": tl.role, "times_s": (t / 1000.0).tolist(),
                     "waiting": [int(x) for x in waiting], "kv_usage": [float(x) for x in kv]})
     return out
-
-
-def replica_data(planner: dict | None, deployment: dict | None, duration_ms: float) -> dict:
-    """Per Planner component, its replica count as steps from 0 to the end, the scaling events and
-    the retune decisions (time, outcome)."""
-    if planner is None:
-        return {"components": {}, "retune": []}
-    events = sorted((e for e in planner.get("scaling_events") or [] if isinstance(e, dict)),
-                    key=lambda e: e.get("at_s") or 0.0)
-    comps: dict[str, dict] = {}
-    for e in events:
-        c = comps.setdefault(str(e.get("component")), {"times_s": [0.0], "replicas": [e.get("from_count")],
-                                                         "events": []})
-        c["times_s"].append(float(e.get("at_s") or 0.0))
-        c["replicas"].append(e.get("to_count"))
-        c["events"].append({"at_s": float(e.get("at_s") or 0.0), "reason": e.get("reason"),
-                            "to": e.get("to_count")})
-    for c in comps.values():
-        c["times_s"].append(duration_ms / 1000.0)
-        c["replicas"].append(c["replicas"][-1])
-    retune = [{"at_s": float(e.get("decided_at_s") or 0.0), "outcome": e.get("outcome")}
-              for e in planner.get("retune_events") or [] if isinstance(e, dict)]
-    return {"components": comps, "retune": retune}
 
 
 # -- the charts --------------------------------------------------------------------------------------
@@ -215,7 +204,7 @@ def render_report_html(summary: dict, per_request: list[dict], timelines, planne
     parts += ["<h2>Throughput</h2>", _throughput_chart(throughput_data(per_request, duration)),
               "<h2>Workers</h2>", _timeline_chart(timeline_data(timelines))]
     if planner is not None:
-        parts += ["<h2>Planner</h2>", _replica_chart(replica_data(planner, summary.get("deployment"), duration))]
+        parts += ["<h2>Planner</h2>", _replica_chart(replica_steps(planner, duration))]
         if planner.get("ticks") is not None:
             parts.append(planner_section(planner, summary))
     parts += ["<h2>Resolved config</h2>",
@@ -266,7 +255,7 @@ def render_compare_html(runs: list[dict], table_text: str) -> str:
         ax.set_ylim(0, 1.02)
         ax.legend(loc="lower right", fontsize=8)
         parts.append(_figure(f"cdf-{name}", f"{title}: distribution per run", _svg(fig), {"runs": data}))
-    replicas = {run["name"]: replica_data(run.get("planner"), None, float(run["summary"].get("duration_ms") or 0.0))
+    replicas = {run["name"]: replica_steps(run.get("planner"), float(run["summary"].get("duration_ms") or 0.0))
                 for run in runs}
     if any(r["components"] for r in replicas.values()):
         fig, ax = plt.subplots(figsize=(7.5, 2.8))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 
+from simulator.metrics.planner_summary import planner_counts, replica_steps
+
 ROWS = (
     ("Time to First Token (ms)", "TTFT (ms)", "ttft_ms"),
     ("Time to Second Token (ms)", "TTST (ms)", "ttst_ms"),
@@ -64,57 +66,47 @@ def rejection_lines(summary: dict) -> list[str]:
 
 
 def replicas_over_time(planner: dict, summary: dict, buckets: int = 40) -> dict[str, dict]:
-    """Per Planner component (as its scaling events name it): the replica count at the start, its
-    minimum, maximum and end, the number of scaling events, and a sparkline of the count over the
-    run in ``buckets`` equal slices of the simulated duration (each slice: its time-weighted mean
-    count, from the lowest count to the highest)."""
-    events = [e for e in planner.get("scaling_events") or [] if isinstance(e, dict)]
+    """Per Planner component (``replica_steps``): the replica count at the start, its minimum,
+    maximum and end, the number of scaling events, and a sparkline of the count over the run in
+    ``buckets`` equal slices of the simulated duration (each slice: its time-weighted mean count,
+    from the lowest count to the highest)."""
     duration_s = (summary.get("duration_ms") or 0.0) / 1000.0
     out: dict[str, dict] = {}
-    for comp in dict.fromkeys(e.get("component") for e in events):
-        evs = sorted((e for e in events if e.get("component") == comp), key=lambda e: e.get("at_s") or 0.0)
-        start = evs[0].get("from_count")
-        counts = [start] + [e.get("to_count") for e in evs]
-        counts = [c for c in counts if isinstance(c, int)]
-        if not counts:
+    for comp, c in replica_steps(planner, summary.get("duration_ms") or 0.0)["components"].items():
+        times, counts = c["times_s"], c["replicas"]
+        if not all(isinstance(n, int) for n in counts):
             continue
         spark = ""
         if duration_s > 0:
             hi, lo = max(counts), min(counts)
             level = []
-            cur, k = start, 0
+            k = 0  # counts[k] holds from times[k] on
             for b in range(buckets):
                 t0, t1 = duration_s * b / buckets, duration_s * (b + 1) / buckets
                 area, t = 0.0, t0
-                while k < len(evs) and (evs[k].get("at_s") or 0.0) < t1:
-                    at = max(evs[k].get("at_s") or 0.0, t0)
-                    area += cur * (at - t)
+                while k + 1 < len(times) and times[k + 1] < t1:
+                    at = max(times[k + 1], t0)
+                    area += counts[k] * (at - t)
                     t = at
-                    cur = evs[k].get("to_count", cur)
                     k += 1
-                area += cur * (t1 - t)
+                area += counts[k] * (t1 - t)
                 level.append(area / (t1 - t0))
             span = hi - lo
-            spark = "".join(_SPARK[0 if span == 0 else round((c - lo) * (len(_SPARK) - 1) / span)] for c in level)
-        out[str(comp)] = {"start": start, "min": min(counts), "max": max(counts), "end": counts[-1],
-                          "events": len(evs), "sparkline": spark}
+            spark = "".join(_SPARK[0 if span == 0 else round((n - lo) * (len(_SPARK) - 1) / span)] for n in level)
+        out[comp] = {"start": counts[0], "min": min(counts), "max": max(counts), "end": counts[-1],
+                     "events": len(c["events"]), "sparkline": spark}
     return out
 
 
 def _planner_lines(planner: dict, summary: dict) -> list[str]:
-    lines = []
-    events = [e for e in planner.get("scaling_events") or [] if isinstance(e, dict)]
-    ups = sum(e.get("reason") == "scale_up" for e in events)
-    downs = sum(e.get("reason") == "scale_down" for e in events)
-    lines.append(f"Planner: {len(events):,} scaling events ({ups:,} up, {downs:,} down), "
-                 f"{planner.get('total_ticks', 0):,} ticks")
+    n = planner_counts(planner)
+    lines = [f"Planner: {n['scaling_events']:,} scaling events ({n['scale_ups']:,} up, {n['scale_downs']:,} down), "
+             f"{planner.get('total_ticks', 0):,} ticks"]
     for comp, r in replicas_over_time(planner, summary).items():
         lines.append(f"  {comp}: {r['start']} -> {r['end']} replicas, {r['min']}-{r['max']} over the run  "
                      f"{r['sparkline']}".rstrip())
-    retunes = [e for e in planner.get("retune_events") or [] if isinstance(e, dict)]
     if planner.get("retune_events") is not None:
-        applied = sum(e.get("outcome") == "applied" for e in retunes)
-        lines.append(f"Retune: {len(retunes):,} decisions, {applied:,} applied")
+        lines.append(f"Retune: {n['retune_decisions']:,} decisions, {n['retune_applied']:,} applied")
     return lines
 
 

@@ -272,7 +272,7 @@ def _report_charts(page: str) -> dict:
 
 def test_compare_report_overlays_each_runs_distribution(tmp_path):
     pytest.importorskip("matplotlib", reason="compare --report needs the report extra (matplotlib)")
-    from aisim.compare import write_compare_report
+    from aisim.compare import main_compare
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
     a, b = tmp_path / "a", tmp_path / "b"
@@ -281,7 +281,7 @@ def test_compare_report_overlays_each_runs_distribution(tmp_path):
                            capture_output=True, text=True, env=env, timeout=180)
         assert p.returncode == 0, p.stderr
     out = tmp_path / "cmp.html"
-    write_compare_report([str(a), str(b)], out)
+    main_compare([str(a), str(b)], "json", report=out)
     data = _report_charts(out.read_text())
     rows = [json.loads(x) for x in (a / "requests.jsonl").read_text().splitlines()]
     done = [r for r in rows if r["terminal_status"] == "completed"]
