@@ -280,6 +280,10 @@ class Coordinator:
         self._num_ticks = 0
         self._routes_state = entry.router.needs_worker_state
         self._coupled = decode is not None or arrivals.follows_terminal
+        # the workers whose pass ends may need the coordinator at that very instant (exact edges): a
+        # prefill worker's (a handoff is placed when it happens), everyone's (None) when arrivals
+        # follow terminals; a decode worker's pass ends otherwise concern no one else
+        self._edge_workers: list[int] | None = None if arrivals.follows_terminal else entry.worker_ids
         self.num_edges = 0
 
     # -- the Planner's decisions and the worker lifecycle -------------------------------------
@@ -636,8 +640,10 @@ class Coordinator:
         return out
 
     # -- choosing the next edge ------------------------------------------------------------
-    def _next_pass_end(self) -> float | None:
-        ends = [st[2] for st in self._status if st[2] is not None]
+    def _next_pass_end(self, wids: list[int] | None = None) -> float | None:
+        """The earliest pass end of ``wids`` (of every worker when None)."""
+        status = self._status
+        ends = [st[2] for st in (status if wids is None else [status[w] for w in wids]) if st[2] is not None]
         return min(ends) if ends else None
 
     def _fixed_edges(self, now: float) -> list[float]:
@@ -688,7 +694,7 @@ class Coordinator:
             if t is not None:
                 cands.append(t)
         if self._coupled:
-            end = self._next_pass_end()
+            end = self._next_pass_end(self._edge_workers)
             if end is not None:
                 cands.append(end)
             if self._transfer_times:
@@ -753,7 +759,7 @@ class Coordinator:
                 nxt = self._exact_until(now)
             if progress is not None:
                 progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
-            if nxt is None and not self._coupled:
+            if nxt is None and (not self._coupled or self._edge_workers is not None):
                 self._step(now, INF)  # nothing outside the workers is due any more: run them out
             until = nxt
         if self.stats.stopped_at_ms is None:  # run out ahead of the loop's clock: the run ends at its last event
