@@ -284,6 +284,10 @@ class Coordinator:
         # prefill worker's (a handoff is placed when it happens), everyone's (None) when arrivals
         # follow terminals; a decode worker's pass ends otherwise concern no one else
         self._edge_workers: list[int] | None = None if arrivals.follows_terminal else entry.worker_ids
+        # with one host, a disaggregated run (arrivals not following terminals) steps the host
+        # until the next arrival or fixed edge and lets it stop at the first handoff instead
+        # (``run`` sets it: a window keeps the lockstep edges)
+        self._stop_at_handoff = False
         self.num_edges = 0
 
     # -- the Planner's decisions and the worker lifecycle -------------------------------------
@@ -385,13 +389,19 @@ class Coordinator:
         return {h: (control[h], inputs[h]) for h in range(len(control))
                 if every_host or control[h] or inputs[h] or active[h]}
 
-    def _step(self, start: float, until: float) -> None:
+    def _step(self, start: float, until: float, stop_at_handoff: bool = False) -> float:
+        """Step the hosts with something to do from ``start`` to ``until``; returns where they
+        stopped (before ``until`` only with ``stop_at_handoff``, at a handoff; one host)."""
         calls = self._take_calls()
-        if calls:
-            outs = self.rt.step(calls, start, until)
-            if until == INF:  # running the workers out: their last events lie past the loop's clock
-                self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out["events"]])
-            self._absorb(outs)
+        if not calls:
+            return until
+        outs = self.rt.step(calls, start, until, stop_at_handoff)
+        reached = min(out["reached"] for out in outs)
+        if reached == INF:  # running the workers out: their last events lie past the loop's clock
+            self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out["events"]])
+        self._complete_transfers(reached)  # before the completions they precede are logged
+        self._absorb(outs)
+        return reached
 
     def _absorb(self, outs: list[dict]) -> None:
         """Merge the hosts' events into lockstep order and apply them."""
@@ -468,7 +478,7 @@ class Coordinator:
     def _work_remains(self) -> bool:
         if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
             return True
-        return any(self._active_on)
+        return any(self._active_on) or any(self._inputs) or any(self._control)  # (the last two: not sent yet)
 
     # -- one edge ---------------------------------------------------------------------------
     def _edge(self, now: float, until: float | None) -> None:
@@ -496,11 +506,7 @@ class Coordinator:
         decisions = self._route(requests, eligible)
         if placing:
             self._place(placing, decisions[: len(placing)], now)
-        while self._transfer_times and self._transfer_times[0][0] <= now:
-            done_ms, seq = heapq.heappop(self._transfer_times)
-            h = self._transfers.pop(seq)[0].handoff
-            h["source_released_ms"] = done_ms
-            h["destination_activated_ms"] = done_ms
+        self._complete_transfers(now)
         self._dispatch(arriving, decisions[len(placing):], now)
         if tick_now:
             self._tick(now)
@@ -508,6 +514,14 @@ class Coordinator:
                 requests, eligible = [], []
                 arriving = self._arrivals(now, until, requests, eligible)
                 self._dispatch(arriving, self._route(requests, eligible), now)
+
+    def _complete_transfers(self, now: float) -> None:
+        """The KV transfers done by ``now`` (the hosts applied them at their time): bookkeeping."""
+        while self._transfer_times and self._transfer_times[0][0] <= now:
+            done_ms, seq = heapq.heappop(self._transfer_times)
+            h = self._transfers.pop(seq)[0].handoff
+            h["source_released_ms"] = done_ms
+            h["destination_activated_ms"] = done_ms
 
     def _arrivals(self, now: float, until: float | None, requests: list, eligible: list) -> list[Request]:
         """Pop the arrivals due by ``now`` (and before ``until``) and add their routing requests."""
@@ -693,7 +707,7 @@ class Coordinator:
             t = self._next_arrival()
             if t is not None:
                 cands.append(t)
-        if self._coupled:
+        if self._coupled and not self._stop_at_handoff:
             end = self._next_pass_end(self._edge_workers)
             if end is not None:
                 cands.append(end)
@@ -724,6 +738,8 @@ class Coordinator:
         # work elsewhere; otherwise every window gives the lockstep result and none is needed
         windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
         ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
+        optimistic = self._stop_at_handoff = (self._coupled and not windowed and self._edge_workers is not None
+                                              and self.rt.num_hosts == 1)
         stop = self.stop_ms
         guard = self.resource_guard
         now = 0.0
@@ -734,8 +750,12 @@ class Coordinator:
             if final:
                 until = stop
             if until > now:
-                self._step(now, until)
-                now = until
+                reached = self._step(now, until, optimistic)
+                if reached == INF:  # run out: nothing was handed off any more
+                    break
+                if reached < until:  # stopped at a handoff
+                    final = False
+                now = reached
             if guard is not None and not self.num_edges & 255:
                 guard.check()
             if final:
@@ -751,7 +771,7 @@ class Coordinator:
                 self._edge(now, INF if nxt is None else nxt)
             else:
                 self._edge(now, None)
-                if self._coupled:  # start the passes now: their ends bound the next edge
+                if self._coupled and not optimistic:  # start the passes now: their ends bound the next edge
                     self._step(now, now)
                     while self._next_arrival() == now:  # follow-ups of what was rejected just now
                         self._edge(now, None)
@@ -759,7 +779,9 @@ class Coordinator:
                 nxt = self._exact_until(now)
             if progress is not None:
                 progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
-            if nxt is None and (not self._coupled or self._edge_workers is not None):
+            if nxt is None and optimistic:
+                nxt = INF if self._work_remains() else None  # run them out, stopping at handoffs
+            elif nxt is None and (not self._coupled or self._edge_workers is not None):
                 self._step(now, INF)  # nothing outside the workers is due any more: run them out
             until = nxt
         if self.stats.stopped_at_ms is None:  # run out ahead of the loop's clock: the run ends at its last event

@@ -92,6 +92,7 @@ class WorkerHost:
         self._kv: list = []
         self._touched: set[int] = set()  # workers whose status may have changed since the last report
         self._publishing: list[int] = []  # workers that record KV events (synced before each report)
+        self._handed_off = False  # a handoff was emitted in this step
         for wid, key in workers:
             self._add(wid, key)
 
@@ -177,6 +178,7 @@ class WorkerHost:
                 self._held[req.index] = (wid, req)
                 self._held_by[wid] += 1
                 self._emit(t, PH_PASS_END, wid, EV_HANDOFF, encode(req))
+                self._handed_off = True
         self._take_kv(wid, worker)
         self._dirty.add(wid)
         self._touched.add(wid)
@@ -309,10 +311,13 @@ class WorkerHost:
                 raise AssertionError(f"host skipped from {self.now} ms to {start} ms with work due")  # pragma: no cover
             self.now = start
 
-    def step(self, control, inputs, start: float, until: float) -> dict:
+    def step(self, control, inputs, start: float, until: float, stop_at_handoff: bool = False) -> dict:
         """From the edge ``start``: apply the inputs then, start passes, run to ``until`` (see the
-        module doc)."""
+        module doc). ``stop_at_handoff``: end the step early, after the pass ends of the first
+        instant at which a worker hands a request off (the coordinator places it then, as if that
+        instant were ``until``). The output's ``reached`` is where the step ended."""
         self._catch_up(start)
+        self._handed_off = False
         self._receive(control, inputs)
         t = self.now
         self._inputs_at(t)
@@ -332,6 +337,9 @@ class WorkerHost:
             t = t_next
             if t_end == t:
                 self._ends_at(t)
+                if stop_at_handoff and self._handed_off:
+                    until = t
+                    break
             if t == until:
                 break
             if t_in is not None and t_in <= t:
@@ -341,7 +349,9 @@ class WorkerHost:
                 self._settle(t)
         self.now = until
         self._publish(until)
-        return self._output()
+        out = self._output()
+        out["reached"] = until
+        return out
 
     def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
         """Apply the inputs at the edge ``now`` without starting passes (the Planner's tick sees

@@ -238,9 +238,10 @@ class KVCache:
         when every registration is one new block continuing its request's chain (decode steps:
         then the order cannot change what the evictions take). None (changing nothing) when some
         registration is not such a block; False (changing nothing) when the blocks do not
-        suffice for all."""
-        if self.events is not None:
-            return None
+        suffice for all. KV events: one REMOVED event for the whole eviction, then one STORED
+        event per block (one by one, the REMOVED events would interleave with them; a reader
+        of the events ends in the same state either way: an evicted block is inactive, a stored
+        one active, so no block is both stored and then evicted here)."""
         bs = self.block_size
         heads = self._heads
         caching = self.prefix_caching

@@ -77,8 +77,8 @@ class LocalRuntime:
         return unpack(pack(obj)) if self.wire else obj
 
     # the coordinator's calls; ``calls`` maps host -> (control, inputs)
-    def step(self, calls: dict, start: float, until: float) -> list[dict]:
-        outs = [self._w(self.hosts[h].step(*self._w([control, inputs, start, until])))
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[dict]:
+        outs = [self._w(self.hosts[h].step(*self._w([control, inputs, start, until, stop_at_handoff])))
                 for h, (control, inputs) in calls.items()]
         count_step(self.counters, calls, outs)
         return outs

@@ -403,8 +403,9 @@ class RayRuntime:
             raise RuntimeFailure(f"a Ray actor failed during {what}: {_first_line(exc.cause or exc)}") from None
 
     # the coordinator's calls (see LocalRuntime)
-    def step(self, calls: dict, start: float, until: float) -> list[dict]:
-        refs = [self.hosts[h].step.remote(pack([control, inputs, start, until])) for h, (control, inputs) in calls.items()]
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[dict]:
+        refs = [self.hosts[h].step.remote(pack([control, inputs, start, until, stop_at_handoff]))
+                for h, (control, inputs) in calls.items()]
         outs = [unpack(b) for b in self._get(refs, what="an engine step")]
         count_step(self.counters, calls, outs)
         return outs

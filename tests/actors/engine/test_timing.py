@@ -44,6 +44,20 @@ def test_decode_run_equals_stepping_bit_for_bit(model):
     assert run == step
 
 
+@pytest.mark.parametrize("num_decode, kv0, total, k", [
+    (37, 123_457, 1_871_936, 500),  # far below capacity (the fast path)
+    (1, 0, 64, 64),  # up to exactly full: u = 1 on the last pass
+    (5, 990, 1_000, 10),  # crosses capacity: u clamped to 1 from the third pass on
+    (3, 2_000, 1_000, 7),  # over capacity from the start
+    (256, 7, 1_871_936, 1),
+    (4, 100, 1_000, 0),
+])
+def test_polynomial_decode_run_equals_stepping_on_both_sides_of_capacity(num_decode, kv0, total, k):
+    model = PolynomialTiming()
+    assert model.decode_run_ms(num_decode, kv0, total, k) == [
+        model.decode_ms(num_decode, kv0 + j * num_decode, total) for j in range(k)]
+
+
 def roofline(model_id="meta-llama/Llama-3.1-8B-Instruct", hw="h200_sxm", tp=1):
     return RooflineTiming(load_geometry(model_id), get_hardware(hw), tp)
 
