@@ -249,6 +249,7 @@ def check_duration(ms: float) -> float:
 
 
 # -- measured (table-driven) timing ---------------------------------------------------------
+_VECTOR_RUN = 256  # decode runs at least this long are timed with numpy, shorter ones in Python
 def _bracket(xs: list[float], x: float) -> int:
     """Index i of the grid segment [xs[i], xs[i+1]] used for x (edge segments extrapolate)."""
     i = bisect_right(xs, x) - 1
@@ -381,6 +382,8 @@ class MeasuredTiming(TimingModel):
         return t
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
+        if num_passes < _VECTOR_RUN:
+            return self._decode_run_scalar(num_decode, kv_tokens0, num_passes)
         b = num_decode
         seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.float64)[:num_passes]
         seq /= b
@@ -390,3 +393,31 @@ class MeasuredTiming(TimingModel):
             d1 = _lerp_vec(self._seq_arr, self._dec_arr[i + 1], seq)
             d = d + (d1 - d) * w
         return (self.shared(b) + d).tolist()
+
+    def _decode_run_scalar(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
+        """``decode_ms`` of each pass, the same operations in the same order, for a short run
+        (numpy's per-call cost dominates there): the batch's rows and shared time once, the
+        grid segment walked forward as the sequence length grows."""
+        i, w = self._rows(b)
+        shared = self.shared(b)
+        xs = self._seq
+        n2 = len(xs) - 2
+        r0 = self._dec[i]
+        r1 = self._dec[i + 1] if w is not None else None
+        out = []
+        kv = kv_tokens0
+        j = _bracket(xs, kv / b)
+        for _ in range(num_passes):
+            x = kv / b
+            while j < n2 and xs[j + 1] <= x:
+                j += 1
+            x0 = xs[j]
+            t = (x - x0) / (xs[j + 1] - x0)
+            y0 = r0[j]
+            d = y0 + (r0[j + 1] - y0) * t
+            if r1 is not None:
+                z0 = r1[j]
+                d = d + ((z0 + (r1[j + 1] - z0) * t) - d) * w
+            out.append(shared + d)
+            kv += b
+        return out

@@ -66,10 +66,15 @@ def _model_dir():
     return str(BUNDLED_DIR / "meta-llama__Llama-3.1-8B-Instruct")
 
 
-def test_decode_run_equals_stepping(llama):
-    for b, kv0 in ((1, 1999), (7, 7 * 1500 + 3), (64, 64 * 800), (100, 123_457)):
-        run = llama.decode_run_ms(b, kv0, 10**7, 300)
-        step = [llama.pass_ms(PassShape(num_decode=b, decode_kv_tokens=kv0 + j * b, total_kv_tokens=10**7)) for j in range(300)]
+@pytest.mark.parametrize("num_passes", [1, 17, 255, 256, 300])  # short runs in Python, long ones with numpy
+def test_decode_run_equals_stepping(llama, num_passes):
+    # batch sizes on and between the table's rows and past its last one; sequence lengths below
+    # the grid's first point, across its points and past its last one
+    for b, kv0 in ((1, 1999), (1, 0), (7, 7 * 1500 + 3), (64, 64 * 800), (100, 123_457), (3000, 3000 * 200_000),
+                   (max(llama._batch) + 5, 17)):
+        run = llama.decode_run_ms(b, kv0, 10**7, num_passes)
+        step = [llama.pass_ms(PassShape(num_decode=b, decode_kv_tokens=kv0 + j * b, total_kv_tokens=10**7))
+                for j in range(num_passes)]
         assert run == step
 
 
