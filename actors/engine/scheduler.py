@@ -71,6 +71,7 @@ class RankPass:
     num_preempted: int
     var_prefill_length: float = 0.0  # of the chunks computed this pass
     var_decode_kv_tokens: float = 0.0  # of the decoding requests' sequence lengths
+    num_lead: int = 0  # the first items are this many decoding requests (one token each), nothing else
 
 
 class GapSink:
@@ -139,7 +140,7 @@ class RankScheduler:
         num_preempted = 0
         # decode requests (one token each) are summed as they are scheduled
         num_decode = decode_kv = sq_kv = 0
-        i = 0
+        i = num_lead = 0
         num_running = len(running)
         if num_running:
             # the leading decode requests at once when they all fit and every block they need is
@@ -155,7 +156,7 @@ class RankScheduler:
                     known = list(map(add, map(_PROMPT_LEN, lead), map(_GENERATED, lead)))
                     items = list(zip(lead, repeat(1)))
                     budget -= d
-                    i = d
+                    i = num_lead = d
                     num_decode = d
                     decode_kv = sum(known)
                     sq_kv = sum(map(mul, known, known))
@@ -188,6 +189,7 @@ class RankScheduler:
                     if not self._lifo:
                         # the oldest was ahead of us: undo its scheduled work if any
                         i -= 1
+                        num_lead = 0
                         for k, (r, rn) in enumerate(items):
                             if r is victim:
                                 del items[k]
@@ -263,7 +265,7 @@ class RankScheduler:
             return None
         num_prefill = new_tokens = sum_prefix = sq_new = 0
         if num_decode < len(items):
-            for req, n in items:
+            for req, n in items[num_lead:] if num_lead else items:
                 if not req.prefill_done:
                     num_prefill += 1
                     new_tokens += n
@@ -277,7 +279,7 @@ class RankScheduler:
         self.num_preemptions += num_preempted
         var_p = sq_new / num_prefill - (new_tokens / num_prefill) ** 2 if num_prefill else 0.0
         var_d = sq_kv / num_decode - (decode_kv / num_decode) ** 2 if num_decode else 0.0
-        return RankPass(items, shape, duration, num_preempted, var_p, var_d)
+        return RankPass(items, shape, duration, num_preempted, var_p, var_d, num_lead)
 
     def _never_fits(self, req: Request) -> str | None:
         """The reason code (``REJECT_*``, truthy) when ``req`` can never run here, else None."""
@@ -329,7 +331,34 @@ class RankScheduler:
         self.last_pass = (end_ms - start_ms, sh.num_prefill, sh.prefill_new_tokens, sh.prefill_sum_prefix,
                           rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
         self.pass_count += 1
-        for req, n in rp.items:
+        items = rp.items
+        lead = rp.num_lead
+        if lead:
+            # the leading decoding requests: what the loop below does for them, without the
+            # branches that cannot apply (each computes its one token and emits another)
+            individual = gaps.individual
+            for req, _ in items[:lead] if lead < len(items) else items:
+                req.num_computed += 1
+                g = req.num_generated + 1
+                req.num_generated = g
+                last = req.last_token_ms
+                if last == start_ms:
+                    pooled += 1
+                else:
+                    individual.append(end_ms - last)
+                if g == 2:
+                    req.second_token_ms = end_ms
+                req.last_token_ms = end_ms
+                if g >= req.max_output or req.prompt_len + g >= limit:
+                    req.status = COMPLETED
+                    req.terminal_ms = end_ms
+                    any_done = True
+            self.num_generated_tokens += lead
+            if lead < len(items):
+                items = items[lead:]
+            else:
+                items = ()
+        for req, n in items:
             c = req.num_computed + n
             req.num_computed = c
             if req.prefill_done:

@@ -20,14 +20,16 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import repeat
 from operator import truediv
+from typing import NamedTuple
 
 import numpy as np
 
 from actors.engine.geometry import HardwareSpec, ModelGeometry
 
 
-@dataclass(frozen=True, slots=True)
-class PassShape:
+class PassShape(NamedTuple):
+    """One pass's batch aggregates (a named tuple: built once per pass, cheaply)."""
+
     num_prefill: int = 0
     prefill_new_tokens: int = 0
     prefill_sum_isl: int = 0

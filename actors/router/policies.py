@@ -31,11 +31,8 @@ except ImportError:  # pragma: no cover
             mapping[elem] = get(elem, 0) + 1
 
 def _prefix_len(present: set, hashes: list) -> int:
-    """How many leading ``hashes`` are in ``present``."""
-    for i, h in enumerate(hashes):
-        if h not in present:
-            return i
-    return len(hashes)
+    """How many leading ``hashes`` are in ``present`` (the scan at C speed)."""
+    return len(list(takewhile(present.__contains__, hashes)))
 
 
 class RoundRobinRouter:
