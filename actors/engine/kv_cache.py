@@ -235,9 +235,9 @@ class KVCache:
 
     def grow_decode(self, items: list) -> bool | None:
         """``grow(req, target, req.hashes)`` for each ``(req, target)`` in order, as one eviction,
-        when every registration is one new block continuing its request's chain (decode steps:
-        then the order cannot change what the evictions take). None (changing nothing) when some
-        registration is not such a block; False (changing nothing) when the blocks do not
+        when every registration is new blocks continuing its request's chain (decode steps: then
+        the order cannot change what the evictions take). None (changing nothing) when some
+        registration is not such blocks; False (changing nothing) when the blocks do not
         suffice for all. KV events: one REMOVED event for the whole eviction, then one STORED
         event per block (one by one, the REMOVED events would interleave with them; a reader
         of the events ends in the same state either way: an evicted block is inactive, a stored
@@ -253,7 +253,8 @@ class KVCache:
             if caching:
                 full = target // bs
                 pos = req.num_full_registered
-                if full > pos and (full != pos + 1 or req.dup_tail or req.hashes[pos] in heads):
+                if full > pos and (req.dup_tail or (req.hashes[pos] in heads if full == pos + 1
+                                                    else not heads.keys().isdisjoint(req.hashes[pos:full]))):
                     return None
         if total > 0 and not self.reserve(total):
             return False
@@ -262,7 +263,7 @@ class KVCache:
             if need > 0:
                 req.num_private += need
             if caching and target // bs > req.num_full_registered:
-                self.register(req, req.hashes, target // bs)  # its one-block path
+                self.register(req, req.hashes, target // bs)
         return True
 
     def reserve(self, num_blocks: int) -> bool:

@@ -180,7 +180,8 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
     rnd = random.Random(seed)
     bs = rnd.choice([1, 2, 4])
     cap = rnd.randint(8, 60)
-    kv, ref = KVCache(cap, bs), RefModel(cap, bs)
+    kv, ref = KVCache(cap, bs, record_events=seed % 2 == 0), RefModel(cap, bs)
+    mirror: set[int] = set()  # the resident blocks as a reader of the KV events sees them
     # a few shared prefix families so hits, sharing and duplicates all happen
     families = [[rnd.getrandbits(62) for _ in range(30)] for _ in range(4)]
     live: dict[int, tuple[Req, list[int], int]] = {}
@@ -202,7 +203,7 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
             ok = kv.grow(req, target, hashes)
             assert ok == ref.grow(step, hashes, target)
             live[step] = (req, hashes, target)
-        elif op < 0.7:
+        elif op < 0.6:
             rid = rnd.choice(list(live))
             req, hashes, t = live[rid]
             t2 = min(t + rnd.randint(1, 3 * bs), 25 * bs)
@@ -211,12 +212,40 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
                 live[rid] = (req, hashes, t2)
             else:
                 assert not ref.grow(rid, hashes, t2)
+        elif op < 0.75:
+            # several requests grow at once (as decode runs do): one eviction for all when every
+            # registration is new blocks continuing the request's chain, else one by one
+            rids = rnd.sample(sorted(live), min(len(live), rnd.randint(1, 4)))
+            items = [(live[rid][0], min(live[rid][2] + rnd.randint(1, 2 * bs), 25 * bs)) for rid in rids]
+            got = kv.grow_decode(items)
+            if got is None:
+                for rid, (req, t2) in zip(rids, items):
+                    if kv.grow(req, t2, req.hashes):
+                        assert ref.grow(rid, req.hashes, t2)
+                        live[rid] = (req, req.hashes, t2)
+                    else:
+                        assert not ref.grow(rid, req.hashes, t2)
+            elif got:
+                for rid, (req, t2) in zip(rids, items):
+                    assert ref.grow(rid, req.hashes, t2)
+                    live[rid] = (req, req.hashes, t2)
+            else:  # not enough blocks for all of them: nothing changed
+                need = sum(max(0, -(-t2 // bs) - len(ref.held[rid]) - ref.priv[rid]) for rid, (_, t2) in zip(rids, items))
+                assert need > ref.free() + len(ref.lru)
         else:
             rid = rnd.choice(list(live))
             kv.release(live.pop(rid)[0])
             ref.release(rid)
         assert kv.lru_order() == list(ref.lru)
         assert kv.num_free == ref.free()
+        if kv.events is not None:
+            for kind, hs in kv.events:
+                if kind == STORED:
+                    mirror.update(hs)
+                else:
+                    mirror.difference_update(hs)
+            kv.events.clear()
+            assert mirror == kv.resident()
         assert kv.resident() == set(ref.ref)
         # active blocks in the order they became resident (a dict's insertion order)
         assert kv.contents() == list(ref.lru) + [h for h, c in ref.ref.items() if c > 0]
