@@ -129,8 +129,6 @@ class SampleStore:
     def _coefficients(self) -> tuple[float, float, float, float, float, float]:
         """(constant, attention weight, ffn weight, attention mean, ffn mean, -) on standardised features."""
         if self._fit is None:
-            from scipy.optimize import nnls
-
             rows = [r for q in self._buckets.values() for r in q]
             x = np.array([f for f, _ in rows], dtype=np.float64)
             y = np.array([t for _, t in rows], dtype=np.float64)
@@ -160,6 +158,53 @@ class SampleStore:
             out.update({"constant_ms": c0, "attention_ms_per_token": w_att, "ffn_ms_per_token": w_ffn,
                         "attention_mean": m_att, "ffn_mean": m_ffn})
         return out
+
+
+_NNLS = None
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """``scipy.optimize.nnls(a, b)``: scipy's compiled Lawson-Hanson routine, loaded on first use
+    without importing the ``scipy.optimize`` package (about half a second of imports per
+    process, for this one routine) and called as ``scipy.optimize.nnls`` calls it. Where scipy
+    keeps it elsewhere (other versions), ``scipy.optimize.nnls`` itself."""
+    global _NNLS
+    if _NNLS is None:
+        _NNLS = _load_nnls()
+    return _NNLS(a, b)
+
+
+def _load_nnls():
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    import scipy
+
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(scipy.__path__[0], "optimize", "_slsqplib" + suffix)
+        if not os.path.exists(path):
+            continue
+        try:
+            spec = importlib.util.spec_from_file_location("scipy.optimize._slsqplib", path)
+            lib = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(lib)
+            routine = lib.nnls
+        except (ImportError, AttributeError, OSError):
+            break
+
+        def direct(a, b):
+            a = np.asarray_chkfinite(a, dtype=np.float64, order="C")
+            b = np.asarray_chkfinite(b, dtype=np.float64)
+            x, rnorm, info = routine(a, b, 3 * a.shape[1])
+            if info == 3:
+                raise RuntimeError("Maximum number of iterations reached.")
+            return x, rnorm
+
+        return direct
+    from scipy.optimize import nnls as scipy_nnls
+
+    return scipy_nnls
 
 
 class PerfModel:

@@ -128,6 +128,35 @@ def test_nnls_on_standardised_features_lets_the_constant_absorb_what_it_cannot_s
     assert flat.price(small) == pytest.approx(130.0) and flat.price(base) == pytest.approx(130.0)
 
 
+def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy_optimize():
+    import subprocess
+    import sys
+
+    import numpy as np
+    from scipy.optimize import nnls as scipy_nnls
+
+    from actors.planner.perf_model import nnls
+
+    rng = np.random.default_rng(7)
+    for m, n in ((5, 3), (40, 3), (64, 3), (64, 6), (3, 3)):
+        for _ in range(20):
+            a = rng.normal(size=(m, n))
+            a[:, 0] = 1.0
+            if rng.random() < 0.3:
+                a[:, n - 1] = 0.0  # a feature that never varies (standardised to zero)
+            b = rng.normal(loc=rng.choice([-50.0, 0.0, 100.0]), scale=10.0, size=m)
+            x, rnorm = nnls(a, b)
+            x_ref, rnorm_ref = scipy_nnls(a, b)
+            assert x.tolist() == x_ref.tolist() and rnorm == rnorm_ref
+    # and where scipy keeps the compiled routine in scipy.optimize._slsqplib, without the package's imports
+    code = ("import sys, numpy as np; from actors.planner.perf_model import nnls, _load_nnls;"
+            "x, _ = nnls(np.eye(3), np.array([1.0, -2.0, 3.0])); assert x.tolist() == [1.0, 0.0, 3.0], x;"
+            "import scipy, os, importlib.machinery as m;"
+            "here = any(os.path.exists(os.path.join(scipy.__path__[0], 'optimize', '_slsqplib' + s)) for s in m.EXTENSION_SUFFIXES);"
+            "assert not here or 'scipy.optimize' not in sys.modules, 'scipy.optimize was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # -- the votes ------------------------------------------------------------------------------
 def record(wid, sp=0, spt=0, sd=4, sdkv=4000, qp=0, qpt=0, wall=0.02, ordinal=1):
     return Fpm(wid, 0, ordinal, wall, sp, spt, 0, 0.0, sd, sdkv, 0.0, qp, qpt, 0.0, 0, 0, 0.0)
