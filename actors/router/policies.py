@@ -16,7 +16,9 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
-from itertools import takewhile
+from collections import deque
+from itertools import repeat, takewhile
+from operator import sub
 
 import numpy as np
 
@@ -255,12 +257,22 @@ class KvRouter:
         if hashes:
             shared = c.shared
             k = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
-            for h in hashes[:k]:
-                n = shared[h] - 1
-                if n:
-                    shared[h] = n
-                else:
-                    del shared[h]
+            if k:
+                # one holder fewer for the blocks others hold too; along a chain the holder counts
+                # never rise, so those left with one holder (dropped from ``shared``) are its tail
+                pre = hashes[:k]
+                counts = list(map(shared.__getitem__, pre))
+                z = counts.index(1) if counts[-1] == 1 else k
+                if counts.count(1) == k - z:
+                    shared.update(zip(pre[:z], map(sub, counts[:z], repeat(1))))
+                    deque(map(shared.pop, pre[z:]), 0)
+                else:  # pragma: no cover - counts that rise along a chain (not from route())
+                    for h in pre:
+                        n = shared[h] - 1
+                        if n:
+                            shared[h] = n
+                        else:
+                            del shared[h]
             c.active.difference_update(hashes[k:] if k else hashes)
 
     def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:

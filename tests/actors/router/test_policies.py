@@ -128,6 +128,30 @@ def test_kv_router_dedups_active_blocks_of_shared_prefixes():
     assert router.load_view(0)["active_blocks"] == 3  # 1 and 2 still held by the second request
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_kv_router_active_blocks_match_a_count_of_the_in_flight_chains(seed):
+    """Requests sharing chain prefixes of random lengths, released in random order: the active
+    blocks and each block's extra holders equal a plain count over the in-flight chains."""
+    import random
+    from collections import Counter
+
+    rnd = random.Random(seed)
+    router = KvRouter(1, rng(), track_prefill_tokens=False)
+    families = [[rnd.getrandbits(40) for _ in range(12)] for _ in range(3)]
+    live = {}
+    for index in range(300):
+        if live and rnd.random() < 0.45:
+            router.on_release(live.pop(rnd.choice(sorted(live))))
+        else:
+            chain = rnd.choice(families)[: rnd.randint(0, 12)] + [rnd.getrandbits(40) for _ in range(rnd.randint(1, 4))]
+            live[index] = Req(index, chain)
+            router.route(live[index], 0.0, [0], [1])
+        holders = Counter(h for req in live.values() for h in req.block_hashes(1))
+        c = router._cands[(0, 0)]
+        assert c.active == set(holders)
+        assert c.shared == {h: n - 1 for h, n in holders.items() if n > 1}
+
+
 def test_zero_temperature_ties_are_seeded_and_uniform():
     picks = [KvRouter(4, rng(s)).route(Req(0, [1]), 0.0, [0, 1, 2, 3], [1] * 4)[0] for s in range(400)]
     counts = np.bincount(picks, minlength=4)
