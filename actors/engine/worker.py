@@ -121,6 +121,8 @@ class EngineWorker:
         self.busy_ms = 0.0
         cfg = ranks[0].config
         self._interval = cfg.prefill_schedule_interval if len(ranks) > 1 else 1
+        # whether a pass may start a decode run (a prefill role never decodes)
+        self._runs = fast_forward and self._interval == 1 and not cfg.prefill_only
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
@@ -295,7 +297,7 @@ class EngineWorker:
         ``horizon_ms``: when the next request is known to arrive here (a run's pass end times are
         computed up to it), None if unknown."""
         assert not self.busy
-        if self.fast_forward and self._interval == 1:
+        if self._runs:
             run = self._plan_run(now_ms, horizon_ms)
             if run is not None:
                 self._run = run

@@ -28,6 +28,41 @@ def test_mooncake_slice_columns():
     assert np.all(np.diff(w.piece_ptr) == -(-w.input_len // 512))
 
 
+@pytest.mark.parametrize("block_size", [512, 1024])
+def test_plain_mooncake_rows_read_by_column_equal_the_row_by_row_reading(monkeypatch, tmp_path, block_size):
+    from simulator.traffic import traces
+
+    rows = [json.loads(line) for line in SLICE.read_text().splitlines()[:200]]
+    rows[3]["input_length"] = 0  # no prompt blocks
+    rows[4]["hash_ids"] = []
+    rows[4]["input_length"] = 0
+    rows[5]["timestamp"] = float(rows[5]["timestamp"]) + 0.25
+    plain = write(tmp_path / "plain.jsonl", rows)
+    shard = write(tmp_path / "shard.jsonl", rows[:50])
+    by_column = [read_mooncake([plain], block_size), read_mooncake([plain, shard], block_size)]
+    assert traces._plain_mooncake_columns(rows, block_size, traces._Builder())
+    monkeypatch.setattr(traces, "_plain_mooncake_columns", lambda *args: False)
+    by_row = [read_mooncake([plain], block_size), read_mooncake([plain, shard], block_size)]
+    assert [w.digest for w in by_column] == [w.digest for w in by_row]
+    assert by_column[1].description == "mooncake:plain.jsonl,shard.jsonl"
+
+
+@pytest.mark.parametrize("change", [
+    {"input_length": 1024.0},  # an integral float: the row reader accepts it
+    {"session_id": "s1"},  # another field
+    {"timestamp": -1},  # a bad value: the row reader names it
+    {"output_length": True},
+    {"hash_ids": [1, "2"]},
+    {"input_length": 10 ** 9},  # longer than its hash ids hold
+])
+def test_rows_other_than_plain_mooncake_go_row_by_row(change):
+    from simulator.traffic import traces
+
+    rows = [{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]} for _ in range(3)]
+    rows[1] = {**rows[1], **change}
+    assert not traces._plain_mooncake_columns(rows, 512, traces._Builder())
+
+
 def test_mooncake_input_length_fits_hash_ids_and_defaults_to_them(tmp_path):
     p = write(tmp_path / "t.jsonl", [
         {"timestamp": 0, "input_length": 1024, "output_length": 3, "hash_ids": [1, 2]},  # exactly full
