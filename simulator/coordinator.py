@@ -24,9 +24,15 @@ Edges with ``router_sync_ms = 0`` (exact lockstep):
 
 - every instant something outside a worker must react: a Planner tick, a worker becoming
   ready, the stop time; every arrival when the router reads worker state (kv_router);
-- when one worker's pass end can cause work elsewhere (disaggregated handoffs; closed loops
-  and session turns, where a completion triggers an arrival), every pass end and every input
-  time, each edge in two calls (start the passes, then advance to the earliest end).
+- when one worker's pass end can cause work elsewhere (closed loops and session turns, where a
+  completion triggers an arrival), every pass end and every input time, each edge in two calls
+  (start the passes, then advance to the earliest end);
+- disaggregated, arrivals not following terminals: every arrival, and every handoff. With one
+  host, the coordinator steps it to the next arrival (or fixed edge) and the host stops by itself
+  after the pass ends of the first instant at which a prefill worker hands a request off (one
+  call per edge); with several hosts another host may already be past that instant, so the
+  edges are every prefill pass end and every transfer completion, in two calls as above. A
+  decode worker's pass ends concern no one else either way.
 
 Arrivals between edges are routed up front when the router ignores worker state (round
 robin, random): nothing it reads can change before the next edge.

@@ -13,7 +13,9 @@ a host replays, for each of its workers, exactly what happens at each instant:
 A step from the current edge ``now`` to ``until`` first applies the inputs at ``now`` and
 starts passes at ``now``, then runs every instant in (now, until) fully, and ends at
 ``until`` after its pass ends: inputs at ``until`` and the passes starting then belong to the
-next step, after the coordinator has routed what arrives at ``until``.
+next step, after the coordinator has routed what arrives at ``until``. Asked to, a step ends
+early in the same way at the first instant at which a worker hands a request off (the output's
+``reached`` says where it ended).
 
 Output events carry ``(time, phase, id, seq)`` so the coordinator can merge every host's
 events into the same-time order: pass-end events (completions, first tokens, handoffs, drain
