@@ -43,6 +43,7 @@ OP_RELEASE = 0
 OP_ENQUEUE = 1
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
+INF = float("inf")
 
 # output event kinds
 EV_FIRST_TOKEN = 0
@@ -95,6 +96,7 @@ class WorkerHost:
         self._touched: set[int] = set()  # workers whose status may have changed since the last report
         self._publishing: list[int] = []  # workers that record KV events (synced before each report)
         self._handed_off = False  # a handoff was emitted in this step
+        self._hint: float | None = None  # the current step's end (``step``)
         for wid, key in workers:
             self._add(wid, key)
 
@@ -167,7 +169,7 @@ class WorkerHost:
         worker = self.workers[wid]
         pool = self.pools[self.pool_of[wid]]
         inputs = self._inputs_of[wid]
-        completed = worker.finish(t, inputs[0] if inputs else None)
+        completed = worker.finish(t, inputs[0] if inputs else None, self._hint)
         if worker.busy:  # a run went on
             self._schedule_end(wid, worker.pass_end_ms)
         if pool.track_first_tokens:
@@ -231,7 +233,7 @@ class WorkerHost:
         inputs_of = self._inputs_of
         for wid in dirty:
             inputs = inputs_of[wid]
-            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None)
+            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None, self._hint)
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:
@@ -320,6 +322,9 @@ class WorkerHost:
         instant were ``until``). The output's ``reached`` is where the step ended."""
         self._catch_up(start)
         self._handed_off = False
+        # no input is sent before the step's end: runs without a known next input compute their
+        # pass end times up to it (a hint only: it changes no result)
+        self._hint = until if until < INF else None
         self._receive(control, inputs)
         t = self.now
         self._inputs_at(t)

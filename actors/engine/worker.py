@@ -284,21 +284,23 @@ class EngineWorker:
         return out
 
     # -- passes ---------------------------------------------------------------------
-    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
+    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None,
+                      hint_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
-        end = self.start(now_ms, horizon_ms)
+        end = self.start(now_ms, horizon_ms, hint_ms)
         return end, self.take_rejected()
 
-    def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
+    def start(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
 
         ``horizon_ms``: when the next request is known to arrive here (a run's pass end times are
-        computed up to it), None if unknown."""
+        computed up to it), None if unknown. ``hint_ms``: without a known horizon, where a request
+        may next arrive (the end times are computed up to it; it changes no result)."""
         assert not self.busy
         if self._runs:
-            run = self._plan_run(now_ms, horizon_ms)
+            run = self._plan_run(now_ms, horizon_ms if horizon_ms is not None else hint_ms)
             if run is not None:
                 self._run = run
                 self.busy = True
@@ -328,15 +330,16 @@ class EngineWorker:
         self.pass_end_ms = now_ms + duration
         return self.pass_end_ms
 
-    def finish(self, now_ms: float, horizon_ms: float | None = None) -> list[Request]:
+    def finish(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> list[Request]:
         """End the current pass/run at ``now_ms``; returns the requests that completed (in a run,
         also those that completed earlier in it and were not taken yet: their ``terminal_ms``
         says when). A run with more passes planned, and not cut short, goes on instead (the
-        worker stays busy, ``pass_end_ms`` is its new end; ``horizon_ms`` as for ``start``)."""
+        worker stays busy, ``pass_end_ms`` is its new end; ``horizon_ms``, ``hint_ms`` as for
+        ``start``)."""
         run = self._run
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
-                self._extend(run, horizon_ms)
+                self._extend(run, horizon_ms if horizon_ms is not None else hint_ms)
                 self.pass_end_ms = run.end_ms
                 return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)

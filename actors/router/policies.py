@@ -183,6 +183,7 @@ class KvRouter:
         keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
         costs = []
         overlaps = []
+        depths = []
         n = len(hashes)
         first = hashes[0] if n else None
         use_cache = self.needs_kv_events and n > 0
@@ -199,6 +200,7 @@ class KvRouter:
                 cost = scale * max(0.0, raw - credit * overlap)
             if active:
                 depth = _prefix_len(c.active, hashes) if n and first in c.active else 0
+                depths.append(depth)
                 cost += len(c.active) + (n - depth)
             costs.append(cost)
             overlaps.append(overlap)
@@ -208,7 +210,7 @@ class KvRouter:
         added = isl - overlaps[i] * bs if self.track_prefill_tokens else 0
         c.prefill_tokens += added
         if self.track_active_blocks:
-            depth = len(list(takewhile(c.active.__contains__, hashes))) if c.active else 0
+            depth = depths[i]  # leading request blocks already active there
             if depth:
                 _count_elements(c.shared, hashes[:depth])
             c.active.update(hashes)
