@@ -11,9 +11,11 @@ start, imports, trace loading, the replay and the report, and the peak RSS is th
     python scripts/bench_replay.py --compare fad994a --repeat 5   # this tree vs a commit, interleaved
 
 ``--compare REV`` checks REV out into a temporary git worktree and, for each repeat, runs the
-same config first from REV's tree and then from this one (interleaved, so a change in the
-machine's load hits both alike). It reports both medians, their ratio (this / REV) and whether
-the two summaries agree on every field they share, wall-time fields aside.
+same config from REV's tree and from this one next to each other, alternating which goes first
+(interleaved, so a change in the machine's load hits both alike). It reports both medians, their
+ratio (this / REV), the median and range of each repeat's own ratio (robust when the machine's
+speed drifts between repeats) and whether the two summaries agree on every field they share,
+wall-time fields aside.
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> 
             for tree in (base, ROOT):
                 run(tree)
         for i in range(repeat):
-            for name, tree in (("baseline", base), ("this", ROOT)):
+            # adjacent in time, alternating which goes first (a drifting machine hits both alike)
+            order = (("baseline", base), ("this", ROOT))
+            for name, tree in (order if i % 2 == 0 else order[::-1]):
                 r = run(tree)
                 runs[name].append(r)
                 if line is not None:
@@ -160,14 +164,20 @@ def compare(args, config: Path, env: dict) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "median_wall_s": med, "median_replay_s": replay,
         "ratio_this_to_baseline": med["this"] / med["baseline"],
+        # each repeat's pair (run next to each other): robust when the machine's speed drifts
+        "pair_ratios": [b["wall_s"] / a["wall_s"] for a, b in zip(runs["baseline"], runs["this"])],
         "replay_ratio_this_to_baseline": replay["this"] / replay["baseline"],
         "peak_rss_mb": {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()},
         "differing_summary_fields": diffs,
         "nondeterministic_fields": this_self,
     }
+    result["median_pair_ratio"] = statistics.median(result["pair_ratios"])
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        pairs = result["pair_ratios"]
+        print(f"ratio of each repeat's pair: median {result['median_pair_ratio']:.3f} "
+              f"(range {min(pairs):.3f}-{max(pairs):.3f})")
         print(f"median whole process: {args.compare} {med['baseline']:.2f} s, this {med['this']:.2f} s, "
               f"ratio {result['ratio_this_to_baseline']:.3f} (replay alone {result['replay_ratio_this_to_baseline']:.3f}); "
               f"peak RSS {result['peak_rss_mb']['baseline']:.0f} vs {result['peak_rss_mb']['this']:.0f} MB "
