@@ -290,10 +290,13 @@ class Coordinator:
         # prefill worker's (a handoff is placed when it happens), everyone's (None) when arrivals
         # follow terminals; a decode worker's pass ends otherwise concern no one else
         self._edge_workers: list[int] | None = None if arrivals.follows_terminal else entry.worker_ids
-        # with one host, a disaggregated run (arrivals not following terminals) steps the host
-        # until the next arrival or fixed edge and lets it stop at the first handoff instead
-        # (``run`` sets it: a window keeps the lockstep edges)
-        self._stop_at_handoff = False
+        # a window only matters where the router reads worker state or one worker's events cause
+        # work elsewhere; otherwise every window gives the lockstep result and none is needed
+        self._windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
+        # with one host, a disaggregated run (arrivals not following terminals, no window) steps
+        # the host until the next arrival or fixed edge and lets it stop at the first handoff
+        self._stop_at_handoff = (self._coupled and not self._windowed and self._edge_workers is not None
+                                 and runtime.num_hosts == 1)
         self.num_edges = 0
 
     # -- the Planner's decisions and the worker lifecycle -------------------------------------
@@ -740,12 +743,9 @@ class Coordinator:
                 self._progress_every_ms = end / self.progress_edges
         if self.has_planner:
             self._tick_ms = self._tick_interval_ms = self.rt.initial_tick_ms()
-        # a window only matters where the router reads worker state or one worker's events cause
-        # work elsewhere; otherwise every window gives the lockstep result and none is needed
-        windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
+        windowed = self._windowed
         ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
-        optimistic = self._stop_at_handoff = (self._coupled and not windowed and self._edge_workers is not None
-                                              and self.rt.num_hosts == 1)
+        optimistic = self._stop_at_handoff
         stop = self.stop_ms
         guard = self.resource_guard
         now = 0.0

@@ -107,7 +107,6 @@ class EngineWorker:
         # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
         self.kv_events: list[tuple[int, int, list[int]]] = []
         self.records_kv_events = ranks[0].kv.events is not None
-        self.fast_forward = fast_forward
         self.max_run_passes = max_run_passes
         self.gaps = GapSink()
         self.busy = False
@@ -284,23 +283,21 @@ class EngineWorker:
         return out
 
     # -- passes ---------------------------------------------------------------------
-    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None,
-                      hint_ms: float | None = None) -> tuple[float | None, list[Request]]:
+    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
-        end = self.start(now_ms, horizon_ms, hint_ms)
+        end = self.start(now_ms, horizon_ms)
         return end, self.take_rejected()
 
-    def start(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> float | None:
+    def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
 
-        ``horizon_ms``: when the next request is known to arrive here (a run's pass end times are
-        computed up to it), None if unknown. ``hint_ms``: without a known horizon, where a request
-        may next arrive (the end times are computed up to it; it changes no result)."""
+        ``horizon_ms``: where a run's pass end times are computed up to (the next request known
+        to arrive here, or the earliest one may), None if unknown; it changes no result."""
         assert not self.busy
         if self._runs:
-            run = self._plan_run(now_ms, horizon_ms if horizon_ms is not None else hint_ms)
+            run = self._plan_run(now_ms, horizon_ms)
             if run is not None:
                 self._run = run
                 self.busy = True
@@ -334,8 +331,9 @@ class EngineWorker:
         """End the current pass/run at ``now_ms``; returns the requests that completed (in a run,
         also those that completed earlier in it and were not taken yet: their ``terminal_ms``
         says when). A run with more passes planned, and not cut short, goes on instead (the
-        worker stays busy, ``pass_end_ms`` is its new end; ``horizon_ms``, ``hint_ms`` as for
-        ``start``)."""
+        worker stays busy, ``pass_end_ms`` is its new end). ``horizon_ms``: when the next request
+        is known to arrive here (the run is not cut short before it), None if unknown; ``hint_ms``:
+        without one, the earliest a request may arrive (where end times are computed up to)."""
         run = self._run
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):

@@ -258,7 +258,7 @@ class KvRouter:
         c.requests -= 1
         if hashes:
             shared = c.shared
-            k = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
+            k = _prefix_len(shared, hashes) if shared else 0
             if k:
                 # one holder fewer for the blocks others hold too; along a chain the holder counts
                 # never rise, so those left with one holder (dropped from ``shared``) are its tail
