@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable
 
-import numpy as np
 
 from actors.engine.host import (
     EV_DRAINED,
@@ -810,7 +809,7 @@ class Coordinator:
             self.log.add(self._transfers[seq][0], STATUS_INCOMPLETE)
         totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
         self.worker_totals = [t[1:6] for t in totals]
-        self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else _gap_sink(t[6]) for t in totals]
+        self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else GapSink.from_wire(t[6]) for t in totals]
         recorded = sorted((d for out in outs for d in out["timelines"] if d is not None), key=itemgetter("worker_id"))
         provisioned = self.lifecycle.provisioned  # a worker's timeline covers the time it was provisioned
         self.timelines = [WorkerTimeline.from_plain(d, start_ms=provisioned[d["worker_id"]][0],
@@ -850,11 +849,3 @@ def _same(req):
     return req
 
 
-def _gap_sink(data) -> GapSink:
-    pooled_values, pooled_weights, chunks, individual = data
-    g = GapSink()
-    g.pooled_values.frombytes(pooled_values)
-    g.pooled_weights.frombytes(pooled_weights)
-    g.run_chunks = [(np.frombuffer(a, dtype=np.float64), n) for a, n in chunks]
-    g.individual.frombytes(individual)
-    return g

@@ -411,8 +411,7 @@ class WorkerHost:
             w = self.workers[wid]
             g = w.gaps
             if not self.direct:
-                g = (g.pooled_values.tobytes(), g.pooled_weights.tobytes(), [(a.tobytes(), n) for a, n in g.run_chunks],
-                     g.individual.tobytes())
+                g = g.to_wire()
             totals.append((wid, sum(r.committed_prefill_tokens for r in w.ranks),
                            sum(r.num_generated_tokens for r in w.ranks), sum(r.num_preemptions for r in w.ranks),
                            w.num_passes, w.num_runs, g))

@@ -77,15 +77,37 @@ class RankPass:
 class GapSink:
     """Collects inter-token gaps: pooled (one value shared by many tokens) and individual.
 
-    Compact buffers (8 bytes a value): a replay has about one pooled gap per pass."""
+    Compact buffers (8 bytes a value): a replay has about one pooled gap per pass. A decode
+    run's passes give their gaps as *segments* of consecutive pass end times: the gaps of a
+    segment are the differences of its neighbouring ends (taken when the gaps are read, at C
+    speed: the same subtractions), each shared by the segment's weight of tokens."""
 
-    __slots__ = ("pooled_values", "pooled_weights", "run_chunks", "individual")
+    __slots__ = ("pooled_values", "pooled_weights", "run_ends", "run_starts", "run_weights", "individual")
 
     def __init__(self) -> None:
         self.pooled_values = array("d")
         self.pooled_weights = array("q")
-        self.run_chunks: list = []  # (array('d') or ndarray of gaps, weight)
+        self.run_ends = array("d")  # the segments' end times, one segment after another
+        self.run_starts = array("q")  # where each segment starts in run_ends
+        self.run_weights = array("q")  # tokens sharing each gap of the segment
         self.individual = array("d")
+
+    def add_segment(self, ends_ms: list, weight: int) -> None:
+        """Gaps ``ends_ms[i + 1] - ends_ms[i]`` (two ends at least), each shared by ``weight`` tokens."""
+        self.run_starts.append(len(self.run_ends))
+        self.run_weights.append(weight)
+        self.run_ends.extend(ends_ms)
+
+    def to_wire(self) -> tuple:
+        """The buffers as bytes (``from_wire`` rebuilds the sink)."""
+        return tuple(getattr(self, name).tobytes() for name in self.__slots__)
+
+    @classmethod
+    def from_wire(cls, data: tuple) -> "GapSink":
+        g = cls()
+        for name, raw in zip(cls.__slots__, data, strict=True):
+            getattr(g, name).frombytes(raw)
+        return g
 
 
 class RankScheduler:

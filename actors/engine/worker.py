@@ -31,7 +31,6 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
-from operator import sub
 from typing import NamedTuple
 
 from actors.engine.request import COMPLETED, Request
@@ -584,7 +583,7 @@ class EngineWorker:
             gaps.pooled_weights.append(pooled0)
         lo = a if a > 0 else 1
         if b > lo:
-            gaps.run_chunks.append((array("d", map(sub, ends[lo:b], ends[lo - 1 : b - 1])), run.batch_size))
+            gaps.add_segment(ends[lo - 1 : b], run.batch_size)
         run.n_done = b
 
 

@@ -52,25 +52,28 @@ def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
 
 
 def _pooled_gaps(gap_sinks) -> tuple[np.ndarray, np.ndarray]:
-    """Every gap of every worker as (value, weight) arrays, filled in place (no per-chunk copies)."""
-    total = sum(len(g.pooled_values) + len(g.individual) + sum(len(a) for a, _ in g.run_chunks) for g in gap_sinks)
-    values = np.empty(total, dtype=np.float64)
-    weights = np.empty(total, dtype=np.int64)
-    i = 0
+    """Every gap of every worker as (value, weight) arrays (weight 0: not a gap, dropped by
+    ``distinct_sorted``)."""
+    values = []
+    weights = []
     for g in gap_sinks:
-        n = len(g.pooled_values)
-        values[i : i + n] = np.frombuffer(g.pooled_values, dtype=np.float64) if n else ()
-        weights[i : i + n] = np.frombuffer(g.pooled_weights, dtype=np.int64) if n else ()
-        i += n
-        for arr, w in g.run_chunks:
-            values[i : i + len(arr)] = arr
-            weights[i : i + len(arr)] = w
-            i += len(arr)
-        n = len(g.individual)
-        values[i : i + n] = np.frombuffer(g.individual, dtype=np.float64) if n else ()
-        weights[i : i + n] = 1
-        i += n
-    return values, weights
+        if len(g.pooled_values):
+            values.append(np.frombuffer(g.pooled_values, dtype=np.float64))
+            weights.append(np.frombuffer(g.pooled_weights, dtype=np.int64))
+        if len(g.run_ends):
+            # consecutive differences over all segments; the one across two segments weighs 0
+            ends = np.frombuffer(g.run_ends, dtype=np.float64)
+            starts = np.frombuffer(g.run_starts, dtype=np.int64)
+            per_end = np.repeat(np.frombuffer(g.run_weights, dtype=np.int64), np.diff(starts, append=len(ends)))
+            per_end[starts] = 0
+            values.append(np.diff(ends))
+            weights.append(per_end[1:])
+        if len(g.individual):
+            values.append(np.frombuffer(g.individual, dtype=np.float64))
+            weights.append(np.ones(len(g.individual), dtype=np.int64))
+    if not values:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate(values), np.concatenate(weights)
 
 
 def summarize(
