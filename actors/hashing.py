@@ -71,16 +71,19 @@ def _fold(acc, part_key, take):
     return splitmix64(acc ^ part_key ^ ((take * _FOLD_MUL) & MASK64))
 
 
-def block_keys(sources: np.ndarray, lengths: np.ndarray, block_starts: np.ndarray, block_size: int) -> np.ndarray:
+def block_keys(sources: np.ndarray, lengths: np.ndarray, block_starts: np.ndarray, block_size: int,
+               piece: np.ndarray | None = None) -> np.ndarray:
     """Content keys of full blocks starting at token positions ``block_starts``.
 
     ``sources``/``lengths`` describe pieces laid end to end (one global token axis); each block
-    must lie inside the pieces' total length.
+    must lie inside the pieces' total length. ``piece``: the piece each block starts in, when
+    the caller knows it (else found by a search of the piece ends).
     """
     if len(block_starts) == 0:
         return np.zeros(0, dtype=_U64)
     ends = np.cumsum(lengths)
-    piece = np.searchsorted(ends, block_starts, side="right")
+    if piece is None:
+        piece = np.searchsorted(ends, block_starts, side="right")
     offset = block_starts - (ends[piece] - lengths[piece])
     keys = _part_keys(sources[piece], offset)
     straddle = np.nonzero(offset + block_size > lengths[piece])[0]

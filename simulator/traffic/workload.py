@@ -178,6 +178,13 @@ class BlockHashStore:
         nb_total = int(block_ptr[-1])
         local = np.arange(nb_total, dtype=np.int64) - np.repeat(block_ptr[:-1], nblocks)
         starts_tok = np.repeat(tok_base, nblocks) + local * bs
-        keys = hashing.block_keys(src, lens, starts_tok, bs)
+        # the piece each block starts in, counted per piece (the blocks of a request start at
+        # multiples of bs from its first token): what a search of the piece ends would find
+        piece_req = np.repeat(np.arange(nreq), counts + 1)
+        piece_end = np.cumsum(lens) - np.repeat(tok_base, counts + 1)  # request-local
+        first = -(-(piece_end - lens) // bs)
+        last = np.minimum(-(-piece_end // bs), nblocks[piece_req])
+        piece = np.repeat(np.arange(total), np.maximum(last - first, 0))
+        keys = hashing.block_keys(src, lens, starts_tok, bs, piece)
         hashes = hashing.chain_hashes(keys, block_ptr[:-1][nblocks > 0]) if nb_total else keys
         return hashes, block_ptr

@@ -108,3 +108,26 @@ def test_a_subset_keeps_each_requests_tokens_and_identity():
     for k, i in enumerate(idx):  # the same prompt block hashes: shared prefixes stay shared
         n = int(w.input_len[i]) // 64
         assert part.block_hashes(k, 64)[:n] == full.block_hashes(i, 64)[:n]
+
+
+@pytest.mark.parametrize("bs", [64, 48, 16, 512, 100])
+def test_chunked_block_hashes_equal_each_requests_own_sequence(bs):
+    """The store hashes 512 requests at once (finding each block's piece by counting); each
+    request's hashes equal those of its own pieces hashed alone (found by a search)."""
+    import numpy as np
+
+    from actors import hashing
+    from simulator.traffic.traces import read_mooncake
+    from simulator.traffic.workload import BlockHashStore
+    from tests.conftest import SLICE
+
+    w = read_mooncake([SLICE], 512)
+    store = BlockHashStore(w)
+    out_src = hashing.unique_sources(0x0_0777, np.arange(w.num_requests, dtype=np.int64))
+    for i in range(0, w.num_requests, 7):
+        lo, hi = int(w.piece_ptr[i]), int(w.piece_ptr[i + 1])
+        out_len = int(w.output_len[i])
+        src = np.append(w.piece_src[lo:hi], out_src[i])
+        lens = np.append(w.piece_len[lo:hi], max(out_len, 1))
+        n = max(int(w.input_len[i]) + out_len - 1, 0) // bs
+        assert store.block_hashes(i, bs) == hashing.sequence_hashes(src, lens, bs, n).tolist(), i
