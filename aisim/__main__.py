@@ -1,5 +1,3 @@
-import sys
+from aisim.cli import run
 
-from aisim.cli import main
-
-sys.exit(main())
+run()

@@ -722,5 +722,35 @@ def main(argv: list[str] | None = None) -> int:
             return code
 
 
+# commands whose process may end without the interpreter's teardown (``run``): they start no
+# process pool, Ray or study storage of their own
+_FAST_EXIT_COMMANDS = frozenset({"predict", "validate", "compare", "trace"})
+
+
+def run(argv: list[str] | None = None) -> None:
+    """The ``aisim`` command (console script and ``python -m aisim``): ``main`` then exit.
+
+    After a command of ``_FAST_EXIT_COMMANDS`` the process ends without tearing the interpreter
+    down (freeing every module and object: ~0.1 s, a tenth of a quickstart run), as mypy does:
+    what a normal exit does that anyone can see still happens (the exit handlers run, both
+    streams are flushed, the exit code is kept). A normal exit instead when another non-daemon
+    thread is alive (a normal exit waits for it), when a stream cannot be flushed (a closed
+    pipe: Python's own message and exit code), or with ``AISIM_FULL_EXIT=1``."""
+    args = sys.argv[1:] if argv is None else argv
+    code = main(argv)
+    if (not args or args[0] not in _FAST_EXIT_COMMANDS or os.environ.get("AISIM_FULL_EXIT") == "1"
+            or any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread())):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()  # (they run once: a normal exit after this finds none left)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code if isinstance(code, int) else 1)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

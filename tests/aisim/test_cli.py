@@ -230,3 +230,50 @@ def test_compare_runs_side_by_side_and_rejects_a_missing_directory(tmp_path):
     assert rows["gpu_hours"]["deltas"] == [None, 0] or rows["gpu_hours"]["deltas"] == [None, 0.0]
     err = one_line_error(aisim("compare", str(tmp_path / "a"), str(tmp_path / "missing")))
     assert "missing" in err
+
+
+# -- the process's exit (aisim.cli.run) ----------------------------------------------------------
+_EXIT_PROBE = """
+import atexit, sys, threading, time
+from pathlib import Path
+atexit.register(lambda: sys.stdout.write("exit handler ran\\n"))
+if sys.argv[1] == "thread":  # a non-daemon thread still working when the command returns
+    started = threading.Event()
+    def late(path=Path(sys.argv[2])):
+        started.set()
+        time.sleep(3.0)
+        path.write_text("done")
+    threading.Thread(target=late).start()
+    started.wait()
+sys.argv = ["aisim", *sys.argv[3:]]
+from aisim.cli import run
+run()
+"""
+
+
+def _probe(tmp_path, mode, *args, full=False):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("AISIM_FULL_EXIT", None)
+    if full:
+        env["AISIM_FULL_EXIT"] = "1"
+    return subprocess.run([sys.executable, "-c", _EXIT_PROBE, mode, str(tmp_path / "late.txt"), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_the_process_exit_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path, full):
+    p = _probe(tmp_path, "plain", "predict", "--format", "json", full=full)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.rstrip("\n").endswith("exit handler ran")
+    summary = json.loads(p.stdout[: p.stdout.rindex("exit handler ran")])
+    assert summary["completed_requests"] > 0
+    bad = _probe(tmp_path, "plain", "predict", "-c", str(tmp_path / "missing.yaml"), full=full)
+    assert bad.returncode == 2 and "config file not found" in bad.stderr
+    assert bad.stdout == "exit handler ran\n"
+
+
+def test_the_process_exit_waits_for_a_running_thread(tmp_path):
+    p = _probe(tmp_path, "thread", "predict", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "late.txt").read_text() == "done"
+    assert p.stdout.rstrip("\n").endswith("exit handler ran")
