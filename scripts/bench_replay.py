@@ -87,13 +87,12 @@ WALL_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_token
 
 # The child reports its own peak RSS (RUSAGE_CHILDREN is a running max over all children, so it
 # cannot tell two trees apart when they alternate).
+# (from an exit handler: the command may end its process without returning, aisim.cli.run)
 CHILD = r"""
-import resource, runpy, sys
+import atexit, resource, runpy, sys
 sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json"]
-try:
-    runpy.run_module("aisim", run_name="__main__")
-finally:
-    sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+atexit.register(lambda: sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+runpy.run_module("aisim", run_name="__main__")
 """
 
 
