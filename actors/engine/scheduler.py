@@ -171,9 +171,12 @@ class RankScheduler:
             d = num_running if all(decoding) else decoding.index(False)
             if 0 < d <= budget:
                 lead = running[:d]
-                grow = [(r, c + 1) for r, c in zip(lead, map(_COMPUTED, lead))
-                        if -(-(c + 1) // bs) > r.num_held + r.num_private
-                        or (caching and (c + 1) // bs > r.num_full_registered)]
+                # kv.grow's test for c + 1 tokens: ceil((c + 1) / bs) > held + private blocks, or
+                # (c + 1) // bs > registered full blocks (prefix caching); integer forms of it
+                last = bs - 1
+                grow = [(r, r.num_computed + 1) for r in lead
+                        if r.num_computed >= (r.num_held + r.num_private) * bs
+                        or (caching and r.num_computed >= r.num_full_registered * bs + last)]
                 if not grow or kv.grow_decode(grow):
                     known = list(map(add, map(_PROMPT_LEN, lead), map(_GENERATED, lead)))
                     items = list(zip(lead, repeat(1)))
@@ -195,8 +198,8 @@ class RankScheduler:
                 n = budget
             target = req.num_computed + n
             # inline no-op check of kv.grow: most decode steps need no new block
-            if -(-target // bs) > req.num_held + req.num_private or (
-                caching and target // bs > req.num_full_registered
+            if target > (req.num_held + req.num_private) * bs or (
+                caching and target >= (req.num_full_registered + 1) * bs
             ):
                 can_schedule = True
                 while not kv.grow(req, target, req.hashes):

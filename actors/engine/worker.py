@@ -489,9 +489,11 @@ class EngineWorker:
             bs = kv.block_size
             caching = kv.prefix_caching
             # most passes neither cross a block boundary nor fill a block
+            # kv.grow's test for t = c + upto tokens: ceil(t / bs) > held + private blocks, or
+            # t // bs > registered full blocks (prefix caching); integer forms of it
             items = [(req, c + upto) for req, c in zip(batch, c0)
-                     if -(-(c + upto) // bs) > req.num_held + req.num_private
-                     or (caching and (c + upto) // bs > req.num_full_registered)]
+                     if c + upto > (req.num_held + req.num_private) * bs
+                     or (caching and c + upto >= (req.num_full_registered + 1) * bs)]
             if not items:
                 continue
             done = kv.grow_decode(items)
