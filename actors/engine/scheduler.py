@@ -23,8 +23,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add, attrgetter, mul, sub
+from operator import mul
 
 from actors.engine.kv_cache import KVCache
 from actors.engine.request import (
@@ -39,12 +38,6 @@ from actors.engine.request import (
     Request,
 )
 from actors.engine.timing import PassShape, TimingModel
-
-_PREFILL_DONE = attrgetter("prefill_done")
-_GENERATED = attrgetter("num_generated")
-_COMPUTED = attrgetter("num_computed")
-_PROMPT_LEN = attrgetter("prompt_len")
-_MAX_OUTPUT = attrgetter("max_output")
 
 
 @dataclass(frozen=True)
@@ -167,7 +160,7 @@ class RankScheduler:
         if num_running:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
-            decoding = list(map(_PREFILL_DONE, running))
+            decoding = [r.prefill_done for r in running]
             d = num_running if all(decoding) else decoding.index(False)
             if 0 < d <= budget:
                 lead = running[:d]
@@ -178,8 +171,8 @@ class RankScheduler:
                         if r.num_computed >= (r.num_held + r.num_private) * bs
                         or (caching and r.num_computed >= r.num_full_registered * bs + last)]
                 if not grow or kv.grow_decode(grow):
-                    known = list(map(add, map(_PROMPT_LEN, lead), map(_GENERATED, lead)))
-                    items = list(zip(lead, repeat(1)))
+                    known = [r.prompt_len + r.num_generated for r in lead]
+                    items = [(r, 1) for r in lead]
                     budget -= d
                     i = num_lead = d
                     num_decode = d
@@ -483,20 +476,19 @@ class RankScheduler:
         n = len(running)
         if not n or cfg.prefill_only or n > cfg.max_batched_tokens or not running[-1].prefill_done:
             return None  # (the newest request is the one most likely still prefilling)
-        if not all(map(_PREFILL_DONE, running)):
+        if not all([r.prefill_done for r in running]):
             return None
         if not self._admission_blocked(n):
             return None
-        # per-request columns at C speed (map over attribute getters)
-        g0 = list(map(_GENERATED, running))
-        known = list(map(add, map(_PROMPT_LEN, running), g0))
+        g0 = [r.num_generated for r in running]
+        known = [r.prompt_len + r.num_generated for r in running]
         limit = self.context_limit
-        remaining = list(map(min, map(sub, map(_MAX_OUTPUT, running), g0), [limit - x for x in known]))
+        remaining = [min(r.max_output - g, limit - x) for r, g, x in zip(running, g0, known)]
         first = min(remaining)
         if first <= 0:
             return None
         k = min(max_passes, max(remaining) if not self.waiting else first)
-        c0 = list(map(_COMPUTED, running))
+        c0 = [r.num_computed for r in running]
         bs = cfg.block_size
         avail = self.kv.num_reclaimable
         # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0;
