@@ -60,8 +60,26 @@ def _part_key(source: int, offset: int) -> int:
     return splitmix64(source ^ splitmix64(offset))
 
 
+_offset_mix: dict[str, np.ndarray] = {}
+
+
+def _mixed_offsets(offsets: np.ndarray) -> np.ndarray:
+    """``splitmix64_array(offsets)``: looked up in a table of the first offsets (grown by
+    doubling, a pure function like ``_powers``) when they are small, as block offsets are."""
+    top = int(offsets.max()) if len(offsets) else 0
+    if top >= 1 << 20:
+        return splitmix64_array(offsets.astype(_U64))
+    table = _offset_mix.get("t")
+    if table is None or len(table) <= top:
+        size = 4096
+        while size <= top:
+            size *= 2
+        table = _offset_mix["t"] = splitmix64_array(np.arange(size, dtype=_U64))
+    return table[offsets]
+
+
 def _part_keys(sources: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    return splitmix64_array(sources ^ splitmix64_array(offsets.astype(_U64)))
+    return splitmix64_array(sources ^ _mixed_offsets(offsets))
 
 
 def _fold(acc, part_key, take):
@@ -84,9 +102,10 @@ def block_keys(sources: np.ndarray, lengths: np.ndarray, block_starts: np.ndarra
     ends = np.cumsum(lengths)
     if piece is None:
         piece = np.searchsorted(ends, block_starts, side="right")
-    offset = block_starts - (ends[piece] - lengths[piece])
+    length = lengths[piece]
+    offset = block_starts - (ends - lengths)[piece]
     keys = _part_keys(sources[piece], offset)
-    straddle = np.nonzero(offset + block_size > lengths[piece])[0]
+    straddle = np.nonzero(offset + block_size > length)[0]
     if len(straddle):
         p = piece[straddle]
         off = offset[straddle]
@@ -135,10 +154,11 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _pow_cache["p"], _pow_cache["pinv"]
 
 
-def chain_hashes(keys: np.ndarray, seq_starts: np.ndarray | None = None) -> np.ndarray:
+def chain_hashes(keys: np.ndarray, seq_starts: np.ndarray | None = None, local: np.ndarray | None = None) -> np.ndarray:
     """Chained hashes of one sequence of block keys, or of many laid end to end.
 
-    ``seq_starts``: start offsets of the sequences in ``keys`` (ascending, first 0).
+    ``seq_starts``: start offsets of the sequences in ``keys`` (ascending, first 0);
+    ``local``: each key's position in its sequence, when the caller has it.
     """
     total = len(keys)
     if total == 0:
@@ -147,7 +167,8 @@ def chain_hashes(keys: np.ndarray, seq_starts: np.ndarray | None = None) -> np.n
         pw, pinv = _powers(total)
         return pw[:total] * np.cumsum(keys * pinv[:total], dtype=_U64)
     counts = np.diff(np.append(seq_starts, total))
-    local = np.arange(total, dtype=np.int64) - np.repeat(seq_starts, counts)
+    if local is None:
+        local = np.arange(total, dtype=np.int64) - np.repeat(seq_starts, counts)
     pw, pinv = _powers(int(local.max()) + 1)
     acc = np.cumsum(keys * pinv[local], dtype=_U64)
     before = np.zeros(len(seq_starts), dtype=_U64)

@@ -186,5 +186,5 @@ class BlockHashStore:
         last = np.minimum(-(-piece_end // bs), nblocks[piece_req])
         piece = np.repeat(np.arange(total), np.maximum(last - first, 0))
         keys = hashing.block_keys(src, lens, starts_tok, bs, piece)
-        hashes = hashing.chain_hashes(keys, block_ptr[:-1][nblocks > 0]) if nb_total else keys
+        hashes = hashing.chain_hashes(keys, block_ptr[:-1][nblocks > 0], local) if nb_total else keys
         return hashes, block_ptr

@@ -58,3 +58,13 @@ def test_hash_ids_are_64_bit_and_never_truncated():
     big = np.array([2**64 - 1, 2**32 + 5], dtype=np.uint64)
     small = np.array([(2**64 - 1) & 0xFFFFFFFF, 5], dtype=np.uint64)
     assert not np.array_equal(hashing.trace_sources(big), hashing.trace_sources(small))
+
+
+def test_part_keys_from_the_offset_table_equal_the_direct_mix():
+    rng = np.random.default_rng(3)
+    sources = rng.integers(0, 2**63, size=300, dtype=np.int64).astype(np.uint64)
+    for top in (64, 5000, 70_000, 3 << 20):  # within the first table, grown, past the table
+        offsets = rng.integers(0, top, size=300, dtype=np.int64)
+        want = hashing.splitmix64_array(sources ^ hashing.splitmix64_array(offsets.astype(np.uint64)))
+        assert np.array_equal(hashing._part_keys(sources, offsets), want)
+        assert [int(k) for k in want[:5]] == [hashing._part_key(int(s), int(o)) for s, o in zip(sources[:5], offsets[:5])]
