@@ -34,7 +34,7 @@ def distinct_sorted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray
     values, weights = values[keep], weights[keep]
     if len(values) == 0:
         return values, weights
-    order = np.argsort(values)
+    order = np.argsort(values, kind="stable")  # (timsort: faster here on gaps, which come in sorted stretches)
     v = values[order]
     w = weights[order]
     del order
