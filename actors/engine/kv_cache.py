@@ -69,7 +69,7 @@ def _split_marks(marks: list, at: int) -> tuple[list, list]:
     return head, tail
 
 
-def _agreeing(keys: list, off: int, hashes: list, pos: int, end: int) -> int:
+def agreeing(keys: list, off: int, hashes: list, pos: int, end: int) -> int:
     """How many blocks ``keys[off:]`` and ``hashes[pos:end]`` share from the start, given that
     ``keys[off] == hashes[pos]``. Equal chained hashes mean equal prefixes, so agreement holds up
     to some point and never after it: compare the last candidate, else binary-search."""
@@ -167,7 +167,7 @@ class KVCache:
             run = get(hashes[pos])
             if run is None:
                 break
-            n = _agreeing(run.keys, 0, hashes, pos, limit_blocks)
+            n = agreeing(run.keys, 0, hashes, pos, limit_blocks)
             path.append((run, n))
             if run.holders:
                 num_active += n
@@ -306,7 +306,7 @@ class KVCache:
         while pos < full:
             if run is not None:
                 # an identical block is cached: a private copy, as long as the chains agree
-                pos += _agreeing(run.keys, off, hashes, pos, full)
+                pos += agreeing(run.keys, off, hashes, pos, full)
                 req.dup_tail = True
                 run = heads.get(hashes[pos]) if pos < full else None
                 off = 0

@@ -16,21 +16,12 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
-from collections import deque
-from itertools import repeat, takewhile
-from operator import sub
+from itertools import takewhile
 
 import numpy as np
 
-from actors.engine.kv_cache import REMOVED, STORED
+from actors.engine.kv_cache import REMOVED, STORED, agreeing
 
-try:
-    from collections import _count_elements  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover
-    def _count_elements(mapping, iterable):
-        get = mapping.get
-        for elem in iterable:
-            mapping[elem] = get(elem, 0) + 1
 
 def _prefix_len(present: set, hashes: list) -> int:
     """How many leading ``hashes`` are in ``present`` (the scan at C speed)."""
@@ -92,20 +83,98 @@ class RandomRouter(RoundRobinRouter):
         return w, self._rank(w, ranks_of[w]), None
 
 
+class _Run:
+    """Consecutive blocks of one chain held by the same number of in-flight requests."""
+
+    __slots__ = ("keys", "holders")
+
+    def __init__(self, keys: list, holders: int) -> None:
+        self.keys = keys
+        self.holders = holders
+
+
+class _ActiveChains:
+    """The blocks of a candidate's in-flight requests (their prompt chains), with holder counts.
+
+    Two chains share a block only together with all the blocks before it (chained hashes), so
+    the blocks a request shares with others are a prefix of its chain. The blocks are kept as
+    *runs* (the KV cache's representation): consecutive blocks of one chain held by the same
+    requests. A run starts where some chain diverges from another or ends, so a resident block
+    whose parent is resident lies in its parent's run or starts a run: only runs' first hashes
+    are indexed, and adding, matching or dropping a chain costs one step per run along it, not
+    one per block. Runs split where a new chain diverges or ends inside them and never merge."""
+
+    __slots__ = ("heads", "num_blocks")
+
+    def __init__(self) -> None:
+        self.heads: dict[int, _Run] = {}  # first hash of each run -> run
+        self.num_blocks = 0  # distinct blocks held
+
+    def depth(self, hashes: list) -> int:
+        """How many leading ``hashes`` are held."""
+        heads = self.heads
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            run = heads.get(hashes[pos])
+            if run is None:
+                break
+            keys = run.keys
+            a = agreeing(keys, 0, hashes, pos, n)
+            pos += a
+            if a < len(keys):
+                break
+        return pos
+
+    def add(self, hashes: list) -> None:
+        """One more in-flight request holds the chain ``hashes``."""
+        heads = self.heads
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            run = heads.get(hashes[pos])
+            if run is None:
+                break
+            keys = run.keys
+            a = agreeing(keys, 0, hashes, pos, n)
+            if a < len(keys):  # the chain diverges or ends inside the run: split it there
+                tail = _Run(keys[a:], run.holders)
+                del keys[a:]
+                heads[tail.keys[0]] = tail
+            run.holders += 1
+            pos += a
+        if pos < n:
+            heads[hashes[pos]] = _Run(hashes[pos:], 1)
+            self.num_blocks += n - pos
+
+    def remove(self, hashes: list) -> None:
+        """A request holding the chain ``hashes`` (added before) is no longer in flight."""
+        heads = self.heads
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            h = hashes[pos]
+            run = heads[h]
+            k = len(run.keys)
+            run.holders -= 1
+            if not run.holders:
+                del heads[h]
+                self.num_blocks -= k
+            pos += k
+
+    def holders(self) -> dict[int, int]:
+        """Every held block and how many in-flight requests hold it (tests, diagnostics)."""
+        return {h: run.holders for run in self.heads.values() for h in run.keys}
+
+
 class _Candidate:
-    """The router's view of one (worker, rank).
+    """The router's view of one (worker, rank)."""
 
-    Active decode blocks are a set; blocks held by more than one in-flight request are also
-    counted in ``shared`` (holders - 1). Two chains share a block only together with all the
-    blocks before it, so the blocks a request shares with others are a prefix of its chain.
-    """
-
-    __slots__ = ("prefill_tokens", "active", "shared", "requests", "cached")
+    __slots__ = ("prefill_tokens", "active", "requests", "cached")
 
     def __init__(self) -> None:
         self.prefill_tokens = 0
-        self.active: set[int] = set()
-        self.shared: dict[int, int] = {}
+        self.active = _ActiveChains()  # the blocks of the in-flight requests
         self.requests = 0
         self.cached: set[int] = set()  # the router's view of the rank's cached blocks
 
@@ -183,7 +252,6 @@ class KvRouter:
         keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
         costs = []
         overlaps = []
-        depths = []
         n = len(hashes)
         first = hashes[0] if n else None
         use_cache = self.needs_kv_events and n > 0
@@ -199,9 +267,9 @@ class KvRouter:
                 raw = (c.prefill_tokens + isl) / bs
                 cost = scale * max(0.0, raw - credit * overlap)
             if active:
-                depth = _prefix_len(c.active, hashes) if n and first in c.active else 0
-                depths.append(depth)
-                cost += len(c.active) + (n - depth)
+                chains = c.active
+                depth = chains.depth(hashes) if n and first in chains.heads else 0
+                cost += chains.num_blocks + (n - depth)
             costs.append(cost)
             overlaps.append(overlap)
         i = self._select(costs)
@@ -209,11 +277,8 @@ class KvRouter:
         c = self._cands[key]
         added = isl - overlaps[i] * bs if self.track_prefill_tokens else 0
         c.prefill_tokens += added
-        if self.track_active_blocks:
-            depth = depths[i]  # leading request blocks already active there
-            if depth:
-                _count_elements(c.shared, hashes[:depth])
-            c.active.update(hashes)
+        if self.track_active_blocks and n:
+            c.active.add(hashes)
         c.requests += 1
         self._routed[req.index] = (key, added, hashes if self.track_active_blocks else [])
         best = max(overlaps)
@@ -257,25 +322,7 @@ class KvRouter:
         c.prefill_tokens -= added
         c.requests -= 1
         if hashes:
-            shared = c.shared
-            k = _prefix_len(shared, hashes) if shared else 0
-            if k:
-                # one holder fewer for the blocks others hold too; along a chain the holder counts
-                # never rise, so those left with one holder (dropped from ``shared``) are its tail
-                pre = hashes[:k]
-                counts = list(map(shared.__getitem__, pre))
-                z = counts.index(1) if counts[-1] == 1 else k
-                if counts.count(1) == k - z:
-                    shared.update(zip(pre[:z], map(sub, counts[:z], repeat(1))))
-                    deque(map(shared.pop, pre[z:]), 0)
-                else:  # pragma: no cover - counts that rise along a chain (not from route())
-                    for h in pre:
-                        n = shared[h] - 1
-                        if n:
-                            shared[h] = n
-                        else:
-                            del shared[h]
-            c.active.difference_update(hashes[k:] if k else hashes)
+            c.active.remove(hashes)
 
     def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
         c = self._cand((worker, rank))
@@ -287,7 +334,7 @@ class KvRouter:
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""
         c = self._cand((worker, rank))
-        return {"prefill_tokens": c.prefill_tokens, "active_blocks": len(c.active), "requests": c.requests,
+        return {"prefill_tokens": c.prefill_tokens, "active_blocks": c.active.num_blocks, "requests": c.requests,
                 "cached_blocks": len(c.cached)}
 
     def describe(self) -> dict:

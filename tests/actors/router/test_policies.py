@@ -130,26 +130,47 @@ def test_kv_router_dedups_active_blocks_of_shared_prefixes():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_kv_router_active_blocks_match_a_count_of_the_in_flight_chains(seed):
-    """Requests sharing chain prefixes of random lengths, released in random order: the active
-    blocks and each block's extra holders equal a plain count over the in-flight chains."""
+    """Requests sharing chain prefixes of random lengths (a chain may end inside another or
+    diverge from it anywhere), released in random order: the active blocks with their holder
+    counts, their number, the cost's depth of any chain and the decision's cost equal a plain
+    count over the in-flight chains."""
     import random
     from collections import Counter
+    from itertools import takewhile
 
     rnd = random.Random(seed)
     router = KvRouter(1, rng(), track_prefill_tokens=False)
+    # chains branch off one another: a family's prefix, then a sub-family's, then a request's own
     families = [[rnd.getrandbits(40) for _ in range(12)] for _ in range(3)]
+    branches = {(f, k): [rnd.getrandbits(40) for _ in range(6)] for f in range(3) for k in range(13)}
+
+    def chain():
+        f = rnd.randrange(3)
+        k = rnd.randint(0, 12)
+        out = families[f][:k]
+        if rnd.random() < 0.5:
+            out += branches[(f, k)][: rnd.randint(0, 6)]
+        if rnd.random() < 0.7 or not out:
+            out += [rnd.getrandbits(40) for _ in range(rnd.randint(1, 4))]
+        return out
+
     live = {}
-    for index in range(300):
+    for index in range(400):
+        holders = Counter(h for req in live.values() for h in req.block_hashes(1))
         if live and rnd.random() < 0.45:
             router.on_release(live.pop(rnd.choice(sorted(live))))
         else:
-            chain = rnd.choice(families)[: rnd.randint(0, 12)] + [rnd.getrandbits(40) for _ in range(rnd.randint(1, 4))]
-            live[index] = Req(index, chain)
-            router.route(live[index], 0.0, [0], [1])
+            hashes = chain()
+            depth = len(list(takewhile(holders.__contains__, hashes)))
+            live[index] = Req(index, hashes, bs=1)
+            _, _, info = router.route(live[index], 0.0, [0], [1])
+            assert info["cost"] == len(holders) + len(hashes) - depth
         holders = Counter(h for req in live.values() for h in req.block_hashes(1))
-        c = router._cands[(0, 0)]
-        assert c.active == set(holders)
-        assert c.shared == {h: n - 1 for h, n in holders.items() if n > 1}
+        active = router._cands[(0, 0)].active
+        assert active.holders() == dict(holders)
+        assert active.num_blocks == len(holders) == router.load_view(0)["active_blocks"]
+        probe = chain()
+        assert active.depth(probe) == len(list(takewhile(holders.__contains__, probe)))
 
 
 def test_zero_temperature_ties_are_seeded_and_uniform():
