@@ -456,10 +456,13 @@ class EngineWorker:
 
     def _extend(self, run: DecodeRun, horizon_ms: float | None) -> None:
         """Compute the end times of the run's next passes: up to the one in progress at
-        ``horizon_ms`` when known, else as many as so far (at least 32)."""
+        ``horizon_ms`` when known, else as many as so far (at least 32); the results do not
+        depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
-        upto = m + max(32, m)
+        # a first chunk, then about as many as reach the horizon (a short one when it is known:
+        # runs are often cut a few passes in, and each pass computed costs its segments)
+        upto = m + (8 if horizon_ms is not None else max(32, m))
         while True:
             upto = min(upto, run.num_planned)
             durations = None
@@ -596,7 +599,7 @@ class _Segments:
     tokens at pass j are ``s + n * j`` (exact integer sums: the same numbers a run started at
     pass a would compute); ``exits``: the passes after which requests leave, ascending."""
 
-    __slots__ = ("known", "remaining", "order", "k", "i", "s1", "s2", "n", "entries", "exits")
+    __slots__ = ("known", "remaining", "order", "k", "i", "s1", "s2", "n", "entries", "exits", "cursor")
 
     def __init__(self, known: list[int], remaining: list[int], k: int) -> None:
         self.known = known
@@ -609,6 +612,7 @@ class _Segments:
         self.n = len(known)
         self.entries: list[tuple] = []
         self.exits: list[int] = []
+        self.cursor = 0  # the entry covering the first pass whose duration was last asked for
         self._add(0)
 
     def _add(self, a: int) -> None:
@@ -640,8 +644,17 @@ class _Segments:
         timing = rank.timing
         total = rank.total_kv_tokens
         segs = self.entries
-        for i, (a, n, s, _) in enumerate(segs):
-            b = segs[i + 1][0] if i + 1 < len(segs) else upto
+        num = len(segs)
+        i = self.cursor  # (a run asks for its passes in order)
+        while i + 1 < num and segs[i + 1][0] <= m:
+            i += 1
+        self.cursor = i
+        while i < num:
+            a, n, s, _ = segs[i]
+            if a >= upto:
+                break
+            i += 1
+            b = segs[i][0] if i < num else upto
             lo = a if a > m else m
             hi = b if b < upto else upto
             if lo < hi:
