@@ -175,15 +175,17 @@ class WorkerHost:
         if pool.track_first_tokens:
             for req in worker.take_first_tokens():
                 self._emit(t, PH_PASS_END, wid, EV_FIRST_TOKEN, req.index)
-        self._emit_terminals(wid, completed)
-        encode = self._encode
+        if completed:
+            self._emit_terminals(wid, completed)
         if pool.hands_off:
+            encode = self._encode
             for req in worker.take_handoffs():
                 self._held[req.index] = (wid, req)
                 self._held_by[wid] += 1
                 self._emit(t, PH_PASS_END, wid, EV_HANDOFF, encode(req))
                 self._handed_off = True
-        self._take_kv(wid, worker)
+        if worker.kv_events:
+            self._take_kv(wid, worker)
         self._dirty.add(wid)
         self._touched.add(wid)
         if wid in self._draining:

@@ -281,13 +281,20 @@ class EngineWorker:
                 r.rejected = []
         return out
 
+    @property
+    def has_rejected(self) -> bool:
+        for r in self.ranks:
+            if r.rejected:
+                return True
+        return False
+
     # -- passes ---------------------------------------------------------------------
     def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
         end = self.start(now_ms, horizon_ms)
-        return end, self.take_rejected()
+        return end, self.take_rejected() if self.has_rejected else []
 
     def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
@@ -354,7 +361,8 @@ class EngineWorker:
                 if plan is not None:
                     rank.finish(plan, start, now_ms, self.gaps, completed)
             self._plans = None
-            self._publish()
+            if self.records_kv_events:
+                self._publish()
             self.num_passes += 1
         self.busy_ms += now_ms - self.pass_start_ms
         self.busy = False
@@ -436,8 +444,13 @@ class EngineWorker:
         k = self.max_run_passes
         plans = []
         for rank in self.ranks:
-            if not rank.running and not rank.waiting:
-                continue
+            running = rank.running
+            if not running:
+                if not rank.waiting:
+                    continue
+                return None  # (plan_decode_run's answer: nothing runs)
+            if not running[-1].prefill_done:
+                return None  # (plan_decode_run's first test: a prompt is still being computed)
             plan = rank.plan_decode_run(k)
             if plan is None:
                 return None
