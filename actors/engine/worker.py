@@ -523,12 +523,19 @@ class EngineWorker:
         order: a completion inside the run frees its blocks before the next pass allocates."""
         exits = run.exit_passes
         x = run.next_exit
-        while x < len(exits) and exits[x] < done_upto:
-            e = exits[x]
-            self._advance(run, e + 1, e + 1)
-            self._exit(run, e)
-            x += 1
-            run.next_exit = x
+        if x < len(exits) and exits[x] < done_upto:
+            # up to each completion: the passes' blocks, gaps and the leaving requests' state (the
+            # others' state is set once, below)
+            while x < len(exits) and exits[x] < done_upto:
+                e = exits[x]
+                self._advance(run, e + 1, e + 1, members=False)
+                self._exit(run, e)
+                x += 1
+                run.next_exit = x
+            if done_upto <= run.n_done:
+                self._advance(run, sched_upto, done_upto)  # (blocks of the started passes)
+                self._set_members(run, run.n_done)
+                return
         self._advance(run, sched_upto, done_upto)
 
     def _exit(self, run: DecodeRun, e: int) -> None:
@@ -543,6 +550,9 @@ class EngineWorker:
             for i, r in enumerate(remaining):
                 if r == left:
                     req = batch[i]
+                    req.num_computed = c0[i] + left
+                    req.num_generated = g0[i] + left
+                    req.last_token_ms = end
                     req.status = COMPLETED
                     req.terminal_ms = end
             rank.reap_completed(self.exits)
@@ -554,8 +564,18 @@ class EngineWorker:
         if self.timeline is not None:
             self._sample(end)
 
-    def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
-        """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving."""
+    def _set_members(self, run: DecodeRun, b: int) -> None:
+        """The batch's requests as they are after the run's first ``b`` passes."""
+        last_end = run.ends[b - 1]
+        for _, batch, c0, g0, _ in run.ranks:
+            for req, c, g in zip(batch, c0, g0):
+                req.num_computed = c + b
+                req.num_generated = g + b
+                req.last_token_ms = last_end
+
+    def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int, members: bool = True) -> None:
+        """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving
+        (``members`` False: the batch's requests' own state is left for the caller to set)."""
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
         if self.records_kv_events:
             if run.held_events is not None and done_upto >= run.n_sched:
@@ -583,18 +603,21 @@ class EngineWorker:
         last_end = ends[b - 1]
         first_end = ends[0]
         pooled0 = 0
-        for rank, batch, c0, g0, _ in run.ranks:
-            for req, c, g in zip(batch, c0, g0):
-                req.num_computed = c + b
-                if a == 0:
+        if a == 0:  # the run's first pass: each request's gap since its last token before the run
+            for _, batch, _, g0, _ in run.ranks:
+                for req, g in zip(batch, g0):
                     if req.last_token_ms == start:
                         pooled0 += 1
                     else:
                         gaps.individual.append(first_end - req.last_token_ms)
                     if g == 1:
                         req.second_token_ms = first_end
-                req.num_generated = g + b
-                req.last_token_ms = last_end
+        for rank, batch, c0, g0, _ in run.ranks:
+            if members:
+                for req, c, g in zip(batch, c0, g0):
+                    req.num_computed = c + b
+                    req.num_generated = g + b
+                    req.last_token_ms = last_end
             rank.num_generated_tokens += len(batch) * (b - a)
         if pooled0:
             gaps.pooled_values.append(first_end - start)
