@@ -67,17 +67,26 @@ class RequestLog:
         self.index.append(req.index)
         self.status.append(final_status)
         self.arrival.append(req.arrival_ms)
-        self.first_token.append(_f(req.first_token_ms))
-        self.second_token.append(_f(req.second_token_ms))
-        self.last_token.append(_f(req.last_token_ms))
-        self.terminal.append(_f(req.terminal_ms))
+        t = req.first_token_ms
+        self.first_token.append(NAN if t is None else t)
+        t = req.second_token_ms
+        self.second_token.append(NAN if t is None else t)
+        t = req.last_token_ms
+        self.last_token.append(NAN if t is None else t)
+        t = req.terminal_ms
+        self.terminal.append(NAN if t is None else t)
         self.input_len.append(req.prompt_len)
         self.output_len.append(req.num_generated)
         self.requested.append(req.max_output)
-        prompt_adm = [r for _, r, pool in req.admissions if pool != "decode"]
-        reused = max(prompt_adm, default=0)
+        adm = req.admissions
+        if len(adm) == 1 and adm[0][2] != "decode":  # (the usual case: one admission, for the prompt)
+            reused = first = adm[0][1]
+        else:
+            prompt_adm = [r for _, r, pool in adm if pool != "decode"]
+            reused = max(prompt_adm, default=0)
+            first = prompt_adm[0] if prompt_adm else 0
         self.reused.append(reused)
-        self.first_reused.append(prompt_adm[0] if prompt_adm else 0)
+        self.first_reused.append(first)
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
             self.records.append(self._record(req, final_status, reused))
