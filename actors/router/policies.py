@@ -110,8 +110,9 @@ class _ActiveChains:
         self.heads: dict[int, _Run] = {}  # first hash of each run -> run
         self.num_blocks = 0  # distinct blocks held
 
-    def depth(self, hashes: list) -> int:
-        """How many leading ``hashes`` are held."""
+    def _walk(self, hashes: list, hold: bool) -> int:
+        """How many leading ``hashes`` are held; with ``hold``, they get one more holder (a run
+        is split where the chain diverges or ends inside it)."""
         heads = self.heads
         n = len(hashes)
         pos = 0
@@ -121,30 +122,27 @@ class _ActiveChains:
                 break
             keys = run.keys
             a = agreeing(keys, 0, hashes, pos, n)
-            pos += a
             if a < len(keys):
-                break
-        return pos
-
-    def add(self, hashes: list) -> None:
-        """One more in-flight request holds the chain ``hashes``."""
-        heads = self.heads
-        n = len(hashes)
-        pos = 0
-        while pos < n:
-            run = heads.get(hashes[pos])
-            if run is None:
-                break
-            keys = run.keys
-            a = agreeing(keys, 0, hashes, pos, n)
-            if a < len(keys):  # the chain diverges or ends inside the run: split it there
+                if not hold:
+                    return pos + a
                 tail = _Run(keys[a:], run.holders)
                 del keys[a:]
                 heads[tail.keys[0]] = tail
-            run.holders += 1
+            if hold:
+                run.holders += 1
             pos += a
+        return pos
+
+    def depth(self, hashes: list) -> int:
+        """How many leading ``hashes`` are held."""
+        return self._walk(hashes, False)
+
+    def add(self, hashes: list) -> None:
+        """One more in-flight request holds the chain ``hashes``."""
+        n = len(hashes)
+        pos = self._walk(hashes, True)
         if pos < n:
-            heads[hashes[pos]] = _Run(hashes[pos:], 1)
+            self.heads[hashes[pos]] = _Run(hashes[pos:], 1)
             self.num_blocks += n - pos
 
     def remove(self, hashes: list) -> None:
