@@ -252,6 +252,8 @@ def check_duration(ms: float) -> float:
 
 # -- measured (table-driven) timing ---------------------------------------------------------
 _VECTOR_RUN = 256  # decode runs at least this long are timed with numpy, shorter ones in Python
+
+
 def _bracket(xs: list[float], x: float) -> int:
     """Index i of the grid segment [xs[i], xs[i+1]] used for x (edge segments extrapolate)."""
     i = bisect_right(xs, x) - 1

@@ -281,20 +281,13 @@ class EngineWorker:
                 r.rejected = []
         return out
 
-    @property
-    def has_rejected(self) -> bool:
-        for r in self.ranks:
-            if r.rejected:
-                return True
-        return False
-
     # -- passes ---------------------------------------------------------------------
     def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
         end = self.start(now_ms, horizon_ms)
-        return end, self.take_rejected() if self.has_rejected else []
+        return end, self.take_rejected()
 
     def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
@@ -444,13 +437,8 @@ class EngineWorker:
         k = self.max_run_passes
         plans = []
         for rank in self.ranks:
-            running = rank.running
-            if not running:
-                if not rank.waiting:
-                    continue
-                return None  # (plan_decode_run's answer: nothing runs)
-            if not running[-1].prefill_done:
-                return None  # (plan_decode_run's first test: a prompt is still being computed)
+            if not rank.running and not rank.waiting:
+                continue
             plan = rank.plan_decode_run(k)
             if plan is None:
                 return None
@@ -521,22 +509,19 @@ class EngineWorker:
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time
         order: a completion inside the run frees its blocks before the next pass allocates."""
+        done_before = run.n_done
         exits = run.exit_passes
         x = run.next_exit
-        if x < len(exits) and exits[x] < done_upto:
-            # up to each completion: the passes' blocks, gaps and the leaving requests' state (the
-            # others' state is set once, below)
-            while x < len(exits) and exits[x] < done_upto:
-                e = exits[x]
-                self._advance(run, e + 1, e + 1, members=False)
-                self._exit(run, e)
-                x += 1
-                run.next_exit = x
-            if done_upto <= run.n_done:
-                self._advance(run, sched_upto, done_upto)  # (blocks of the started passes)
-                self._set_members(run, run.n_done)
-                return
+        # up to each completion: the passes' blocks and gaps, and the leaving requests' state
+        while x < len(exits) and exits[x] < done_upto:
+            e = exits[x]
+            self._advance(run, e + 1, e + 1)
+            self._exit(run, e)
+            x += 1
+            run.next_exit = x
         self._advance(run, sched_upto, done_upto)
+        if run.n_done > done_before:  # the staying requests' state, once
+            self._set_members(run, run.n_done)
 
     def _exit(self, run: DecodeRun, e: int) -> None:
         """The requests whose last pass is ``e`` complete (their blocks are released) and leave the batch."""
@@ -573,9 +558,9 @@ class EngineWorker:
                 req.num_generated = g + b
                 req.last_token_ms = last_end
 
-    def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int, members: bool = True) -> None:
-        """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving
-        (``members`` False: the batch's requests' own state is left for the caller to set)."""
+    def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
+        """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving:
+        blocks, gaps and token counts (the batch's requests' own state is ``_set_members``')."""
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
         if self.records_kv_events:
             if run.held_events is not None and done_upto >= run.n_sched:
@@ -600,7 +585,6 @@ class EngineWorker:
         ends = run.ends
         gaps = self.gaps
         start = run.start_ms
-        last_end = ends[b - 1]
         first_end = ends[0]
         pooled0 = 0
         if a == 0:  # the run's first pass: each request's gap since its last token before the run
@@ -612,12 +596,7 @@ class EngineWorker:
                         gaps.individual.append(first_end - req.last_token_ms)
                     if g == 1:
                         req.second_token_ms = first_end
-        for rank, batch, c0, g0, _ in run.ranks:
-            if members:
-                for req, c, g in zip(batch, c0, g0):
-                    req.num_computed = c + b
-                    req.num_generated = g + b
-                    req.last_token_ms = last_end
+        for rank, batch, _, _, _ in run.ranks:
             rank.num_generated_tokens += len(batch) * (b - a)
         if pooled0:
             gaps.pooled_values.append(first_end - start)
