@@ -732,14 +732,14 @@ def run(argv: list[str] | None = None) -> None:
     (pydantic's plugin discovery off unless ``PYDANTIC_DISABLE_PLUGINS`` is set).
 
     After a command of ``_FAST_EXIT_COMMANDS`` the process ends without tearing the interpreter
-    down (freeing every module and object: ~0.1 s, a tenth of a quickstart run), as mypy does:
+    down (freeing every module and object: ~0.1 s, a sixth of a quickstart run), as mypy does:
     what a normal exit does that anyone can see still happens (the exit handlers run, both
     streams are flushed, the exit code is kept). A normal exit instead when another non-daemon
     thread is alive (a normal exit waits for it), when a stream cannot be flushed (a closed
     pipe: Python's own message and exit code), or with ``AISIM_FULL_EXIT=1``."""
     args = sys.argv[1:] if argv is None else argv
     # pydantic looks for its plugins (observability hooks) by reading the entry points of every
-    # installed distribution when the first model is built: ~0.1 s of every command, for hooks
+    # installed distribution when the first model is built: ~40 ms of every command, for hooks
     # aisim has no use for. A value the user set is kept (PYDANTIC_DISABLE_PLUGINS= enables them).
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     code = main(argv)

@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable
 
-
 from actors.engine.host import (
     EV_DRAINED,
     EV_FIRST_TOKEN,
