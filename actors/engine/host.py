@@ -235,7 +235,7 @@ class WorkerHost:
         inputs_of = self._inputs_of
         for wid in dirty:
             inputs = inputs_of[wid]
-            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else self._hint)
+            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None, self._hint)
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:

@@ -282,21 +282,23 @@ class EngineWorker:
         return out
 
     # -- passes ---------------------------------------------------------------------
-    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None) -> tuple[float | None, list[Request]]:
+    def start_if_idle(self, now_ms: float, horizon_ms: float | None = None,
+                      hint_ms: float | None = None) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
-        end = self.start(now_ms, horizon_ms)
+        end = self.start(now_ms, horizon_ms, hint_ms)
         return end, self.take_rejected()
 
-    def start(self, now_ms: float, horizon_ms: float | None = None) -> float | None:
+    def start(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
 
-        ``horizon_ms``: where a run's pass end times are computed up to (the next request known
-        to arrive here, or the earliest one may), None if unknown; it changes no result."""
+        ``horizon_ms``: when the next request is known to arrive here (a run's pass end times
+        are computed up to it), None if unknown; ``hint_ms``: without one, the earliest a request
+        may arrive. Neither changes any result."""
         assert not self.busy
         if self._runs:
-            run = self._plan_run(now_ms, horizon_ms)
+            run = self._plan_run(now_ms, horizon_ms, hint_ms)
             if run is not None:
                 self._run = run
                 self.busy = True
@@ -336,7 +338,7 @@ class EngineWorker:
         run = self._run
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
-                self._extend(run, horizon_ms if horizon_ms is not None else hint_ms)
+                self._extend(run, horizon_ms, hint_ms)
                 self.pass_end_ms = run.end_ms
                 return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)
@@ -433,7 +435,7 @@ class EngineWorker:
             self._apply_run(run, max(started, run.n_sched), done)
 
     # -- fast-forward ---------------------------------------------------------------
-    def _plan_run(self, now_ms: float, horizon_ms: float | None) -> DecodeRun | None:
+    def _plan_run(self, now_ms: float, horizon_ms: float | None, hint_ms: float | None) -> DecodeRun | None:
         k = self.max_run_passes
         plans = []
         for rank in self.ranks:
@@ -452,18 +454,30 @@ class EngineWorker:
             entries.append([rank, batch, c0, g0, remaining])
             segments[id(rank)] = _Segments(known, remaining, k)
         run = DecodeRun(now_ms, k, entries, segments)
-        self._extend(run, horizon_ms)
+        self._extend(run, horizon_ms, hint_ms)
         return run
 
-    def _extend(self, run: DecodeRun, horizon_ms: float | None) -> None:
+    def _extend(self, run: DecodeRun, horizon_ms: float | None, hint_ms: float | None = None) -> None:
         """Compute the end times of the run's next passes: up to the one in progress at
-        ``horizon_ms`` when known, else as many as so far (at least 32); the results do not
-        depend on the chunks (each end is the previous end plus its duration)."""
+        ``horizon_ms`` (the next known input) when known; else, with ``hint_ms`` (the earliest
+        an input may come), a chunk as long as the passes so far (at least 8), no further than
+        about the hint; else as many as so far (at least 32). The results do not depend on the
+        chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
-        # a first chunk, then about as many as reach the horizon (a short one when it is known:
-        # runs are often cut a few passes in, and each pass computed costs its segments)
-        upto = m + (8 if horizon_ms is not None else max(32, m))
+        if horizon_ms is not None:
+            # a short first chunk (runs are often cut a few passes in, and each pass computed
+            # costs its segments), then about as many as reach the horizon
+            upto = m + 8
+        elif hint_ms is not None:
+            # an input may cut the run anywhere before the hint: what is computed past the cut
+            # is lost, so the chunks grow geometrically (at most about as many lost as kept)
+            upto = m + max(8, m)
+            if m and hint_ms > ends[-1] > run.start_ms:
+                last = ends[-1]
+                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - run.start_ms)))
+        else:
+            upto = m + max(32, m)
         while True:
             upto = min(upto, run.num_planned)
             durations = None

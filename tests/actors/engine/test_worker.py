@@ -50,3 +50,59 @@ def test_fast_forward_equals_stepping(trace, name):
 def test_preemption_case_really_preempts(trace):
     rep = run_trace_replay(str(trace), **CASES["tiny cache, preemptions"])
     assert rep.summary["num_preemptions"] > 0
+
+
+# -- how far ahead a run computes its pass end times (never changes a result) ----------------
+
+def _run_worker():
+    from actors.engine.scheduler import RankScheduler, SchedulerConfig
+    from actors.engine.timing import FixedTiming
+    from actors.engine.worker import EngineWorker
+
+    cfg = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=100, enable_prefix_caching=False)
+    return EngineWorker(0, [RankScheduler(cfg, FixedTiming(100, 10))], fast_forward=True)
+
+
+def _drive(hint_ms, late_ms=None):
+    """Two requests at 0 (100-token prompts, 300 and 200 tokens out: one prefill pass of 100 ms,
+    then a decode run of 10 ms passes), a third arriving at ``late_ms`` (unknown to the worker
+    until then); every start and pass end is told ``hint_ms``. Returns the completions
+    (index, end) and the number of pass end times the first run had computed when it started."""
+    from actors.engine.request import Request
+
+    w = _run_worker()
+    for i, out in enumerate((300, 200)):
+        w.enqueue(Request(i, None, 0.0, 100, out), 0, 0.0)
+    end, _ = w.start_if_idle(0.0, None, hint_ms)
+    first_chunk = None
+    done = []
+    late = None if late_ms is None else Request(2, None, late_ms, 100, 20)
+    while end is not None:
+        if late is not None and late.arrival_ms <= end:
+            cut = w.enqueue(late, 0, late.arrival_ms)
+            late = None
+            end = cut if cut is not None else end
+            continue
+        done.extend(w.finish(end, None, hint_ms))
+        if w.busy:
+            end = w.pass_end_ms
+            continue
+        t = end
+        end, _ = w.start_if_idle(t, None, hint_ms)
+        if w._run is not None and first_chunk is None:
+            first_chunk = w._run.num_passes
+    return [(r.index, r.terminal_ms) for r in done], first_chunk
+
+
+def test_a_run_without_a_known_input_computes_its_end_times_in_growing_chunks():
+    # a far hint (the earliest an input may come): a first chunk of 8 passes, not the 199 up to the
+    # first completion; the chunks grow geometrically; no hint: 32; the completions never change
+    far, chunk_far = _drive(hint_ms=5_000.0)
+    none, chunk_none = _drive(hint_ms=None)
+    near, _ = _drive(hint_ms=150.0)
+    assert chunk_far == 8 and chunk_none == 32
+    assert far == none == near == [(1, 100.0 + 199 * 10.0), (0, 100.0 + 299 * 10.0)]
+    # an input the worker did not know of cuts the run wherever its end times were computed to
+    cut_far, _ = _drive(hint_ms=5_000.0, late_ms=455.0)
+    cut_none, _ = _drive(hint_ms=None, late_ms=455.0)
+    assert cut_far == cut_none and len(cut_far) == 3
