@@ -186,7 +186,8 @@ class WorkerHost:
                 self._handed_off = True
         if worker.kv_events:
             self._take_kv(wid, worker)
-        self._dirty.add(wid)
+        if not worker.busy:  # (a run that went on has nothing to start)
+            self._dirty.add(wid)
         self._touched.add(wid)
         if wid in self._draining:
             self._check_drain(wid, t, PH_PASS_END, wid)

@@ -459,25 +459,22 @@ class EngineWorker:
 
     def _extend(self, run: DecodeRun, horizon_ms: float | None, hint_ms: float | None = None) -> None:
         """Compute the end times of the run's next passes: up to the one in progress at
-        ``horizon_ms`` (the next known input) when known; else, with ``hint_ms`` (the earliest
-        an input may come), a chunk as long as the passes so far (at least 8), no further than
-        about the hint; else as many as so far (at least 32). The results do not depend on the
-        chunks (each end is the previous end plus its duration)."""
+        ``horizon_ms`` (the next known input) when known; else as many as so far (at least 32),
+        and with ``hint_ms`` (the earliest an input may come) no further than about the hint.
+        The results do not depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
         if horizon_ms is not None:
             # a short first chunk (runs are often cut a few passes in, and each pass computed
             # costs its segments), then about as many as reach the horizon
             upto = m + 8
-        elif hint_ms is not None:
-            # an input may cut the run anywhere before the hint: what is computed past the cut
-            # is lost, so the chunks grow geometrically (at most about as many lost as kept)
-            upto = m + max(8, m)
-            if m and hint_ms > ends[-1] > run.start_ms:
+        else:
+            # an input nobody knows of yet may cut the run anywhere: what is computed past the
+            # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)
+            upto = m + max(32, m)
+            if hint_ms is not None and m and hint_ms > ends[-1] > run.start_ms:
                 last = ends[-1]
                 upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - run.start_ms)))
-        else:
-            upto = m + max(32, m)
         while True:
             upto = min(upto, run.num_planned)
             durations = None

@@ -95,12 +95,13 @@ def _drive(hint_ms, late_ms=None):
 
 
 def test_a_run_without_a_known_input_computes_its_end_times_in_growing_chunks():
-    # a far hint (the earliest an input may come): a first chunk of 8 passes, not the 199 up to the
-    # first completion; the chunks grow geometrically; no hint: 32; the completions never change
+    # a far hint (the earliest an input may come) is no horizon: a first chunk of 32 passes, as
+    # without one, not the 299 up to the hint; the chunks grow geometrically; the completions
+    # never change
     far, chunk_far = _drive(hint_ms=5_000.0)
     none, chunk_none = _drive(hint_ms=None)
     near, _ = _drive(hint_ms=150.0)
-    assert chunk_far == 8 and chunk_none == 32
+    assert chunk_far == chunk_none == 32
     assert far == none == near == [(1, 100.0 + 199 * 10.0), (0, 100.0 + 299 * 10.0)]
     # an input the worker did not know of cuts the run wherever its end times were computed to
     cut_far, _ = _drive(hint_ms=5_000.0, late_ms=455.0)
