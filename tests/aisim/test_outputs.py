@@ -61,16 +61,26 @@ def siblings(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.aisim-"))
 
 
-@pytest.fixture(scope="module")
-def big_trace(tmp_path_factory) -> Path:
-    """The bundled slice four times over (4,000 requests): a run long enough to signal mid-way."""
+def _repeated_slice(path: Path, times: int) -> Path:
     rows = [json.loads(line) for line in SLICE.read_text().splitlines()]
-    path = tmp_path_factory.mktemp("trace") / "big.jsonl"
     with path.open("w") as fh:
-        for k in range(4):
+        for k in range(times):
             for r in rows:
                 fh.write(json.dumps({**r, "timestamp": r["timestamp"] + k * 340_000}) + "\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory) -> Path:
+    """The bundled slice four times over (4,000 requests): a run long enough to signal mid-way."""
+    return _repeated_slice(tmp_path_factory.mktemp("trace") / "big.jsonl", 4)
+
+
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory) -> Path:
+    """The bundled slice sixteen times over (16,000 requests): a simulation that lasts seconds
+    even on a fast machine (the 4,000-request run ends within a second on some)."""
+    return _repeated_slice(tmp_path_factory.mktemp("trace") / "long.jsonl", 16)
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +144,12 @@ def test_a_signal_while_writing_keeps_the_previous_outputs(out, big_trace, sig, 
     assert siblings(out) == []  # no staging directory, no lock file
 
 
-def test_sigint_during_the_simulation_keeps_the_previous_outputs(out, big_trace):
+def test_sigint_during_the_simulation_keeps_the_previous_outputs(out, long_trace):
     before = snapshot(out)
-    proc = big_run(out, big_trace)
+    proc = big_run(out, long_trace)
     staging = out.parent / f".{out.name}.aisim-tmp-{proc.pid}"
     wait_for(staging.exists, proc)
-    time.sleep(1.0)  # loading the trace, simulating
+    time.sleep(0.5)  # loading the trace, simulating (seconds of it)
     assert not os.listdir(staging)  # nothing written yet
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
