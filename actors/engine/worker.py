@@ -334,7 +334,8 @@ class EngineWorker:
         says when). A run with more passes planned, and not cut short, goes on instead (the
         worker stays busy, ``pass_end_ms`` is its new end). ``horizon_ms``: when the next request
         is known to arrive here (the run is not cut short before it), None if unknown; ``hint_ms``:
-        without one, the earliest a request may arrive (where end times are computed up to)."""
+        without one, the earliest a request may arrive (end times are computed no further than
+        about it). Neither changes any result."""
         run = self._run
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):

@@ -7,6 +7,10 @@ import json
 
 import pytest
 
+from actors.engine.request import Request
+from actors.engine.scheduler import RankScheduler, SchedulerConfig
+from actors.engine.timing import FixedTiming
+from actors.engine.worker import EngineWorker
 from simulator.metrics.output import canonical_json
 from simulator.replay import run_trace_replay
 from tests.conftest import SLICE
@@ -55,10 +59,6 @@ def test_preemption_case_really_preempts(trace):
 # -- how far ahead a run computes its pass end times (never changes a result) ----------------
 
 def _run_worker():
-    from actors.engine.scheduler import RankScheduler, SchedulerConfig
-    from actors.engine.timing import FixedTiming
-    from actors.engine.worker import EngineWorker
-
     cfg = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=100, enable_prefix_caching=False)
     return EngineWorker(0, [RankScheduler(cfg, FixedTiming(100, 10))], fast_forward=True)
 
@@ -68,8 +68,6 @@ def _drive(hint_ms, late_ms=None):
     then a decode run of 10 ms passes), a third arriving at ``late_ms`` (unknown to the worker
     until then); every start and pass end is told ``hint_ms``. Returns the completions
     (index, end) and the number of pass end times the first run had computed when it started."""
-    from actors.engine.request import Request
-
     w = _run_worker()
     for i, out in enumerate((300, 200)):
         w.enqueue(Request(i, None, 0.0, 100, out), 0, 0.0)
