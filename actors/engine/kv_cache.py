@@ -258,12 +258,48 @@ class KVCache:
                     return None
         if total > 0 and not self.reserve(total):
             return False
+        events = self.events
+        num_single = 0  # one-block registrations done inline (below)
         for req, target in items:
             need = -(-target // bs) - req.num_held - req.num_private
             if need > 0:
                 req.num_private += need
-            if caching and target // bs > req.num_full_registered:
-                self.register(req, req.hashes, target // bs)
+            if not caching:
+                continue
+            full = target // bs
+            pos = req.num_full_registered
+            if full != pos + 1 or req.hashes[pos] in heads:
+                if full > pos:
+                    self.register(req, req.hashes, full)
+                continue
+            # register()'s one-new-block case (no private copy behind it: checked above), with
+            # _store's append to a run the request holds alone
+            h = req.hashes[pos]
+            req.num_full_registered = full
+            self._seq += 1
+            held = req.held
+            if held:
+                own, n = held[-1]
+                if own.holders == 1 and own.tail is None and len(own.keys) == n:
+                    own.marks.append((n, self._seq, 0))
+                    own.keys.append(h)
+                    held[-1] = (own, n + 1)
+                else:
+                    own = _Run([h], 1, [(0, self._seq, 0)])
+                    heads[h] = own
+                    held.append((own, 1))
+            else:
+                own = _Run([h], 1, [(0, self._seq, 0)])
+                heads[h] = own
+                held.append((own, 1))
+            req.num_held += 1
+            req.num_private -= 1
+            num_single += 1
+            if events is not None:
+                events.append((STORED, [h]))
+        if num_single:
+            self.num_private -= num_single
+            self.num_active_shared += num_single
         return True
 
     def reserve(self, num_blocks: int) -> bool:
