@@ -127,6 +127,19 @@ class RankScheduler:
         cl = config.context_length
         self.context_limit = cl if cl is not None else 1 << 62  # prompts >= it are rejected; generation stops at it
         self._lifo = config.preemption_mode == "lifo"
+        # The lead of the last pass (its leading decode requests), kept for the next pass: when
+        # that pass finished and nothing else ran since (``_lead_at`` is the pass count then) and
+        # the running list still starts with the same requests, each of them is one token
+        # further and holds the same blocks unless it grew, so the next pass takes them as they
+        # are (see ``_cached_lead``): its sums follow from the last ones, and only the requests
+        # due for a block (``_lead_due``: pass count -> [(lead position, request)], built on the
+        # first reuse) are looked at.
+        self._lead: list[Request] | None = None
+        self._lead_items: list = []
+        self._lead_kv = self._lead_sq = 0
+        self._lead_due: dict[int, list] | None = None
+        self._lead_pass: RankPass | None = None  # the pass that took the lead (finish() checks it)
+        self._lead_at = -1
 
     # -- queue ------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -157,27 +170,20 @@ class RankScheduler:
         num_decode = decode_kv = sq_kv = 0
         i = num_lead = 0
         num_running = len(running)
+        lead = self._lead
+        self._lead = None  # (kept below when this pass takes a lead)
         if num_running:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
-            decoding = [r.prefill_done for r in running]
-            d = num_running if all(decoding) else decoding.index(False)
-            if 0 < d <= budget:
-                lead = running[:d]
-                # kv.grow's test for c + 1 tokens: ceil((c + 1) / bs) > held + private blocks, or
-                # (c + 1) // bs > registered full blocks (prefix caching); integer forms of it
-                last = bs - 1
-                grow = [(r, r.num_computed + 1) for r in lead
-                        if r.num_computed >= (r.num_held + r.num_private) * bs
-                        or (caching and r.num_computed >= r.num_full_registered * bs + last)]
-                if not grow or kv.grow_decode(grow):
-                    known = [r.prompt_len + r.num_generated for r in lead]
-                    items = [(r, 1) for r in lead]
-                    budget -= d
-                    i = num_lead = d
-                    num_decode = d
-                    decode_kv = sum(known)
-                    sq_kv = sum(map(mul, known, known))
+            if lead is not None and self._lead_at == self.pass_count and running[: len(lead)] == lead:
+                taken = self._cached_lead(lead, budget)
+            else:
+                taken = self._new_lead(budget)
+            if taken is not None:
+                items, decode_kv, sq_kv = taken
+                d = len(items)
+                budget -= d
+                i = num_lead = num_decode = d
         while i < num_running and budget > 0:
             req = running[i]
             known = req.prompt_len + req.num_generated
@@ -297,7 +303,112 @@ class RankScheduler:
         self.num_preemptions += num_preempted
         var_p = sq_new / num_prefill - (new_tokens / num_prefill) ** 2 if num_prefill else 0.0
         var_d = sq_kv / num_decode - (decode_kv / num_decode) ** 2 if num_decode else 0.0
-        return RankPass(items, shape, duration, num_preempted, var_p, var_d, num_lead)
+        rp = RankPass(items, shape, duration, num_preempted, var_p, var_d, num_lead)
+        if self._lead is not None:
+            if num_lead == len(self._lead):
+                self._lead_pass = rp
+            else:  # (a FIFO preemption took a lead request back)
+                self._lead = None
+        return rp
+
+    def _new_lead(self, budget: int) -> tuple | None:
+        """The leading decode requests of ``running``, their blocks grown for one more token:
+        (items, their KV tokens, sum of squares), kept as ``_lead``; None (changing nothing)
+        when there are none, they exceed ``budget`` or a block they need is not there."""
+        running = self.running
+        decoding = [r.prefill_done for r in running]
+        d = len(running) if all(decoding) else decoding.index(False)
+        if not 0 < d <= budget:
+            return None
+        lead = running[:d]
+        bs = self.config.block_size
+        caching = self.kv.prefix_caching
+        # kv.grow's test for c + 1 tokens: ceil((c + 1) / bs) > held + private blocks, or
+        # (c + 1) // bs > registered full blocks (prefix caching); integer forms of it
+        last = bs - 1
+        grow = [(r, r.num_computed + 1) for r in lead
+                if r.num_computed >= (r.num_held + r.num_private) * bs
+                or (caching and r.num_computed >= r.num_full_registered * bs + last)]
+        if grow and not self.kv.grow_decode(grow):
+            return None
+        known = [r.prompt_len + r.num_generated for r in lead]
+        items = [(r, 1) for r in lead]
+        self._lead = lead
+        self._lead_items = items
+        self._lead_kv = kv = sum(known)
+        self._lead_sq = sq = sum(map(mul, known, known))
+        self._lead_due = None
+        return items[:], kv, sq
+
+    def _cached_lead(self, lead: list, budget: int) -> tuple | None:
+        """``_new_lead`` when the last pass's lead leads again, each request one token further
+        (and any that finished their prompt in it appended): the same outcome from the kept sums
+        and the requests due for a block."""
+        running = self.running
+        d0 = len(lead)
+        d = d0
+        n = len(running)
+        while d < n and running[d].prefill_done:
+            d += 1
+        if d > budget:
+            return self._new_lead(budget)
+        q = self.pass_count
+        due = self._lead_due
+        if due is None:
+            due = self._lead_due = {}
+            self._add_due(enumerate(lead), q)
+        # every request of the lead generated one token since: k -> k + 1
+        kv = self._lead_kv
+        sq = self._lead_sq + 2 * kv + d0
+        kv += d0
+        if d > d0:
+            new = running[d0:d]
+            known = [r.prompt_len + r.num_generated for r in new]
+            kv += sum(known)
+            sq += sum(map(mul, known, known))
+            self._add_due(enumerate(new, d0), q)
+            lead = lead + new
+            self._lead_items = self._lead_items + [(r, 1) for r in new]
+        now = due.pop(q, None)
+        if now is not None:
+            now.sort()  # lead order: the order of the registrations (KV events, insertion order)
+            bs = self.config.block_size
+            caching = self.kv.prefix_caching
+            last = bs - 1
+            grow = [(r, r.num_computed + 1) for _, r in now
+                    if r.num_computed >= (r.num_held + r.num_private) * bs
+                    or (caching and r.num_computed >= r.num_full_registered * bs + last)]
+            if grow and not self.kv.grow_decode(grow):
+                return None  # (the lead is dropped: the caller schedules one by one)
+            self._add_due(now, q, after=True)
+        self._lead = lead
+        self._lead_kv = kv
+        self._lead_sq = sq
+        return self._lead_items[:], kv, sq
+
+    def _add_due(self, entries, q: int, after: bool = False) -> None:
+        """File lead requests ``(position, request)`` under the pass count at which each next
+        needs a block (``q``: this pass's; ``after``: their blocks for it are there)."""
+        due = self._lead_due
+        bs = self.config.block_size
+        caching = self.kv.prefix_caching
+        first = q + 1 if after else q
+        for e in entries:
+            r = e[1]
+            c = r.num_computed
+            # the first pass (one token each) at which kv.grow's test above holds
+            k = q + (r.num_held + r.num_private) * bs - c
+            if caching:
+                k2 = q + r.num_full_registered * bs + bs - 1 - c
+                if k2 < k:
+                    k = k2
+            if k < first:
+                k = first
+            b = due.get(k)
+            if b is None:
+                due[k] = [e]
+            else:
+                b.append(e)
 
     def _never_fits(self, req: Request) -> str | None:
         """The reason code (``REJECT_*``, truthy) when ``req`` can never run here, else None."""
@@ -349,6 +460,8 @@ class RankScheduler:
         self.last_pass = (end_ms - start_ms, sh.num_prefill, sh.prefill_new_tokens, sh.prefill_sum_prefix,
                           rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
         self.pass_count += 1
+        if rp is self._lead_pass:
+            self._lead_at = self.pass_count
         items = rp.items
         lead = rp.num_lead
         if lead:
