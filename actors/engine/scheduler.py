@@ -540,17 +540,15 @@ class RankScheduler:
         """Drop finished requests from the running list (in order): completed ones release
         their blocks, handed-off ones keep them until their transfer completes."""
         kv = self.kv
-        keep = []
-        for req in self.running:
-            if req.status == RUNNING:
-                keep.append(req)
-            elif req.status == COMPLETED:
+        running = self.running
+        for req in [r for r in running if r.status != RUNNING]:
+            if req.status == COMPLETED:
                 kv.release(req)
                 req.hashes = None
                 completed.append(req)
             else:  # HANDED_OFF
                 self.handoffs.append(req)
-        self.running = keep
+        self.running = [r for r in running if r.status == RUNNING]
 
     def queue_stats(self) -> tuple:
         """(prefill requests, their prompt tokens, variance; decode requests, their KV tokens, variance)

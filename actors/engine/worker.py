@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from itertools import accumulate
+from itertools import accumulate, compress
 from typing import NamedTuple
 
 from actors.engine.request import COMPLETED, Request
@@ -543,20 +543,19 @@ class EngineWorker:
             rank, batch, c0, g0, remaining = entry
             if left not in remaining:
                 continue
-            keep = [i for i, r in enumerate(remaining) if r != left]
-            for i, r in enumerate(remaining):
-                if r == left:
-                    req = batch[i]
-                    req.num_computed = c0[i] + left
-                    req.num_generated = g0[i] + left
-                    req.last_token_ms = end
-                    req.status = COMPLETED
-                    req.terminal_ms = end
+            stay = [r != left for r in remaining]
+            for i in [i for i, r in enumerate(remaining) if r == left]:
+                req = batch[i]
+                req.num_computed = c0[i] + left
+                req.num_generated = g0[i] + left
+                req.last_token_ms = end
+                req.status = COMPLETED
+                req.terminal_ms = end
             rank.reap_completed(self.exits)
-            entry[1] = [batch[i] for i in keep]
-            entry[2] = [c0[i] for i in keep]
-            entry[3] = [g0[i] for i in keep]
-            entry[4] = [remaining[i] for i in keep]
+            entry[1] = list(compress(batch, stay))
+            entry[2] = list(compress(c0, stay))
+            entry[3] = list(compress(g0, stay))
+            entry[4] = list(compress(remaining, stay))
         run.batch_size = sum(len(entry[1]) for entry in run.ranks)
         if self.timeline is not None:
             self._sample(end)

@@ -34,7 +34,24 @@ def distinct_sorted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray
     values, weights = values[keep], weights[keep]
     if len(values) == 0:
         return values, weights
-    order = np.argsort(values, kind="stable")  # (timsort: faster here on gaps, which come in sorted stretches)
+    if weights.max() < 1 << 15:
+        # Token gaps have few distinct weights (batch sizes): per weight, sort the values alone
+        # (no index array) and count repeats, then merge those sorted, shorter lists
+        order = np.argsort(weights.astype(np.int16), kind="stable")  # (a radix sort)
+        ws = weights[order]
+        vs = values[order]
+        del order
+        bounds = np.concatenate(([0], np.flatnonzero(ws[1:] != ws[:-1]) + 1, [len(ws)])).tolist()
+        parts_v = []
+        parts_w = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            s = np.sort(vs[a:b])
+            starts = np.concatenate(([0], np.flatnonzero(s[1:] != s[:-1]) + 1))
+            parts_v.append(s[starts])
+            parts_w.append(np.diff(starts, append=len(s)) * ws[a])
+        values = np.concatenate(parts_v)
+        weights = np.concatenate(parts_w)
+    order = np.argsort(values, kind="stable")  # (timsort: fast on sorted stretches)
     v = values[order]
     w = weights[order]
     del order

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.metrics.stats import plain_stats, weighted_stats
+from simulator.metrics.stats import distinct_sorted, plain_stats, weighted_stats
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -32,3 +32,18 @@ def test_order_does_not_matter_bit_for_bit():
 def test_empty_and_nan():
     assert plain_stats(np.array([np.nan]))["mean"] is None
     assert plain_stats(np.array([2.0, np.nan, 4.0]))["median"] == 3.0
+
+
+@pytest.mark.parametrize("max_weight", [1, 5, 300, 1 << 16])
+def test_distinct_sorted_is_the_expanded_sample_counted(max_weight):
+    """Few distinct weights (sorted per weight, then merged) or weights too large for that path:
+    the same distinct values and total weights as counting the expanded sample."""
+    rng = np.random.default_rng(max_weight)
+    for _ in range(50):
+        n = int(rng.integers(0, 80))
+        values = rng.integers(0, 12, n) / 4.0
+        weights = rng.choice([0, 1, max_weight, max(1, max_weight // 2)], n).astype(np.int64)
+        got_v, got_w = distinct_sorted(values, weights)
+        want_v, want_w = np.unique(np.repeat(values, weights), return_counts=True)
+        assert got_v.tolist() == want_v.tolist() and got_w.tolist() == want_w.tolist()
+        assert got_v.dtype == np.float64 and got_w.dtype == np.int64
