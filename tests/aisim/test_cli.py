@@ -137,6 +137,33 @@ def test_slow_initialisation_still_times_out(tmp_path, monkeypatch, capsys):
     assert "initialisation took" in err and "initialization_timeout_seconds" in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_setup_runs_without_garbage_collection_and_the_replay_with_it(tmp_path, monkeypatch, capsys):
+    import gc
+
+    import simulator.replay
+    from aisim import cli
+
+    seen = {}
+    plan_from_config, run_plan = simulator.replay.plan_from_config, simulator.replay.run_plan
+
+    def plan(*a, **k):
+        seen["plan"] = gc.isenabled()
+        return plan_from_config(*a, **k)
+
+    def run(*a, **k):
+        seen["run"] = gc.isenabled()
+        return run_plan(*a, **k)
+
+    monkeypatch.setattr(simulator.replay, "plan_from_config", plan)
+    monkeypatch.setattr(simulator.replay, "run_plan", run)
+    assert gc.isenabled()
+    assert cli.main(_small_predict(tmp_path, 30)) == 0, capsys.readouterr().err
+    assert seen == {"plan": False, "run": True} and gc.isenabled()
+    # a failing setup leaves the collector as it found it
+    assert cli.main(["predict", "--set", "traffic.source.paths=[missing.jsonl]"]) == 2
+    assert gc.isenabled()
+
+
 def test_worker_timeline_csv_covers_every_worker_and_needs_an_output_dir(tmp_path):
     out = tmp_path / "out"
     p = aisim("predict", "--output-dir", str(out), "--capture-worker-timeline",
