@@ -245,14 +245,10 @@ class RankScheduler:
                         waiting.popleft()
                         self._reject(req, now_ms, why)
                         continue
-                hashes = req.block_hashes(bs) if cfg.enable_prefix_caching else None
-                if hashes is not None:
-                    num_hits, active_hits, hits = kv.match_prefix(hashes, (known - 1) // bs)
-                else:
-                    num_hits, active_hits, hits = 0, 0, []
-                if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
+                fit = self._fit(req, known)
+                if fit is None:
                     break
-                reused = num_hits * bs
+                hashes, reused, hits = fit
                 if req.materialized:
                     # transferred KV: the prompt is computed but its last token, whose decode
                     # step emits the client-visible first token
@@ -263,19 +259,8 @@ class RankScheduler:
                         if not chunked:
                             break
                         n = budget
-                waiting.popleft()
-                kv.acquire(req, hits)
-                req.num_computed = start
-                if not kv.grow(req, start + n, hashes):  # cannot happen after the test above
-                    kv.release(req)
-                    req.num_computed = 0
-                    waiting.appendleft(req)
+                if not self._admit(req, fit, start, n, now_ms):
                     break
-                req.status = RUNNING
-                req.admissions.append((now_ms, reused, self.pool_label))
-                if req.first_admit_ms is None:
-                    req.first_admit_ms = now_ms
-                running.append(req)
                 items.append((req, n))
                 budget -= n
                 if req.prefill_done:  # (a transferred request arrives with its prompt done)
@@ -409,6 +394,40 @@ class RankScheduler:
                 due[k] = [e]
             else:
                 b.append(e)
+
+    def _fit(self, req: Request, known: int) -> tuple | None:
+        """The waiting head's cached prefix when its whole sequence fits in the blocks not held
+        by live requests (its active cached blocks aside): (hashes, reused tokens, hit); else None."""
+        kv = self.kv
+        bs = self.config.block_size
+        hashes = req.block_hashes(bs) if self.config.enable_prefix_caching else None
+        if hashes is not None:
+            num_hits, active_hits, hits = kv.match_prefix(hashes, (known - 1) // bs)
+        else:
+            num_hits, active_hits, hits = 0, 0, []
+        if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
+            return None
+        return hashes, num_hits * bs, hits
+
+    def _admit(self, req: Request, fit: tuple, start: int, n: int, now_ms: float) -> bool:
+        """Admit the waiting head with ``fit`` (``_fit``'s), ``start`` tokens computed and blocks
+        for ``n`` more; False (changing nothing) if the blocks are not there."""
+        hashes, reused, hits = fit
+        kv = self.kv
+        self.waiting.popleft()
+        kv.acquire(req, hits)
+        req.num_computed = start
+        if not kv.grow(req, start + n, hashes):  # cannot happen after _fit's test
+            kv.release(req)
+            req.num_computed = 0
+            self.waiting.appendleft(req)
+            return False
+        req.status = RUNNING
+        req.admissions.append((now_ms, reused, self.pool_label))
+        if req.first_admit_ms is None:
+            req.first_admit_ms = now_ms
+        self.running.append(req)
+        return True
 
     def _never_fits(self, req: Request) -> str | None:
         """The reason code (``REJECT_*``, truthy) when ``req`` can never run here, else None."""
@@ -600,19 +619,26 @@ class RankScheduler:
             return None
         k = min(max_passes, max(remaining) if not self.waiting else first)
         c0 = [r.num_computed for r in running]
-        bs = cfg.block_size
+        k = self.blocks_bound(c0, remaining, k)
+        if k <= 0:
+            return None
+        return k, list(running), c0, g0, known, remaining
+
+    def blocks_bound(self, computed: list[int], remaining: list[int], k: int) -> int:
+        """At most ``k`` decode passes of requests with ``computed`` tokens, request i leaving
+        after ``remaining[i]`` of them, before one would need a block that is not free or
+        evictable now (releases at completions only add room)."""
+        bs = self.config.block_size
         avail = self.kv.num_reclaimable
         # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0;
-        # each request needs at most k // bs + 1 of them (releases at completions only add room)
-        if n * (k // bs + 1) > avail:
-            firsts = [(-c) % bs for c in c0]
+        # each request needs at most k // bs + 1 of them
+        if len(computed) * (k // bs + 1) > avail:
+            firsts = [(-c) % bs for c in computed]
             ends = [r if r < k else k for r in remaining]
             total = sum([(e - 1 - a) // bs + 1 for a, e in zip(firsts, ends) if a < e])
             if total > avail:
                 k = sorted(j for a, e in zip(firsts, ends) for j in range(a, e, bs))[avail]
-                if k <= 0:
-                    return None
-        return k, list(running), c0, g0, known, remaining
+        return k
 
     def _admission_blocked(self, num_running: int) -> bool:
         """No waiting request can be admitted (and none rejected) while the batch decodes.
@@ -625,9 +651,4 @@ class RankScheduler:
         req = waiting[0]
         if req.num_generated == 0 and self._never_fits(req):
             return False
-        known = req.prompt_len + req.num_generated
-        bs = cfg.block_size
-        active_hits = 0
-        if cfg.enable_prefix_caching:
-            _, active_hits, _ = self.kv.match_prefix(req.block_hashes(bs), (known - 1) // bs)
-        return -(-known // bs) - active_hits > self.kv.capacity - self.kv.num_active
+        return self._fit(req, req.prompt_len + req.num_generated) is None

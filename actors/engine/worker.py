@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from actors.engine.request import COMPLETED, Request
 from actors.engine.scheduler import GapSink, RankPass, RankScheduler
+from actors.engine.timing import PassShape
 
 MAX_RUN_PASSES = 4096
 
@@ -46,7 +47,7 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit")
+                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joins", "base")
 
     def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
         self.start_ms = start_ms
@@ -64,6 +65,12 @@ class DecodeRun:
         self.segments = segments
         self.exit_passes: list[int] = []  # sorted passes after which some request leaves (as far as built)
         self.next_exit = 0  # first entry of exit_passes not applied yet
+        self.bound = num_planned  # passes whose blocks are sure to be there (an input may cut num_planned)
+        # requests that joined the batch (EngineWorker._join), not applied yet: (pass j, request,
+        # prompt tokens committed at j: 1 or 0; None once its first token is applied): pass j is
+        # its prompt's last step (its first token), it decodes from pass j + 1 (its second)
+        self.joins: list[tuple] = []
+        self.base = 0  # the pass from which the end times are computed in growing chunks (_extend)
 
     @property
     def end_ms(self) -> float:
@@ -121,6 +128,11 @@ class EngineWorker:
         self._interval = cfg.prefill_schedule_interval if len(ranks) > 1 else 1
         # whether a pass may start a decode run (a prefill role never decodes)
         self._runs = fast_forward and self._interval == 1 and not cfg.prefill_only
+        # whether a request whose KV was transferred here may join a run instead of ending it
+        # (one rank; no timeline, queue tracking or KV events, which a joining pass would have
+        # to record as a general pass does): see _join
+        self._joins = self._runs and len(ranks) == 1 and not record_timeline and not track_queue \
+            and not self.records_kv_events
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
@@ -342,6 +354,9 @@ class EngineWorker:
                 self._extend(run, horizon_ms, hint_ms)
                 self.pass_end_ms = run.end_ms
                 return self.take_exits()
+            if (self._joins and run.num_passes < run.bound and (horizon_ms is None or horizon_ms > now_ms)
+                    and (hint_ms is None or hint_ms > now_ms) and self._join(run, now_ms, horizon_ms, hint_ms)):
+                return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)
             completed = self.take_exits()
             last = self._run_pass_metrics(run, run.num_passes - 1)
@@ -465,6 +480,10 @@ class EngineWorker:
         The results do not depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
+        # (counted from the run's start, or from the last request that joined it: a run goes on
+        # after a join as a new one would)
+        base = run.base
+        t0 = ends[base - 1] if base else run.start_ms
         if horizon_ms is not None:
             # a short first chunk (runs are often cut a few passes in, and each pass computed
             # costs its segments), then about as many as reach the horizon
@@ -472,10 +491,10 @@ class EngineWorker:
         else:
             # an input nobody knows of yet may cut the run anywhere: what is computed past the
             # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)
-            upto = m + max(32, m)
-            if hint_ms is not None and m and hint_ms > ends[-1] > run.start_ms:
+            upto = m + max(32, m - base)
+            if hint_ms is not None and m > base and hint_ms > ends[-1] > t0:
                 last = ends[-1]
-                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - run.start_ms)))
+                upto = min(upto, m + 8 + int((hint_ms - last) * (m - base) / (last - t0)))
         while True:
             upto = min(upto, run.num_planned)
             durations = None
@@ -495,7 +514,7 @@ class EngineWorker:
                 break
             # about as many more passes as reach the horizon at the mean pass time so far
             last = ends[-1]
-            upto = m + 8 + int((horizon_ms - last) * m / (last - run.start_ms)) if last > run.start_ms else 2 * m
+            upto = m + 8 + int((horizon_ms - last) * (m - base) / (last - t0)) if last > t0 else 2 * m - base
         run.num_passes = m
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
@@ -524,9 +543,16 @@ class EngineWorker:
         done_before = run.n_done
         exits = run.exit_passes
         x = run.next_exit
-        # up to each completion: the passes' blocks and gaps, and the leaving requests' state
-        while x < len(exits) and exits[x] < done_upto:
-            e = exits[x]
+        joins = run.joins
+        # up to each completion (and each joined request's first and second token): the passes'
+        # blocks and gaps, and the leaving (joining) requests' state
+        while True:
+            e = exits[x] if x < len(exits) and exits[x] < done_upto else None
+            if joins and joins[0][0] < done_upto and (e is None or joins[0][0] <= e):
+                self._joined(run)
+                continue
+            if e is None:
+                break
             self._advance(run, e + 1, e + 1)
             self._exit(run, e)
             x += 1
@@ -534,6 +560,85 @@ class EngineWorker:
         self._advance(run, sched_upto, done_upto)
         if run.n_done > done_before:  # the staying requests' state, once
             self._set_members(run, run.n_done)
+
+    def _join(self, run: DecodeRun, now_ms: float, horizon_ms: float | None, hint_ms: float | None) -> bool:
+        """At the end of a run cut by an input, when that input is the only waiting request and
+        its KV was transferred (the prompt is computed but its last token): the pass a general
+        scheduling would start now (the batch decoding, the request admitted for that one token,
+        which emits its first token) as the run's next pass, and the request decoding with the
+        batch from the pass after, instead of ending the run, scheduling that pass and planning a
+        new run. The same admission, pass shape and duration, blocks and completions as those
+        (tested against stepping); False (the run ends as before) when any condition fails."""
+        rank = self.ranks[0]
+        waiting = rank.waiting
+        if len(waiting) != 1 or rank.first_tokens is not None:
+            return False
+        req = waiting[0]
+        limit = rank.context_limit
+        if (not req.materialized or req.num_generated or req.max_output < 2 or req.prompt_len + 1 >= limit
+                or rank._never_fits(req)):
+            return False
+        m = run.num_passes
+        # the run up to the start of pass m: its completions by then, the batch's blocks for pass m
+        # (what a general pass would grow first; it finds them there when this returns False)
+        self._apply_run(run, m + 1, m)
+        entry = run.ranks[0]
+        batch = entry[1]
+        n = len(batch)
+        cfg = rank.config
+        if not n or n >= cfg.max_sequences or n >= cfg.max_batched_tokens:
+            return False
+        known = req.prompt_len
+        fit = rank._fit(req, known)
+        if fit is None or not rank._admit(req, fit, known - 1, 1, now_ms):
+            return False
+        decode_kv = sum([r.prompt_len + r.num_generated for r in batch])
+        if req.prefill_done:  # (handed off by a prefill worker: its one token is a decode step)
+            shape = PassShape(0, 0, 0, 0, n + 1, decode_kv + known, rank.total_kv_tokens)
+        else:
+            shape = PassShape(1, 1, known, known - 1, n, decode_kv, rank.total_kv_tokens)
+        run.ends.append(now_ms + rank.timing.pass_ms(shape))
+        run.num_passes = m + 1
+        run.joins.append((m, req, 0 if req.prefill_done else 1))
+        # from pass m + 1 the request decodes with the batch: its counts as offsets from the run's
+        # start (computed c0 + j, generated g0 + j after j passes), as if it had been there
+        c0, g0, remaining = entry[2], entry[3], entry[4]
+        batch.append(req)
+        c0.append(known - m - 1)
+        g0.append(-m)
+        remaining.append(m + min(req.max_output, limit - known))
+        # as far as a run planned at pass m + 1 would go (blocks free or evictable now)
+        nxt = m + 1
+        k = rank.blocks_bound([c + nxt for c in c0], [r - nxt for r in remaining],
+                              min(self.max_run_passes, max(remaining) - nxt))
+        run.num_planned = run.bound = nxt + max(k, 0)
+        segs = _Segments([r.prompt_len + g for r, g in zip(batch, g0)], remaining, run.num_planned)
+        run.segments = {id(rank): segs}
+        run.next_exit = 0
+        run.base = nxt
+        if run.num_planned > run.num_passes:
+            self._extend(run, horizon_ms, hint_ms)
+        else:
+            segs.build(nxt)
+            run.exit_passes = segs.exits
+        self.pass_end_ms = run.end_ms
+        return True
+
+    def _joined(self, run: DecodeRun) -> None:
+        """Apply the next step of the first joined request: pass j (its prompt's last token) ended
+        with its first token, then pass j + 1 (its first decode pass) with its second."""
+        j, req, prefill = run.joins[0]
+        self._advance(run, j + 1, j + 1)
+        if prefill is not None:
+            if prefill:
+                req.prefill_done = True
+                self.ranks[0].committed_prefill_tokens += 1
+            req.first_token_ms = run.ends[j]
+            run.batch_size += 1
+            run.joins[0] = (j + 1, req, None)
+        else:
+            req.second_token_ms = run.ends[j]
+            del run.joins[0]
 
     def _exit(self, run: DecodeRun, e: int) -> None:
         """The requests whose last pass is ``e`` complete (their blocks are released) and leave the batch."""

@@ -26,6 +26,11 @@ CASES = {
     "closed loop": dict(extra_engine_args={"num_gpu_blocks": 3000, "max_num_seqs": 6}, replay_concurrency=12),
     "roofline": dict(extra_engine_args={"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h100_sxm",
                                         "timing_model": {"type": "roofline"}, "num_gpu_blocks": 4000}, num_workers=2),
+    "disaggregated 1P1D": dict(prefill_engine_args={"num_gpu_blocks": 6000}, decode_engine_args={"num_gpu_blocks": 6000}),
+    "disaggregated, tight decode": dict(prefill_engine_args={"num_gpu_blocks": 6000},
+                                        decode_engine_args={"num_gpu_blocks": 1200, "max_num_seqs": 6,
+                                                            "max_model_len": 9000},
+                                        num_decode_workers=2),
     "measured (default) timing": dict(extra_engine_args={"model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "h200_sxm",
                                                          "timing_model": {"type": "default"}, "num_gpu_blocks": 3000},
                                       num_workers=2),
@@ -49,6 +54,22 @@ def test_fast_forward_equals_stepping(trace, name):
     assert step.diagnostics["num_fast_forward_runs"] == 0
     assert fast.diagnostics["num_passes"] == step.diagnostics["num_passes"]
     assert canonical_json(without_wall(fast.to_dict())) == canonical_json(without_wall(step.to_dict()))
+
+
+@pytest.mark.parametrize("name", ["disaggregated 1P1D", "disaggregated, tight decode"])
+def test_transferred_requests_join_decode_runs(trace, name, monkeypatch):
+    """The disaggregated cases above exercise EngineWorker._join: most transferred requests join
+    the decode run in flight, some cannot (a full batch, no room, two at once)."""
+    outcomes = []
+    join = EngineWorker._join
+
+    def counted(self, *a):
+        outcomes.append(join(self, *a))
+        return outcomes[-1]
+
+    monkeypatch.setattr(EngineWorker, "_join", counted)
+    run_trace_replay(str(trace), **CASES[name])
+    assert outcomes.count(True) > 20 and outcomes.count(False) > 0
 
 
 def test_preemption_case_really_preempts(trace):
