@@ -126,3 +126,56 @@ def test_a_run_without_a_known_input_computes_its_end_times_in_growing_chunks():
     cut_far, _ = _drive(hint_ms=5_000.0, late_ms=455.0)
     cut_none, _ = _drive(hint_ms=None, late_ms=455.0)
     assert cut_far == cut_none and len(cut_far) == 3
+
+
+# -- a transferred request joining a decode run (EngineWorker._join) --------------------------
+
+
+def _transferred(index: int, prompt: int, out: int, at_ms: float) -> Request:
+    """A request as a decode worker receives it: its prompt's KV transferred, its last token to go."""
+    req = Request(index, None, at_ms, prompt, out)
+    req.materialized = True
+    req.prefill_done = True
+    return req
+
+
+def _drive_transfers(fast: bool, inputs: list, known: bool) -> list:
+    """Two requests decoding from 0 on one worker (fixed timing: a 100 ms prefill pass, then 10 ms
+    decode passes), then ``inputs`` (time, request), host fashion: at each instant the pass ends
+    first, then the inputs, then a start. ``known``: each input is known ahead (the horizon);
+    otherwise it is delivered only at its time, after the pass ends of that instant, which may
+    send more (the hint: the instant itself). Returns (index, first token, completion) per request."""
+    cfg = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=400, enable_prefix_caching=False)
+    w = EngineWorker(0, [RankScheduler(cfg, FixedTiming(100, 10))], fast_forward=fast)
+    reqs = [Request(0, None, 0.0, 100, 300), Request(1, None, 0.0, 100, 200)] + [r for _, r in inputs]
+    for r in reqs[:2]:
+        w.enqueue(r, 0, 0.0)
+    pending = sorted(inputs, key=lambda x: x[0])
+    end, _ = w.start_if_idle(0.0)
+    while end is not None or pending:
+        t = end if end is not None and (not pending or end <= pending[0][0]) else pending[0][0]
+        if end is not None and end <= t:
+            w.finish(t, pending[0][0] if pending and known else None, None if not pending else t)
+            end = w.pass_end_ms if w.busy else None
+        while pending and pending[0][0] <= t:
+            cut = w.enqueue(pending.pop(0)[1], 0, t)
+            if cut is not None:
+                end = cut
+            if end is not None and end <= t:  # a run cut short at t ends now
+                w.finish(t, pending[0][0] if pending and known else None, None if not pending else t)
+                end = w.pass_end_ms if w.busy else None
+        if end is None:
+            end, _ = w.start_if_idle(t, pending[0][0] if pending and known else None)
+    return [(r.index, r.first_token_ms, r.terminal_ms) for r in reqs]
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_a_transferred_request_joins_a_decode_run_as_stepping_admits_it(known):
+    # 455: mid-pass (the run is cut at 460); 460: exactly at that pass end, delivered after it
+    # ended when not known ahead (a join there would admit it a pass late); 702.5: alone, later
+    inputs = [(455.0, _transferred(2, 120, 40, 455.0)), (460.0, _transferred(3, 90, 30, 460.0)),
+              (702.5, _transferred(4, 200, 50, 702.5))]
+    fast = _drive_transfers(True, inputs, known)
+    inputs = [(t, _transferred(r.index, r.prompt_len, r.max_output, t)) for t, r in inputs]
+    assert fast == _drive_transfers(False, inputs, known)
+    assert fast[3][1] == 470.0  # admitted with the request of 455 in the pass starting at 460
