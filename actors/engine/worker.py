@@ -12,7 +12,10 @@ taken by the host at its ``terminal_ms``); otherwise the run ends at the first c
 end times are computed in chunks: up to the next input the host knows of, else as many as so
 far. Anything that touches the worker mid-run first ``sync``s it (applies the passes that have
 started/ended by then) and an arrival truncates the run after the pass in progress, so a run is
-indistinguishable from stepping pass by pass (tested byte for byte).
+indistinguishable from stepping pass by pass (tested byte for byte). In disaggregation, a request
+whose KV was transferred here, arriving alone, joins the run where it was cut instead of ending
+it: the pass a general scheduling would start there becomes the run's next pass and the request
+a member of the batch from the pass after (``_join``).
 
 Timeline (opt-in, ``record_timeline=True``): the worker samples ``(time_ms, waiting, running,
 KV blocks used)`` summed over its ranks after every event that can change them: an enqueue, a
