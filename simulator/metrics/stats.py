@@ -37,20 +37,24 @@ def distinct_sorted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray
     if weights.max() < 1 << 15:
         # Token gaps have few distinct weights (batch sizes): per weight, sort the values alone
         # (no index array) and count repeats, then merge those sorted, shorter lists
-        order = np.argsort(weights.astype(np.int16), kind="stable")  # (a radix sort)
-        ws = weights[order]
+        w16 = weights.astype(np.int16)
+        order = np.argsort(w16, kind="stable")  # (a radix sort)
+        ws = w16[order]
         vs = values[order]
-        del order
+        del order, w16
         bounds = np.concatenate(([0], np.flatnonzero(ws[1:] != ws[:-1]) + 1, [len(ws)])).tolist()
         parts_v = []
         parts_w = []
         for a, b in zip(bounds[:-1], bounds[1:]):
-            s = np.sort(vs[a:b])
+            s = vs[a:b]
+            s.sort()  # (in place: vs is this function's own copy)
             starts = np.concatenate(([0], np.flatnonzero(s[1:] != s[:-1]) + 1))
             parts_v.append(s[starts])
-            parts_w.append(np.diff(starts, append=len(s)) * ws[a])
+            parts_w.append(np.diff(starts, append=len(s)) * int(ws[a]))
+        del vs, ws
         values = np.concatenate(parts_v)
         weights = np.concatenate(parts_w)
+        del parts_v, parts_w
     order = np.argsort(values, kind="stable")  # (timsort: fast on sorted stretches)
     v = values[order]
     w = weights[order]
