@@ -13,9 +13,9 @@ end times are computed in chunks: up to the next input the host knows of, else a
 far. Anything that touches the worker mid-run first ``sync``s it (applies the passes that have
 started/ended by then) and an arrival truncates the run after the pass in progress, so a run is
 indistinguishable from stepping pass by pass (tested byte for byte). In disaggregation, a request
-whose KV was transferred here, arriving alone, joins the run where it was cut instead of ending
-it: the pass a general scheduling would start there becomes the run's next pass and the request
-a member of the batch from the pass after (``_join``).
+whose KV was transferred here, arriving alone, joins the batch where the run was cut: instead of
+a general pass and a new plan, a new run starts at once whose first pass is that general pass
+and in which the request decodes from the second (``_join``).
 
 Timeline (opt-in, ``record_timeline=True``): the worker samples ``(time_ms, waiting, running,
 KV blocks used)`` summed over its ranks after every event that can change them: an enqueue, a
@@ -50,7 +50,7 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joins", "base")
+                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joins")
 
     def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
         self.start_ms = start_ms
@@ -69,11 +69,10 @@ class DecodeRun:
         self.exit_passes: list[int] = []  # sorted passes after which some request leaves (as far as built)
         self.next_exit = 0  # first entry of exit_passes not applied yet
         self.bound = num_planned  # passes whose blocks are sure to be there (an input may cut num_planned)
-        # requests that joined the batch (EngineWorker._join), not applied yet: (pass j, request,
-        # prompt tokens committed at j: 1 or 0; None once its first token is applied): pass j is
-        # its prompt's last step (its first token), it decodes from pass j + 1 (its second)
+        # a request that joined the batch as the run started (EngineWorker._join), not applied yet:
+        # (pass j, request, prompt tokens committed at j: 1 or 0; None once its first token is
+        # applied): pass j (0) is its prompt's last step (its first token), it decodes from j + 1
         self.joins: list[tuple] = []
-        self.base = 0  # the pass from which the end times are computed in growing chunks (_extend)
 
     @property
     def end_ms(self) -> float:
@@ -362,12 +361,7 @@ class EngineWorker:
                 return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)
             completed = self.take_exits()
-            last = self._run_pass_metrics(run, run.num_passes - 1)
-            for rank in self.ranks:
-                rank.pass_count += run.num_passes
-                rank.last_pass = last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
-            self._run = None
-            self.num_passes += run.num_passes
+            self._close_run(run)
         else:
             completed = []
             start = self.pass_start_ms
@@ -384,6 +378,15 @@ class EngineWorker:
         if self.timeline is not None:
             self._sample(now_ms)
         return completed
+
+    def _close_run(self, run: DecodeRun) -> None:
+        """Count an ended run's passes (applied up to its end) as the ranks' and the worker's."""
+        last = self._run_pass_metrics(run, run.num_passes - 1)
+        for rank in self.ranks:
+            rank.pass_count += run.num_passes
+            rank.last_pass = last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
+        self._run = None
+        self.num_passes += run.num_passes
 
     # -- timeline ---------------------------------------------------------------------
     def _sample(self, now_ms: float) -> None:
@@ -483,10 +486,6 @@ class EngineWorker:
         The results do not depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
-        # (counted from the run's start, or from the last request that joined it: a run goes on
-        # after a join as a new one would)
-        base = run.base
-        t0 = ends[base - 1] if base else run.start_ms
         if horizon_ms is not None:
             # a short first chunk (runs are often cut a few passes in, and each pass computed
             # costs its segments), then about as many as reach the horizon
@@ -494,10 +493,10 @@ class EngineWorker:
         else:
             # an input nobody knows of yet may cut the run anywhere: what is computed past the
             # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)
-            upto = m + max(32, m - base)
-            if hint_ms is not None and m > base and hint_ms > ends[-1] > t0:
+            upto = m + max(32, m)
+            if hint_ms is not None and m and hint_ms > ends[-1] > run.start_ms:
                 last = ends[-1]
-                upto = min(upto, m + 8 + int((hint_ms - last) * (m - base) / (last - t0)))
+                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - run.start_ms)))
         while True:
             upto = min(upto, run.num_planned)
             durations = None
@@ -517,7 +516,7 @@ class EngineWorker:
                 break
             # about as many more passes as reach the horizon at the mean pass time so far
             last = ends[-1]
-            upto = m + 8 + int((horizon_ms - last) * (m - base) / (last - t0)) if last > t0 else 2 * m - base
+            upto = m + 8 + int((horizon_ms - last) * m / (last - run.start_ms)) if last > run.start_ms else 2 * m
         run.num_passes = m
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
@@ -566,11 +565,11 @@ class EngineWorker:
 
     def _join(self, run: DecodeRun, now_ms: float, horizon_ms: float | None, hint_ms: float | None) -> bool:
         """At the end of a run cut by an input, when that input is the only waiting request and
-        its KV was transferred (the prompt is computed but its last token): the pass a general
-        scheduling would start now (the batch decoding, the request admitted for that one token,
-        which emits its first token) as the run's next pass, and the request decoding with the
-        batch from the pass after, instead of ending the run, scheduling that pass and planning a
-        new run. The same admission, pass shape and duration, blocks and completions as those
+        its KV was transferred (the prompt is computed but its last token): the run ends and a new
+        one starts at once with the pass a general scheduling would start now (the batch decoding,
+        the request admitted for its one token, which emits its first token) as its first pass and
+        the request a member of the batch from its second, instead of that general pass and a new
+        plan. The same admission, pass shape and duration, blocks and completions as those
         (tested against stepping); False (the run ends as before) when any condition fails."""
         rank = self.ranks[0]
         waiting = rank.waiting
@@ -582,11 +581,10 @@ class EngineWorker:
                 or rank._never_fits(req)):
             return False
         m = run.num_passes
-        # the run up to the start of pass m: its completions by then, the batch's blocks for pass m
-        # (what a general pass would grow first; it finds them there when this returns False)
+        # the run up to now: its completions by then, the batch's blocks for the next pass (what a
+        # general pass would grow first; it finds them there when this returns False)
         self._apply_run(run, m + 1, m)
-        entry = run.ranks[0]
-        batch = entry[1]
+        _, batch, c0, g0, remaining = run.ranks[0]
         n = len(batch)
         cfg = rank.config
         if not n or n >= cfg.max_sequences or n >= cfg.max_batched_tokens:
@@ -600,31 +598,33 @@ class EngineWorker:
             shape = PassShape(0, 0, 0, 0, n + 1, decode_kv + known, rank.total_kv_tokens)
         else:
             shape = PassShape(1, 1, known, known - 1, n, decode_kv, rank.total_kv_tokens)
-        run.ends.append(now_ms + rank.timing.pass_ms(shape))
-        run.num_passes = m + 1
-        run.joins.append((m, req, 0 if req.prefill_done else 1))
-        # from pass m + 1 the request decodes with the batch: its counts as offsets from the run's
-        # start (computed c0 + j, generated g0 + j after j passes), as if it had been there
-        c0, g0, remaining = entry[2], entry[3], entry[4]
-        batch.append(req)
-        c0.append(known - m - 1)
-        g0.append(-m)
-        remaining.append(m + min(req.max_output, limit - known))
-        # as far as a run planned at pass m + 1 would go (blocks free or evictable now)
-        nxt = m + 1
-        k = rank.blocks_bound([c + nxt for c in c0], [r - nxt for r in remaining],
-                              min(self.max_run_passes, max(remaining) - nxt))
-        run.num_planned = run.bound = nxt + max(k, 0)
-        segs = _Segments([r.prompt_len + g for r, g in zip(batch, g0)], remaining, run.num_planned)
-        run.segments = {id(rank): segs}
-        run.next_exit = 0
-        run.base = nxt
-        if run.num_planned > run.num_passes:
-            self._extend(run, horizon_ms, hint_ms)
+        self._close_run(run)
+        self.busy_ms += now_ms - self.pass_start_ms
+        # the new run: the batch's counts from now, the request's as if it had been in it (one
+        # token computed and one generated after the first pass)
+        batch = batch + [req]
+        c0 = [c + m for c in c0] + [known - 1]
+        g0 = [g + m for g in g0] + [0]
+        remaining = [r - m for r in remaining] + [min(req.max_output, limit - known)]
+        # as far as a run planned after the first pass would go (blocks free or evictable now)
+        k = rank.blocks_bound([c + 1 for c in c0], [r - 1 for r in remaining],
+                              min(self.max_run_passes, max(remaining) - 1))
+        planned = 1 + max(k, 0)
+        segs = _Segments([r.prompt_len + g for r, g in zip(batch, g0)], remaining, planned)
+        nxt = DecodeRun(now_ms, planned, [[rank, batch, c0, g0, remaining]], {id(rank): segs})
+        nxt.batch_size = n  # (the request decodes from the second pass)
+        nxt.ends.append(now_ms + rank.timing.pass_ms(shape))
+        nxt.num_passes = nxt.n_sched = 1  # (the first pass's blocks are there)
+        nxt.joins.append((0, req, 0 if req.prefill_done else 1))
+        self._run = nxt
+        self.num_runs += 1
+        self.pass_start_ms = now_ms
+        if planned > 1:
+            self._extend(nxt, horizon_ms, hint_ms)
         else:
-            segs.build(nxt)
-            run.exit_passes = segs.exits
-        self.pass_end_ms = run.end_ms
+            segs.build(1)
+            nxt.exit_passes = segs.exits
+        self.pass_end_ms = nxt.end_ms
         return True
 
     def _joined(self, run: DecodeRun) -> None:
@@ -707,8 +707,11 @@ class EngineWorker:
         first_end = ends[0]
         pooled0 = 0
         if a == 0:  # the run's first pass: each request's gap since its last token before the run
+            joining = run.joins[0][1] if run.joins else None  # (its first token: no gap)
             for _, batch, _, g0, _ in run.ranks:
                 for req, g in zip(batch, g0):
+                    if req is joining:
+                        continue
                     if req.last_token_ms == start:
                         pooled0 += 1
                     else:
