@@ -272,31 +272,17 @@ class KVCache:
                 if full > pos:
                     self.register(req, req.hashes, full)
                 continue
-            # register()'s one-new-block case (no private copy behind it: checked above), with
-            # _store's append to a run the request holds alone
-            h = req.hashes[pos]
+            # register()'s one-new-block case (no private copy behind it: checked above), its
+            # counters added up once below
+            new = req.hashes[pos:full]
             req.num_full_registered = full
             self._seq += 1
-            held = req.held
-            if held:
-                own, n = held[-1]
-                if own.holders == 1 and own.tail is None and len(own.keys) == n:
-                    own.marks.append((n, self._seq, 0))
-                    own.keys.append(h)
-                    held[-1] = (own, n + 1)
-                else:
-                    own = _Run([h], 1, [(0, self._seq, 0)])
-                    heads[h] = own
-                    held.append((own, 1))
-            else:
-                own = _Run([h], 1, [(0, self._seq, 0)])
-                heads[h] = own
-                held.append((own, 1))
+            self._store(req, new, self._seq, 0)
             req.num_held += 1
             req.num_private -= 1
             num_single += 1
             if events is not None:
-                events.append((STORED, [h]))
+                events.append((STORED, new))
         if num_single:
             self.num_private -= num_single
             self.num_active_shared += num_single

@@ -306,14 +306,7 @@ class RankScheduler:
         if not 0 < d <= budget:
             return None
         lead = running[:d]
-        bs = self.config.block_size
-        caching = self.kv.prefix_caching
-        # kv.grow's test for c + 1 tokens: ceil((c + 1) / bs) > held + private blocks, or
-        # (c + 1) // bs > registered full blocks (prefix caching); integer forms of it
-        last = bs - 1
-        grow = [(r, r.num_computed + 1) for r in lead
-                if r.num_computed >= (r.num_held + r.num_private) * bs
-                or (caching and r.num_computed >= r.num_full_registered * bs + last)]
+        grow = self._needing_blocks(lead)
         if grow and not self.kv.grow_decode(grow):
             return None
         known = [r.prompt_len + r.num_generated for r in lead]
@@ -357,12 +350,7 @@ class RankScheduler:
         now = due.pop(q, None)
         if now is not None:
             now.sort()  # lead order: the order of the registrations (KV events, insertion order)
-            bs = self.config.block_size
-            caching = self.kv.prefix_caching
-            last = bs - 1
-            grow = [(r, r.num_computed + 1) for _, r in now
-                    if r.num_computed >= (r.num_held + r.num_private) * bs
-                    or (caching and r.num_computed >= r.num_full_registered * bs + last)]
+            grow = self._needing_blocks([r for _, r in now])
             if grow and not self.kv.grow_decode(grow):
                 return None  # (the lead is dropped: the caller schedules one by one)
             self._add_due(now, q, after=True)
@@ -370,6 +358,17 @@ class RankScheduler:
         self._lead_kv = kv
         self._lead_sq = sq
         return self._lead_items[:], kv, sq
+
+    def _needing_blocks(self, reqs: list) -> list:
+        """``(request, tokens)`` for the decoding ``reqs`` whose next token needs a block grown:
+        kv.grow's test for c + 1 tokens (ceil((c + 1) / bs) > held + private blocks, or
+        (c + 1) // bs > registered full blocks with prefix caching) in integer form."""
+        bs = self.config.block_size
+        caching = self.kv.prefix_caching
+        last = bs - 1
+        return [(r, r.num_computed + 1) for r in reqs
+                if r.num_computed >= (r.num_held + r.num_private) * bs
+                or (caching and r.num_computed >= r.num_full_registered * bs + last)]
 
     def _add_due(self, entries, q: int, after: bool = False) -> None:
         """File lead requests ``(position, request)`` under the pass count at which each next

@@ -50,7 +50,7 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joins")
+                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joined")
 
     def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
         self.start_ms = start_ms
@@ -69,10 +69,11 @@ class DecodeRun:
         self.exit_passes: list[int] = []  # sorted passes after which some request leaves (as far as built)
         self.next_exit = 0  # first entry of exit_passes not applied yet
         self.bound = num_planned  # passes whose blocks are sure to be there (an input may cut num_planned)
-        # a request that joined the batch as the run started (EngineWorker._join), not applied yet:
-        # (pass j, request, prompt tokens committed at j: 1 or 0; None once its first token is
-        # applied): pass j (0) is its prompt's last step (its first token), it decodes from j + 1
-        self.joins: list[tuple] = []
+        # the request that joined the batch as the run started (EngineWorker._join) while its
+        # tokens are not applied yet: (pass j, request, prompt tokens committed at j, 1 or 0, or
+        # None once its first token is applied); pass 0 is its prompt's last step (its first
+        # token), pass 1 its first decode step (its second)
+        self.joined: tuple | None = None
 
     @property
     def end_ms(self) -> float:
@@ -545,12 +546,12 @@ class EngineWorker:
         done_before = run.n_done
         exits = run.exit_passes
         x = run.next_exit
-        joins = run.joins
-        # up to each completion (and each joined request's first and second token): the passes'
+        # up to each completion (and the joined request's first and second token): the passes'
         # blocks and gaps, and the leaving (joining) requests' state
         while True:
             e = exits[x] if x < len(exits) and exits[x] < done_upto else None
-            if joins and joins[0][0] < done_upto and (e is None or joins[0][0] <= e):
+            j = run.joined
+            if j is not None and j[0] < done_upto and (e is None or j[0] <= e):
                 self._joined(run)
                 continue
             if e is None:
@@ -615,7 +616,7 @@ class EngineWorker:
         nxt.batch_size = n  # (the request decodes from the second pass)
         nxt.ends.append(now_ms + rank.timing.pass_ms(shape))
         nxt.num_passes = nxt.n_sched = 1  # (the first pass's blocks are there)
-        nxt.joins.append((0, req, 0 if req.prefill_done else 1))
+        nxt.joined = (0, req, 0 if req.prefill_done else 1)
         self._run = nxt
         self.num_runs += 1
         self.pass_start_ms = now_ms
@@ -628,9 +629,9 @@ class EngineWorker:
         return True
 
     def _joined(self, run: DecodeRun) -> None:
-        """Apply the next step of the first joined request: pass j (its prompt's last token) ended
-        with its first token, then pass j + 1 (its first decode pass) with its second."""
-        j, req, prefill = run.joins[0]
+        """Apply the joined request's next step: pass 0 (its prompt's last token) ended with its
+        first token, then pass 1 (its first decode pass) with its second."""
+        j, req, prefill = run.joined
         self._advance(run, j + 1, j + 1)
         if prefill is not None:
             if prefill:
@@ -638,10 +639,10 @@ class EngineWorker:
                 self.ranks[0].committed_prefill_tokens += 1
             req.first_token_ms = run.ends[j]
             run.batch_size += 1
-            run.joins[0] = (j + 1, req, None)
+            run.joined = (j + 1, req, None)
         else:
             req.second_token_ms = run.ends[j]
-            del run.joins[0]
+            run.joined = None
 
     def _exit(self, run: DecodeRun, e: int) -> None:
         """The requests whose last pass is ``e`` complete (their blocks are released) and leave the batch."""
@@ -707,7 +708,7 @@ class EngineWorker:
         first_end = ends[0]
         pooled0 = 0
         if a == 0:  # the run's first pass: each request's gap since its last token before the run
-            joining = run.joins[0][1] if run.joins else None  # (its first token: no gap)
+            joining = run.joined[1] if run.joined is not None else None  # (its first token: no gap)
             for _, batch, _, g0, _ in run.ranks:
                 for req, g in zip(batch, g0):
                     if req is joining:
