@@ -14,8 +14,9 @@ start, imports, trace loading, the replay and the report, and the peak RSS is th
 same config from REV's tree and from this one next to each other, alternating which goes first
 (interleaved, so a change in the machine's load hits both alike). It reports both medians, their
 ratio (this / REV), the median and range of each repeat's own ratio (robust when the machine's
-speed drifts between repeats) and whether the two summaries agree on every field they share,
-wall-time fields aside.
+speed drifts between repeats), the ratio of the children's median CPU time (user + system: not
+stretched while another process holds the core, though a busy sibling core still slows it) and
+whether the two summaries agree on every field they share, wall-time fields aside.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ WALL_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_token
 CHILD = r"""
 import atexit, resource, runpy, sys
 sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json"]
-atexit.register(lambda: sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+def _usage():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d AISIM_BENCH_CPU_S=%.4f\n" % (u.ru_maxrss, u.ru_utime + u.ru_stime))
+atexit.register(_usage)
 runpy.run_module("aisim", run_name="__main__")
 """
 
@@ -105,7 +109,8 @@ def run_once(config: Path, env: dict, tree: Path = ROOT) -> dict:
         raise SystemExit(f"aisim predict failed in {tree} ({p.returncode}): {p.stderr.strip()[-2000:]}")
     summary = json.loads(p.stdout)
     peak_kb = int(p.stderr.rsplit("AISIM_BENCH_PEAK_KB=", 1)[1].split()[0])
-    return {"wall_s": wall, "peak_rss_mb": peak_kb / 1024, "summary": summary}
+    cpu_s = float(p.stderr.rsplit("AISIM_BENCH_CPU_S=", 1)[1].split()[0])
+    return {"wall_s": wall, "cpu_s": cpu_s, "peak_rss_mb": peak_kb / 1024, "summary": summary}
 
 
 def summary_differences(a: dict, b: dict) -> list[str]:
@@ -149,11 +154,12 @@ def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> 
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
     runs = interleaved(args.compare, args.repeat, lambda tree: run_once(config, env, tree),
-                       None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                       None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, cpu {r['cpu_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
                                                          f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"),
                        warmup=not args.no_bytecode_cache)
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     replay = {k: statistics.median(r["summary"]["wall_time_ms"] / 1000 for r in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(r["cpu_s"] for r in v) for k, v in runs.items()}
     diffs = sorted({d for a, b in zip(runs["baseline"], runs["this"]) for d in summary_differences(a["summary"], b["summary"])})
     this_self = sorted({d for r in runs["this"][1:] for d in summary_differences(runs["this"][0]["summary"], r["summary"])})
     result = {
@@ -166,6 +172,8 @@ def compare(args, config: Path, env: dict) -> int:
         # each repeat's pair (run next to each other): robust when the machine's speed drifts
         "pair_ratios": [b["wall_s"] / a["wall_s"] for a, b in zip(runs["baseline"], runs["this"])],
         "replay_ratio_this_to_baseline": replay["this"] / replay["baseline"],
+        # the children's own CPU time (user + system): not stretched while another process has the core
+        "median_cpu_s": cpu, "cpu_ratio_this_to_baseline": cpu["this"] / cpu["baseline"],
         "peak_rss_mb": {k: max(r["peak_rss_mb"] for r in v) for k, v in runs.items()},
         "differing_summary_fields": diffs,
         "nondeterministic_fields": this_self,
@@ -178,7 +186,8 @@ def compare(args, config: Path, env: dict) -> int:
         print(f"ratio of each repeat's pair: median {result['median_pair_ratio']:.3f} "
               f"(range {min(pairs):.3f}-{max(pairs):.3f})")
         print(f"median whole process: {args.compare} {med['baseline']:.2f} s, this {med['this']:.2f} s, "
-              f"ratio {result['ratio_this_to_baseline']:.3f} (replay alone {result['replay_ratio_this_to_baseline']:.3f}); "
+              f"ratio {result['ratio_this_to_baseline']:.3f} (replay alone {result['replay_ratio_this_to_baseline']:.3f}, "
+              f"CPU time {result['cpu_ratio_this_to_baseline']:.3f}); "
               f"peak RSS {result['peak_rss_mb']['baseline']:.0f} vs {result['peak_rss_mb']['this']:.0f} MB "
               f"({result['machine']})")
         print("summaries: " + ("identical on every shared field (wall time aside)" if not diffs

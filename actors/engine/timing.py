@@ -16,9 +16,9 @@ path uses it; it must equal calling ``pass_ms`` ``k`` times bit for bit.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import accumulate, repeat
 from operator import truediv
 from typing import NamedTuple
 
@@ -321,6 +321,7 @@ class MeasuredTiming(TimingModel):
         self._pnew = tables.prefill_new.astype(np.float64).tolist()
         self._ppre = tables.prefill_prefix.astype(np.float64).tolist()
         self._patt = tables.prefill_attn_ms.tolist()
+        self._by_batch: dict[int, tuple] = {}  # batch size -> (shared, row weight, rows): decode runs
 
     # components --------------------------------------------------------------------
     def shared(self, tokens: int) -> float:
@@ -400,28 +401,40 @@ class MeasuredTiming(TimingModel):
 
     def _decode_run_scalar(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
         """``decode_ms`` of each pass, the same operations in the same order, for a short run
-        (numpy's per-call cost dominates there): the batch's rows and shared time once, the
-        grid segment walked forward as the sequence length grows."""
-        i, w = self._rows(b)
-        shared = self.shared(b)
+        (numpy's per-call cost dominates there): the batch's rows and shared time once per batch
+        size, every pass's sequence length at C speed, then the passes grid segment by grid
+        segment (the length only grows), each segment's constants once and its passes in one
+        comprehension."""
+        got = self._by_batch.get(b)
+        if got is None:
+            i, w = self._rows(b)
+            got = self._by_batch[b] = (self.shared(b), w, self._dec[i], self._dec[i + 1] if w is not None else None)
+        shared, w, r0, r1 = got
         xs = self._seq
         n2 = len(xs) - 2
-        r0 = self._dec[i]
-        r1 = self._dec[i + 1] if w is not None else None
-        out = []
-        kv = kv_tokens0
-        j = _bracket(xs, kv / b)
-        for _ in range(num_passes):
-            x = kv / b
-            while j < n2 and xs[j + 1] <= x:
-                j += 1
-            x0 = xs[j]
-            t = (x - x0) / (xs[j + 1] - x0)
-            y0 = r0[j]
-            d = y0 + (r0[j + 1] - y0) * t
-            if r1 is not None:
-                z0 = r1[j]
-                d = d + ((z0 + (r1[j + 1] - z0) * t) - d) * w
-            out.append(shared + d)
-            kv += b
+        if type(b) is int and type(kv_tokens0) is int:
+            seq = list(map(truediv, range(kv_tokens0, kv_tokens0 + num_passes * b, b), repeat(b, num_passes)))
+        else:  # (non-integer counts: the lengths as stepping sums them)
+            seq = list(map(truediv, accumulate(repeat(b, num_passes - 1), initial=kv_tokens0), repeat(b, num_passes)))
+        out: list[float] = []
+        j = _bracket(xs, seq[0]) if num_passes else 0
+        p = 0
+        while p < num_passes:
+            # the passes from p on whose length lies below the segment's upper end (the last
+            # segment extrapolates)
+            q = bisect_left(seq, xs[j + 1], p) if j < n2 else num_passes
+            if q > p:
+                x0 = xs[j]
+                dx = xs[j + 1] - x0
+                y0 = r0[j]
+                dy = r0[j + 1] - y0
+                part = seq[p:q] if p or q < num_passes else seq
+                if r1 is None:
+                    out += [shared + (y0 + dy * ((x - x0) / dx)) for x in part]
+                else:  # between two batch rows: (d, t as decode_attention computes them)
+                    z0 = r1[j]
+                    dz = r1[j + 1] - z0
+                    out += [shared + ((d := y0 + dy * (t := (x - x0) / dx)) + ((z0 + dz * t) - d) * w) for x in part]
+                p = q
+            j += 1
         return out
