@@ -63,6 +63,14 @@ def distinct_sorted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray
     return v[starts], np.add.reduceat(w, starts)
 
 
+def weighted_sum(values: np.ndarray, weights: np.ndarray) -> float:
+    """``sum(values * weights)`` by numpy's own (pairwise) summation: the same bits on every
+    machine. (``np.dot`` hands long vectors to the BLAS library, whose threads each sum a part:
+    the result's last bits then depend on how many threads it runs, i.e. on the machine's cores
+    and on OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, which Ray sets to 1 in its workers.)"""
+    return float(np.add.reduce(values * weights))
+
+
 def weighted_stats(values: np.ndarray, weights: np.ndarray, presorted: bool = False) -> dict[str, float | None]:
     """Statistics of the sample in which ``values[i]`` occurs ``weights[i]`` times
     (``presorted``: already the output of ``distinct_sorted``)."""
@@ -71,8 +79,9 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, presorted: bool = Fa
         return empty_stats()
     n = int(w.sum())
     cum = np.cumsum(w)
-    mean = float(np.dot(uniq, w.astype(np.float64)) / n)
-    var = float(np.dot((uniq - mean) ** 2, w.astype(np.float64)) / n)
+    wf = w.astype(np.float64)
+    mean = float(weighted_sum(uniq, wf) / n)
+    var = float(weighted_sum((uniq - mean) ** 2, wf) / n)
     out: dict[str, float | None] = {
         "mean": mean,
         "min": float(uniq[0]),

@@ -33,6 +33,7 @@ from typing import Iterable, Iterator, NamedTuple
 import numpy as np
 
 from simulator.metrics.output import atomic_write_csv, csv_lines
+from simulator.metrics.stats import weighted_sum
 
 METRICS = ("waiting", "running", "kv_blocks_used", "kv_usage")
 CSV_COLUMNS = ("worker_id", "role", "start_s", "duration_s", "queue_depth_waiting", "queue_depth_running",
@@ -173,7 +174,7 @@ class WorkerTimeline:
     def time_weighted_mean(self, metric: str) -> float | None:
         v, d = self.values(metric)
         total = float(d.sum())
-        return float(np.dot(v, d) / total) if total > 0 else None
+        return weighted_sum(v, d) / total if total > 0 else None
 
     def iter_rows(self) -> Iterator[tuple]:
         """CSV rows, one per interval (``CSV_COLUMNS``), made as they are consumed."""

@@ -47,3 +47,33 @@ def test_distinct_sorted_is_the_expanded_sample_counted(max_weight):
         want_v, want_w = np.unique(np.repeat(values, weights), return_counts=True)
         assert got_v.tolist() == want_v.tolist() and got_w.tolist() == want_w.tolist()
         assert got_v.dtype == np.float64 and got_w.dtype == np.int64
+
+
+_STATS_IN_CHILD = """
+import numpy as np
+from simulator.metrics.stats import weighted_stats
+rng = np.random.default_rng(7)
+values = rng.uniform(1.0, 200.0, size=60_000)
+weights = rng.integers(1, 40, size=60_000)
+s = weighted_stats(values, weights)
+print(s["mean"].hex(), s["std"].hex())
+"""
+
+
+def test_mean_and_std_do_not_depend_on_the_blas_threads():
+    """A long sample's mean and std carry the same bits whatever the number of BLAS threads (the
+    machine's cores, or 1 in a Ray worker): a search's objective is the same on every backend."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    out = []
+    for threads in ("1", "2"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
+               "MKL_NUM_THREADS": threads, "PYTHONPATH": str(root)}
+        p = subprocess.run([sys.executable, "-c", _STATS_IN_CHILD], capture_output=True, text=True, env=env,
+                           cwd=root, check=True)
+        out.append(p.stdout)
+    assert out[0] == out[1]
