@@ -80,8 +80,8 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, presorted: bool = Fa
     n = int(w.sum())
     cum = np.cumsum(w)
     wf = w.astype(np.float64)
-    mean = float(weighted_sum(uniq, wf) / n)
-    var = float(weighted_sum((uniq - mean) ** 2, wf) / n)
+    mean = weighted_sum(uniq, wf) / n
+    var = weighted_sum((uniq - mean) ** 2, wf) / n
     out: dict[str, float | None] = {
         "mean": mean,
         "min": float(uniq[0]),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,12 +67,8 @@ print(s["mean"].hex(), s["std"].hex())
 
 def test_mean_and_std_do_not_depend_on_the_blas_threads():
     """A long sample's mean and std carry the same bits whatever the number of BLAS threads (the
-    machine's cores, or 1 in a Ray worker): a search's objective is the same on every backend."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    machine's cores, or 1 in a Ray worker): a search's objective is the same on every backend.
+    (OpenBLAS caps its threads at the machine's cores: on one core both runs use one.)"""
     root = Path(__file__).resolve().parents[3]
     out = []
     for threads in ("1", "2"):
