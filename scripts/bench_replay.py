@@ -121,14 +121,16 @@ def summary_differences(a: dict, b: dict) -> list[str]:
 @contextmanager
 def baseline_tree(rev: str):
     """A temporary git worktree of ``rev`` (removed afterwards)."""
-    base = Path(tempfile.mkdtemp(prefix="aisim-bench-baseline-")) / "tree"
-    p = subprocess.run(["git", "worktree", "add", "--detach", str(base), rev], cwd=ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"cannot check out {rev}: {p.stderr.strip()}")
-    try:
-        yield base
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    with tempfile.TemporaryDirectory(prefix="aisim-bench-baseline-") as parent:
+        base = Path(parent) / "tree"
+        p = subprocess.run(["git", "worktree", "add", "--detach", str(base), rev], cwd=ROOT, capture_output=True,
+                           text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"cannot check out {rev}: {p.stderr.strip()}")
+        try:
+            yield base
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
 
 
 def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> dict[str, list[dict]]:
@@ -226,8 +228,12 @@ def main() -> int:
     args = ap.parse_args()
     if not args.trace.is_file():
         raise SystemExit(f"trace not found: {args.trace} (pass --trace)")
+    with tempfile.TemporaryDirectory(prefix="aisim-bench-home-") as home:  # removed afterwards
+        return bench(args, Path(home))
 
-    home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
+
+def bench(args, home: Path) -> int:
+    """Run the benchmark (or the comparison) with ``home`` as the children's HOME."""
     (home / "ray_bootstrap_config.yaml").write_text("")
     env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
     if args.no_bytecode_cache:  # no cache written, none found (an empty cache root)
