@@ -102,8 +102,8 @@ def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
         out[wid] = ranks = [list(dict.fromkeys(r))[-cap:] for r in ranks[: pool.args.dp_size]]
         if router.needs_kv_events and pool.args.enable_prefix_caching:
             for rank, hashes in enumerate(ranks):
-                if hashes:
-                    router.on_kv_events(wid, rank, STORED, hashes)
+                for h in hashes:  # (one block at a time: the chains behind a flat list are unknown)
+                    router.on_kv_events(wid, rank, STORED, [h])
     return out
 
 

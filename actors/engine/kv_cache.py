@@ -30,7 +30,10 @@ from __future__ import annotations
 
 from collections import deque
 
-# KV event kinds (published to routers at pass end)
+# KV event kinds (published to routers at pass end). A STORED event is blocks that were not
+# resident, consecutive in one chain (parent first); a REMOVED event is evicted blocks in
+# eviction order: stretches of a chain, each from its last block back (a block is evicted with or
+# after its descendants). Each event's list is its own (the cache's runs may change after it).
 STORED = 1
 REMOVED = 2
 
@@ -274,15 +277,14 @@ class KVCache:
                 continue
             # register()'s one-new-block case (no private copy behind it: checked above), its
             # counters added up once below
-            new = req.hashes[pos:full]
             req.num_full_registered = full
             self._seq += 1
-            self._store(req, new, self._seq, 0)
+            self._store(req, req.hashes[pos:full], self._seq, 0)
             req.num_held += 1
             req.num_private -= 1
             num_single += 1
             if events is not None:
-                events.append((STORED, new))
+                events.append((STORED, req.hashes[pos:full]))  # (its own list: the run's may grow)
         if num_single:
             self.num_private -= num_single
             self.num_active_shared += num_single
@@ -317,7 +319,7 @@ class KVCache:
             if self.events is not None:
                 self.events.append((STORED, hashes[pos:full]))
             return
-        stored = [] if self.events is not None else None
+        events = self.events
         num_stored = 0
         # Is hashes[pos] resident? It starts a run, unless the block before it is a private
         # copy of a cached block, whose run it may continue.
@@ -339,10 +341,9 @@ class KVCache:
                 end = pos + 1
                 while hashes[end] not in heads:
                     end += 1
-            new = hashes[pos:end]
-            self._store(req, new, seq, num_stored)
-            if stored is not None:
-                stored.extend(new)
+            self._store(req, hashes[pos:end], seq, num_stored)
+            if events is not None:  # one event per stretch of new blocks (each consecutive in the chain)
+                events.append((STORED, hashes[pos:end]))
             num_stored += end - pos
             pos = end
             if pos < full:
@@ -351,8 +352,6 @@ class KVCache:
         req.num_private -= num_stored
         self.num_private -= num_stored
         self.num_active_shared += num_stored
-        if stored:
-            self.events.append((STORED, stored))
 
     def _store(self, req, new: list[int], seq: int, index: int) -> None:
         """Make ``new`` (blocks nobody has cached, continuing ``req``'s chain) held by ``req``

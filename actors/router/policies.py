@@ -16,16 +16,9 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
-from itertools import takewhile
-
 import numpy as np
 
 from actors.engine.kv_cache import REMOVED, STORED, agreeing
-
-
-def _prefix_len(present: set, hashes: list) -> int:
-    """How many leading ``hashes`` are in ``present`` (the scan at C speed)."""
-    return len(list(takewhile(present.__contains__, hashes)))
 
 
 class RoundRobinRouter:
@@ -165,6 +158,89 @@ class _ActiveChains:
         return {h: run.holders for run in self.heads.values() for h in run.keys}
 
 
+class _CachedBlocks:
+    """The router's view of one candidate's cached blocks, as its KV events tell them.
+
+    Kept as *runs* (as the KV cache keeps them): each STORED event is consecutive blocks of one
+    chain and becomes a run; a REMOVED event (blocks evicted, leaves first: each block before its
+    parent) cuts runs from their ends. So an event costs one step per run it touches, not one per
+    block, and only a run's first and last hashes are indexed. A resident block whose parent is
+    resident lies in its parent's run or starts a run (a block is stored once while resident), so a
+    prefix lookup goes run by run: one dict probe and one comparison per run (``agreeing``).
+
+    The events must be the KV cache's (``actors.engine.kv_cache``): a stored block is not resident
+    already, a removed one is resident, and a block is removed with or after its descendants. A
+    removed stretch is found by its two ends (equal hashes, equal prefixes: the blocks between
+    agree); a removed block that ends no run raises (a broken event stream)."""
+
+    __slots__ = ("heads", "tails", "num_blocks")
+
+    def __init__(self) -> None:
+        self.heads: dict[int, list] = {}  # first hash of each run -> its keys (chain order)
+        self.tails: dict[int, list] = {}  # last hash of each run -> the same list
+        self.num_blocks = 0
+
+    def __contains__(self, h: int) -> bool:
+        """Whether ``h`` is cached, for the first block of a chain (which can only start a run)."""
+        return h in self.heads
+
+    def store(self, hashes: list) -> None:
+        """Consecutive blocks of one chain were cached (none of them was); the list is kept."""
+        if hashes:
+            self.heads[hashes[0]] = hashes  # (the event's own list: kept, and cut by later removals)
+            self.tails[hashes[-1]] = hashes
+            self.num_blocks += len(hashes)
+
+    def remove(self, victims: list) -> None:
+        """Blocks were evicted: ``victims`` in eviction order (stretches of a chain, each from its
+        last block back)."""
+        heads = self.heads
+        tails = self.tails
+        i = 0
+        n = len(victims)
+        while i < n:
+            keys = tails.pop(victims[i], None)  # (an evicted block has no cached child: a run's last)
+            if keys is None:
+                raise RuntimeError(f"KV event: removed block {victims[i]} is not the end of a cached run")
+            num = len(keys)
+            t = n - i if n - i < num else num
+            if victims[i + t - 1] != keys[num - t]:
+                # the stretch ends inside the run: the blocks agree up to some point, never after
+                lo, hi = 1, t - 1  # victims[i + lo - 1] agrees, victims[i + hi] does not
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if victims[i + mid] == keys[num - 1 - mid]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                t = lo
+            # (the ends agree, so the blocks between do: equal hashes, equal prefixes)
+            cut = num - t
+            if cut:
+                del keys[cut:]
+                tails[keys[-1]] = keys
+            else:
+                del heads[keys[0]]
+            self.num_blocks -= t
+            i += t
+
+    def prefix_len(self, hashes: list) -> int:
+        """How many leading ``hashes`` are cached."""
+        heads = self.heads
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            keys = heads.get(hashes[pos])
+            if keys is None:
+                break
+            pos += agreeing(keys, 0, hashes, pos, n)  # (past a divergence, another run may go on)
+        return pos
+
+    def blocks(self) -> set[int]:
+        """Every cached block (tests, diagnostics)."""
+        return {h for keys in self.heads.values() for h in keys}
+
+
 class _Candidate:
     """The router's view of one (worker, rank)."""
 
@@ -174,7 +250,7 @@ class _Candidate:
         self.prefill_tokens = 0
         self.active = _ActiveChains()  # the blocks of the in-flight requests
         self.requests = 0
-        self.cached: set[int] = set()  # the router's view of the rank's cached blocks
+        self.cached = _CachedBlocks()  # the router's view of the rank's cached blocks
 
 
 class KvRouter:
@@ -259,7 +335,7 @@ class KvRouter:
         for key in keys:
             c = cand(key)
             # leading blocks found; most candidates hold none or all of a prompt's prefix
-            overlap = _prefix_len(c.cached, hashes) if use_cache and first in c.cached else 0
+            overlap = c.cached.prefix_len(hashes) if use_cache and first in c.cached else 0
             cost = 0.0
             if prefill:
                 raw = (c.prefill_tokens + isl) / bs
@@ -325,15 +401,15 @@ class KvRouter:
     def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
         c = self._cand((worker, rank))
         if kind == STORED:
-            c.cached.update(hashes)
+            c.cached.store(hashes)
         elif kind == REMOVED:
-            c.cached.difference_update(hashes)
+            c.cached.remove(hashes)
 
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""
         c = self._cand((worker, rank))
         return {"prefill_tokens": c.prefill_tokens, "active_blocks": c.active.num_blocks, "requests": c.requests,
-                "cached_blocks": len(c.cached)}
+                "cached_blocks": c.cached.num_blocks}
 
     def describe(self) -> dict:
         return {

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from itertools import takewhile
 
 import pytest
 
 from actors.engine.kv_cache import REMOVED, STORED, KVCache
+from actors.router.policies import _CachedBlocks
 
 
 class Req:
@@ -182,6 +184,7 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
     cap = rnd.randint(8, 60)
     kv, ref = KVCache(cap, bs, record_events=seed % 2 == 0), RefModel(cap, bs)
     mirror: set[int] = set()  # the resident blocks as a reader of the KV events sees them
+    view = _CachedBlocks()  # the same as the KV router keeps it (runs)
     # a few shared prefix families so hits, sharing and duplicates all happen
     families = [[rnd.getrandbits(62) for _ in range(30)] for _ in range(4)]
     live: dict[int, tuple[Req, list[int], int]] = {}
@@ -241,11 +244,21 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
         if kv.events is not None:
             for kind, hs in kv.events:
                 if kind == STORED:
+                    assert mirror.isdisjoint(hs) and len(set(hs)) == len(hs)  # stored once while resident
                     mirror.update(hs)
+                    view.store(hs)
                 else:
                     mirror.difference_update(hs)
+                    view.remove(hs)
             kv.events.clear()
-            assert mirror == kv.resident()
+            assert mirror == kv.resident() == view.blocks()
+            assert view.num_blocks == len(mirror)
+            # the router's run view answers prefix lookups as the set of resident blocks does
+            for fam in families:
+                for query in (fam, fam[: rnd.randint(1, 30)] + [rnd.getrandbits(62)]):
+                    assert view.prefix_len(query) == len(list(takewhile(mirror.__contains__, query)))
+            for req, hashes, _ in live.values():
+                assert view.prefix_len(hashes) == len(list(takewhile(mirror.__contains__, hashes)))
         assert kv.resident() == set(ref.ref)
         # active blocks in the order they became resident (a dict's insertion order)
         assert kv.contents() == list(ref.lru) + [h for h, c in ref.ref.items() if c > 0]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from actors.engine.kv_cache import REMOVED, STORED
-from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
+from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedBlocks
 
 
 class Req:
@@ -37,6 +37,7 @@ def drive(router, eligible, ranks_of, n=60, seed=0):
     r = np.random.default_rng(seed)
     out = []
     live = []
+    cached = {}  # (worker, rank) -> blocks stored there (as an engine publishes them: each once)
     for i in range(n):
         fam = int(r.integers(3))
         hashes = [1000 * fam + j for j in range(int(r.integers(1, 8)))] + [10**6 + i]
@@ -45,7 +46,9 @@ def drive(router, eligible, ranks_of, n=60, seed=0):
         out.append((w, k))
         live.append(req)
         if router.needs_kv_events:
-            router.on_kv_events(w, k, STORED, hashes)
+            have = cached.setdefault((w, k), set())
+            router.on_kv_events(w, k, STORED, [h for h in hashes if h not in have])
+            have.update(hashes)
         if i % 3 == 2:
             done = live.pop(0)
             router.on_first_token(done)
@@ -103,7 +106,7 @@ def test_kv_router_prefers_the_worker_holding_the_prefix_and_tracks_load():
     assert router.load_view(1)["prefill_tokens"] == 0
     router.on_release(req)
     assert router.load_view(1) == {"prefill_tokens": 0, "active_blocks": 0, "requests": 0, "cached_blocks": 4}
-    router.on_kv_events(1, 0, REMOVED, [13, 14])
+    router.on_kv_events(1, 0, REMOVED, [14, 13])  # (evicted leaves first, as an engine does)
     assert router.load_view(1)["cached_blocks"] == 2
 
 
@@ -206,3 +209,20 @@ def test_kv_router_knobs_change_from_a_retune_update_on():
     assert router.parameters() == {"overlap_score_credit": 0.5, "prefill_load_scale": 4.0, "temperature": 0.0}
     with pytest.raises(ValueError, match="host_cache_hit_weight"):
         router.set_parameters({"host_cache_hit_weight": 1.0})
+
+
+def test_kv_router_cached_view_follows_stored_runs_branches_and_evictions():
+    # chain A = 1 2 3 4 is stored, then chain B = 1 2 5 6 stores its new blocks 5 6 (branching off 2)
+    view = _CachedBlocks()
+    view.store([1, 2, 3, 4])
+    view.store([5, 6])
+    assert 1 in view and 5 in view and 3 not in view  # (only run starts: a chain's first block starts one)
+    assert view.prefix_len([1, 2, 5, 6, 7]) == 4  # A's run agrees on 1 2, B's run goes on
+    assert view.prefix_len([1, 2, 3, 9]) == 3 and view.prefix_len([9, 1]) == 0
+    view.remove([4, 3, 6])  # A's tail, then B's leaf: two stretches in one event
+    assert view.blocks() == {1, 2, 5} and view.num_blocks == 3
+    assert view.prefix_len([1, 2, 3]) == 2 and view.prefix_len([1, 2, 5, 6]) == 3
+    with pytest.raises(RuntimeError, match="removed block 1 is not the end"):
+        view.remove([1])  # a parent before its children: not an engine's event stream
+    view.remove([5, 2, 1])
+    assert view.blocks() == set() and view.num_blocks == 0 and view.prefix_len([1]) == 0
