@@ -124,7 +124,12 @@ class PolynomialTiming(TimingModel):
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
         if num_decode > 0 and kv_tokens0 + (num_passes - 1) * num_decode <= total_kv_tokens:
             # u stays in [0, 1], where the polynomial stays above 5.7: neither clamp applies
-            # (the same operations as below, the loop at C speed)
+            # (the same operations as below, the loop at C speed; from 64 passes on in numpy:
+            # the same IEEE divisions of exact integers, products and sums, element by element)
+            if num_passes >= 64 and kv_tokens0 + num_passes * num_decode < 1 << 53:
+                u = np.arange(kv_tokens0, kv_tokens0 + num_passes * num_decode, num_decode,
+                              dtype=np.int64) / total_kv_tokens
+                return ((_DA * u + _DB) * u + _DC).tolist()
             return [(_DA * u + _DB) * u + _DC for u in
                     map(truediv, range(kv_tokens0, kv_tokens0 + num_passes * num_decode, num_decode),
                         repeat(total_kv_tokens, num_passes))]

@@ -58,6 +58,18 @@ def test_polynomial_decode_run_equals_stepping_on_both_sides_of_capacity(num_dec
         model.decode_ms(num_decode, kv0 + j * num_decode, total) for j in range(k)]
 
 
+def test_polynomial_decode_runs_in_numpy_equal_stepping_bit_for_bit():
+    # runs of 64 passes and more are timed with numpy arrays: the same bits as one pass at a time
+    model = PolynomialTiming()
+    rnd = np.random.default_rng(7)
+    for k in [63, 64, 65, 200, 1000] * 40:
+        total = int(rnd.choice([1_871_936, 29_249 * 64, 12_345_677]))
+        num_decode = int(rnd.integers(1, 300))
+        kv0 = int(rnd.integers(0, max(1, total - k * num_decode)))
+        assert model.decode_run_ms(num_decode, kv0, total, k) == [
+            model.decode_ms(num_decode, kv0 + j * num_decode, total) for j in range(k)]
+
+
 def roofline(model_id="meta-llama/Llama-3.1-8B-Instruct", hw="h200_sxm", tp=1):
     return RooflineTiming(load_geometry(model_id), get_hardware(hw), tp)
 
