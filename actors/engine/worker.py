@@ -10,9 +10,11 @@ frees only blocks nobody asks for, so the run goes on with the smaller batch (th
 after its last pass, its blocks are released before the next pass allocates, its completion is
 taken by the host at its ``terminal_ms``); otherwise the run ends at the first completion. Pass
 end times are computed in chunks: up to the next input the host knows of, else as many as so
-far. Anything that touches the worker mid-run first ``sync``s it (applies the passes that have
-started/ended by then) and an arrival truncates the run after the pass in progress, so a run is
-indistinguishable from stepping pass by pass (tested byte for byte). In disaggregation, a request
+far. Anything that reads the worker mid-run first ``sync``s it (applies the passes that have
+started/ended by then); an arrival truncates the run after the pass in progress (it syncs only
+for the timeline's sample or KV events: the queue reads nothing of the run, whose passes are
+applied when next asked for, in time order all the same), so a run is indistinguishable from
+stepping pass by pass (tested byte for byte). In disaggregation, a request
 whose KV was transferred here, arriving alone, joins the batch where the run was cut: instead of
 a general pass and a new plan, a new run starts at once whose first pass is that general pass
 and in which the request decodes from the second (``_join``).
@@ -171,7 +173,11 @@ class EngineWorker:
             if self.timeline is not None:
                 self._sample(now_ms)
             return None
-        self.sync(now_ms)  # (completions inside the run before now come first)
+        if self.timeline is not None or self.records_kv_events:
+            # (the sample counts the run's completions by now; the KV events of the passes ended
+            # by now go out before the cut) - else the run's passes are applied when next asked
+            # for (nothing the queue does reads them)
+            self.sync(now_ms)
         self.ranks[rank].enqueue(req)
         if self.timeline is not None:
             self._sample(now_ms)
