@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from itertools import accumulate, compress
+from itertools import accumulate
 from typing import NamedTuple
 
 from actors.engine.request import COMPLETED, Request
@@ -62,7 +62,7 @@ class DecodeRun:
         self.n_sched = 0  # passes whose schedule-time effects (blocks) are applied; lazily, on sync
         self.n_done = 0
         # per busy rank: [rank, batch, computed at start, generated at start, passes to completion],
-        # the requests still in the batch
+        # the requests still in the batch (lists of the run's own: a leaving request is deleted)
         self.ranks = ranks
         self.batch_size = sum(len(r[1]) for r in ranks)
         self.held_events: list | None = None  # KV events of the scheduled pass still in progress
@@ -480,7 +480,7 @@ class EngineWorker:
         entries = []
         segments = {}
         for rank, (_, batch, c0, g0, known, remaining) in plans:
-            entries.append([rank, batch, c0, g0, remaining])
+            entries.append([rank, batch, c0, g0, remaining[:]])  # (its own list: exits delete from it)
             segments[id(rank)] = _Segments(known, remaining, k)
         run = DecodeRun(now_ms, k, entries, segments)
         self._extend(run, horizon_ms, hint_ms)
@@ -618,7 +618,7 @@ class EngineWorker:
                               min(self.max_run_passes, max(remaining) - 1))
         planned = 1 + max(k, 0)
         segs = _Segments([r.prompt_len + g for r, g in zip(batch, g0)], remaining, planned)
-        nxt = DecodeRun(now_ms, planned, [[rank, batch, c0, g0, remaining]], {id(rank): segs})
+        nxt = DecodeRun(now_ms, planned, [[rank, batch, c0, g0, remaining[:]]], {id(rank): segs})
         nxt.batch_size = n  # (the request decodes from the second pass)
         nxt.ends.append(now_ms + rank.timing.pass_ms(shape))
         nxt.num_passes = nxt.n_sched = 1  # (the first pass's blocks are there)
@@ -654,23 +654,27 @@ class EngineWorker:
         """The requests whose last pass is ``e`` complete (their blocks are released) and leave the batch."""
         end = run.ends[e]
         left = e + 1
-        for entry in run.ranks:
-            rank, batch, c0, g0, remaining = entry
-            if left not in remaining:
+        for rank, batch, c0, g0, remaining in run.ranks:
+            num = remaining.count(left)  # (the scans at C speed: a batch is long, its leavers few)
+            if not num:
                 continue
-            stay = [r != left for r in remaining]
-            for i in [i for i, r in enumerate(remaining) if r == left]:
+            at = []
+            i = -1
+            for _ in range(num):
+                i = remaining.index(left, i + 1)
+                at.append(i)
+            leaving = []
+            for i in at:
                 req = batch[i]
                 req.num_computed = c0[i] + left
                 req.num_generated = g0[i] + left
                 req.last_token_ms = end
                 req.status = COMPLETED
                 req.terminal_ms = end
-            rank.reap_completed(self.exits)
-            entry[1] = list(compress(batch, stay))
-            entry[2] = list(compress(c0, stay))
-            entry[3] = list(compress(g0, stay))
-            entry[4] = list(compress(remaining, stay))
+                leaving.append(req)
+            rank.release_completed(leaving, self.exits)
+            for i in reversed(at):  # (the entry's own lists: see DecodeRun)
+                del batch[i], c0[i], g0[i], remaining[i]
         run.batch_size = sum(len(entry[1]) for entry in run.ranks)
         if self.timeline is not None:
             self._sample(end)
