@@ -268,6 +268,21 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
         kv.check_invariants()
 
 
+def test_a_published_stored_event_keeps_its_blocks_when_the_run_grows_later():
+    # a reader may apply an event after later passes: its list is its own, not the run's
+    kv = KVCache(10, 2, record_events=True)
+    a, b = Req(list(range(100, 106))), Req([100, 200])
+    admit(kv, a, 2)  # one full block (100)
+    assert admit(kv, b, 3) == 1  # b shares it: a's next block starts a run of its own
+    assert kv.grow_decode([(a, 4)])  # a decode step fills block 101
+    first = kv.events[-1]
+    assert first == (STORED, [101])
+    assert kv.grow_decode([(a, 6)])  # the next fills 102, continuing 101's run
+    assert kv.grow(a, 8, a.hashes)  # and a chunk registers 103
+    assert first == (STORED, [101])
+    assert kv.events == [(STORED, [100]), (STORED, [101]), (STORED, [102]), (STORED, [103])]
+
+
 def test_a_cache_preloaded_with_anothers_contents_evicts_in_the_same_order():
     kv = KVCache(6, 4, record_events=True)
     a, b = Req([1, 2, 3]), Req([11, 12])
