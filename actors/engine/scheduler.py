@@ -557,20 +557,17 @@ class RankScheduler:
     def reap_completed(self, completed: list) -> None:
         """Drop finished requests from the running list (in order): completed ones release
         their blocks, handed-off ones keep them until their transfer completes."""
-        kv = self.kv
         running = self.running
-        for req in [r for r in running if r.status != RUNNING]:
-            if req.status == COMPLETED:
-                kv.release(req)
-                req.hashes = None
-                completed.append(req)
-            else:  # HANDED_OFF
+        left = [r for r in running if r.status != RUNNING]
+        self.release_completed([r for r in left if r.status == COMPLETED], completed)
+        for req in left:
+            if req.status != COMPLETED:  # HANDED_OFF
                 self.handoffs.append(req)
-        self.running = [r for r in running if r.status == RUNNING]
+                running.remove(req)
 
     def release_completed(self, reqs: list, completed: list) -> None:
-        """``reap_completed`` for running requests ``reqs`` (in running order) that completed: their
-        blocks released, each dropped from the running list (found at C speed)."""
+        """Running requests ``reqs`` (in running order) completed: their blocks released, each
+        dropped from the running list (found at C speed)."""
         kv = self.kv
         running = self.running
         for req in reqs:

@@ -16,6 +16,7 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from actors.engine.kv_cache import REMOVED, STORED, agreeing
