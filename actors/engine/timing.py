@@ -256,7 +256,7 @@ def check_duration(ms: float) -> float:
 
 
 # -- measured (table-driven) timing ---------------------------------------------------------
-_VECTOR_RUN = 256  # decode runs at least this long are timed with numpy, shorter ones in Python
+_VECTOR_RUN = 64  # decode runs at least this long are timed with numpy, shorter ones in Python
 
 
 def _bracket(xs: list[float], x: float) -> int:
@@ -270,15 +270,6 @@ def _bracket(xs: list[float], x: float) -> int:
 
 def _lerp1(xs: list[float], ys: list[float], x: float) -> float:
     i = _bracket(xs, x)
-    x0 = xs[i]
-    y0 = ys[i]
-    return y0 + (ys[i + 1] - y0) * ((x - x0) / (xs[i + 1] - x0))
-
-
-def _lerp_vec(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``_lerp1`` over an array, with the same floating-point operations in the same order."""
-    i = np.searchsorted(xs, x, side="right") - 1
-    np.clip(i, 0, len(xs) - 2, out=i)
     x0 = xs[i]
     y0 = ys[i]
     return y0 + (ys[i + 1] - y0) * ((x - x0) / (xs[i + 1] - x0))
@@ -319,18 +310,25 @@ class MeasuredTiming(TimingModel):
         self._shared = tables.shared_ms.tolist()
         self._batch = tables.batch.astype(np.float64).tolist()
         self._seq = tables.seq_len.astype(np.float64).tolist()
-        self._seq_arr = tables.seq_len.astype(np.float64)
         self._dec = [row.tolist() for row in tables.decode_attn_ms]
-        self._dec_arr = tables.decode_attn_ms
         self._pn = tables.prefill_n.astype(np.float64).tolist()
         self._pnew = tables.prefill_new.astype(np.float64).tolist()
         self._ppre = tables.prefill_prefix.astype(np.float64).tolist()
         self._patt = tables.prefill_attn_ms.tolist()
         self._by_batch: dict[int, tuple] = {}  # batch size -> (shared, row weight, rows): decode runs
+        self._by_tokens: dict[int, float] = {}  # tokens in a pass -> shared time
+        self._seq_n2 = len(self._seq) - 2  # (the last segment index of each grid)
+        self._pn_n2 = len(self._pn) - 2
+        self._pnew_n2 = len(self._pnew) - 2
+        self._ppre_n2 = len(self._ppre) - 2
 
     # components --------------------------------------------------------------------
+    # (each grid lookup is ``_bracket`` inline: a pass prices up to six of them)
     def shared(self, tokens: int) -> float:
-        return _lerp1(self._tok, self._shared, float(tokens))
+        got = self._by_tokens.get(tokens)
+        if got is None:
+            got = self._by_tokens[tokens] = _lerp1(self._tok, self._shared, float(tokens))
+        return got
 
     def _rows(self, b: int):
         """Bracketing decode rows for batch b and the weight of the upper one (None if exact)."""
@@ -341,31 +339,45 @@ class MeasuredTiming(TimingModel):
         return i, (b - b0) / (self._batch[i + 1] - b0)
 
     def decode_attention(self, b: int, seq_len: float) -> float:
-        i, w = self._rows(b)
-        d0 = _lerp1(self._seq, self._dec[i], seq_len)
+        _, w, r0, r1 = self._batch_rows(b)
+        xs = self._seq
+        j = bisect_right(xs, seq_len) - 1
+        if j < 0:
+            j = 0
+        elif j > self._seq_n2:
+            j = self._seq_n2
+        x0 = xs[j]
+        t = (seq_len - x0) / (xs[j + 1] - x0)
+        y0 = r0[j]
+        d0 = y0 + (r0[j + 1] - y0) * t
         if w is None:
             return d0
-        d1 = _lerp1(self._seq, self._dec[i + 1], seq_len)
-        return d0 + (d1 - d0) * w
+        y0 = r1[j]
+        return d0 + ((y0 + (r1[j + 1] - y0) * t) - d0) * w
 
     def prefill_attention(self, n: int, new: float, prefix: float) -> float:
-        pn, pnew, ppre, t = self._pn, self._pnew, self._ppre, self._patt
-        i = _bracket(pn, float(n))
-        j = _bracket(pnew, new)
-        k = _bracket(ppre, prefix)
+        pn, pnew, ppre = self._pn, self._pnew, self._ppre
+        i = bisect_right(pn, n) - 1
+        i = 0 if i < 0 else (self._pn_n2 if i > self._pn_n2 else i)
+        j = bisect_right(pnew, new) - 1
+        j = 0 if j < 0 else (self._pnew_n2 if j > self._pnew_n2 else j)
+        k = bisect_right(ppre, prefix) - 1
+        k = 0 if k < 0 else (self._ppre_n2 if k > self._ppre_n2 else k)
         wi = (n - pn[i]) / (pn[i + 1] - pn[i])
         wj = (new - pnew[j]) / (pnew[j + 1] - pnew[j])
         wk = (prefix - ppre[k]) / (ppre[k + 1] - ppre[k])
-
-        def plane(a):
-            r0 = t[a][j]
-            r1 = t[a][j + 1]
-            c0 = r0[k] + (r0[k + 1] - r0[k]) * wk
-            c1 = r1[k] + (r1[k + 1] - r1[k]) * wk
-            return c0 + (c1 - c0) * wj
-
-        p0 = plane(i)
-        return p0 + (plane(i + 1) - p0) * wi
+        k1 = k + 1
+        # the (j, k) plane of grid rows i and i + 1, then between them
+        plane = self._patt[i]
+        r0 = plane[j]
+        r1 = plane[j + 1]
+        c0 = r0[k] + (r0[k1] - r0[k]) * wk
+        p0 = c0 + ((r1[k] + (r1[k1] - r1[k]) * wk) - c0) * wj
+        plane = self._patt[i + 1]
+        r0 = plane[j]
+        r1 = plane[j + 1]
+        c0 = r0[k] + (r0[k1] - r0[k]) * wk
+        return p0 + ((c0 + ((r1[k] + (r1[k1] - r1[k]) * wk) - c0) * wj) - p0) * wi
 
     # TimingModel ------------------------------------------------------------------
     def prefill_ms(self, shape: PassShape) -> float:
@@ -379,30 +391,66 @@ class MeasuredTiming(TimingModel):
     def pass_ms(self, shape: PassShape) -> float:
         nd = shape.num_decode
         new = shape.prefill_new_tokens
-        if nd and not new:
-            return self.decode_ms(nd, shape.decode_kv_tokens, shape.total_kv_tokens)
-        if not nd and not new:
-            return 0.0
+        if not new:
+            return self.decode_ms(nd, shape.decode_kv_tokens, shape.total_kv_tokens) if nd else 0.0
         t = self.shared(new + nd)
-        if new:
-            n = shape.num_prefill
-            t = t + self.prefill_attention(n, new / n, shape.prefill_sum_prefix / n)
+        n = shape.num_prefill
+        t = t + self.prefill_attention(n, new / n, shape.prefill_sum_prefix / n)
         if nd:
             t = t + self.decode_attention(nd, shape.decode_kv_tokens / nd)
         return t
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
-        if num_passes < _VECTOR_RUN:
+        if (num_passes < _VECTOR_RUN or type(num_decode) is not int or type(kv_tokens0) is not int
+                or kv_tokens0 + num_passes * num_decode >= 1 << 53):
             return self._decode_run_scalar(num_decode, kv_tokens0, num_passes)
-        b = num_decode
-        seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.float64)[:num_passes]
-        seq /= b
-        i, w = self._rows(b)
-        d = _lerp_vec(self._seq_arr, self._dec_arr[i], seq)
-        if w is not None:
-            d1 = _lerp_vec(self._seq_arr, self._dec_arr[i + 1], seq)
-            d = d + (d1 - d) * w
-        return (self.shared(b) + d).tolist()
+        return self._decode_run_vector(num_decode, kv_tokens0, num_passes)
+
+    def _batch_rows(self, b: int) -> tuple:
+        """(shared time, upper row weight or None, lower row, upper row or None) of batch size b."""
+        got = self._by_batch.get(b)
+        if got is None:
+            i, w = self._rows(b)
+            got = self._by_batch[b] = (self.shared(b), w, self._dec[i], self._dec[i + 1] if w is not None else None)
+        return got
+
+    def _decode_run_vector(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
+        """``_decode_run_scalar`` in numpy, grid segment by grid segment: the same IEEE operations
+        element by element (exact integer lengths divided once, then the segment's affine map and
+        the row blend in the same order), so bit-identical; for long runs (numpy's per-call cost
+        is a few microseconds)."""
+        shared, w, r0, r1 = self._batch_rows(b)
+        xs = self._seq
+        n2 = len(xs) - 2
+        seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.int64) / b
+        j = _bracket(xs, kv_tokens0 / b)
+        # (most runs stay inside one grid segment: then no search and no output array)
+        one = j == n2 or (kv_tokens0 + (num_passes - 1) * b) / b < xs[j + 1]
+        out = seq if one else np.empty(num_passes)
+        p = 0
+        while p < num_passes:
+            q = num_passes if one or j == n2 else int(seq.searchsorted(xs[j + 1]))  # (side "left": bisect_left)
+            if q > p:
+                x0 = xs[j]
+                y0 = r0[j]
+                t = seq - x0 if one else seq[p:q] - x0
+                t /= xs[j + 1] - x0
+                d = t * (r0[j + 1] - y0)
+                d += y0
+                if r1 is not None:  # d + ((z0 + dz * t) - d) * w
+                    z0 = r1[j]
+                    e = t * (r1[j + 1] - z0)
+                    e += z0
+                    e -= d
+                    e *= w
+                    d += e
+                d += shared
+                if one:
+                    return d.tolist()
+                out[p:q] = d
+                p = q
+            j += 1
+        return out.tolist()
 
     def _decode_run_scalar(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
         """``decode_ms`` of each pass, the same operations in the same order, for a short run
@@ -410,11 +458,7 @@ class MeasuredTiming(TimingModel):
         size, every pass's sequence length at C speed, then the passes grid segment by grid
         segment (the length only grows), each segment's constants once and its passes in one
         comprehension."""
-        got = self._by_batch.get(b)
-        if got is None:
-            i, w = self._rows(b)
-            got = self._by_batch[b] = (self.shared(b), w, self._dec[i], self._dec[i + 1] if w is not None else None)
-        shared, w, r0, r1 = got
+        shared, w, r0, r1 = self._batch_rows(b)
         xs = self._seq
         n2 = len(xs) - 2
         if type(b) is int and type(kv_tokens0) is int:

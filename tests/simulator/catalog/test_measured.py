@@ -66,7 +66,7 @@ def _model_dir():
     return str(BUNDLED_DIR / "meta-llama__Llama-3.1-8B-Instruct")
 
 
-@pytest.mark.parametrize("num_passes", [1, 17, 255, 256, 300])  # short runs in Python, long ones with numpy
+@pytest.mark.parametrize("num_passes", [1, 17, 63, 64, 255, 256, 300, 2000])  # short runs in Python, long ones with numpy
 def test_decode_run_equals_stepping(llama, num_passes):
     # batch sizes on and between the table's rows and past its last one; sequence lengths below
     # the grid's first point, across its points and past its last one
@@ -76,6 +76,17 @@ def test_decode_run_equals_stepping(llama, num_passes):
         step = [llama.pass_ms(PassShape(num_decode=b, decode_kv_tokens=kv0 + j * b, total_kv_tokens=10**7))
                 for j in range(num_passes)]
         assert run == step
+
+
+def test_decode_run_equals_stepping_random(llama):
+    # random runs on both sides of the numpy threshold, inside one grid segment and across several
+    rnd = random.Random(7)
+    for _ in range(300):
+        b = rnd.choice([rnd.randint(1, 16), rnd.randint(1, 400)])
+        kv0 = b * rnd.randint(0, 70_000) + rnd.randint(0, b - 1)
+        num_passes = rnd.choice([rnd.randint(1, 63), rnd.randint(64, 700)])
+        run = llama.decode_run_ms(b, kv0, 10**7, num_passes)
+        assert run == [llama.decode_ms(b, kv0 + j * b, 10**7) for j in range(num_passes)]
 
 
 def _forbid(monkeypatch, *targets):
