@@ -41,6 +41,7 @@ import json
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,9 +57,9 @@ CROSS_RANK = "cross_rank_aggregated"
 STORES = (PURE_PREFILL, PURE_DECODE, MIXED, CROSS_RANK)
 
 
-@dataclass(frozen=True)
-class Pass:
-    """A forward pass as the model sees it (one rank)."""
+class Pass(NamedTuple):
+    """A forward pass as the model sees it (one rank; a named tuple: the Planner builds several
+    per engine and tick)."""
 
     num_prefill: int = 0
     prefill_tokens: float = 0
@@ -130,16 +131,30 @@ class SampleStore:
         """(constant, attention weight, ffn weight, attention mean, ffn mean, -) on standardised features."""
         if self._fit is None:
             rows = [r for q in self._buckets.values() for r in q]
-            x = np.array([f for f, _ in rows], dtype=np.float64)
-            y = np.array([t for _, t in rows], dtype=np.float64)
-            mean = x.mean(axis=0)
-            std = x.std(axis=0)
-            z = np.where(std > 0, (x - mean) / np.where(std > 0, std, 1.0), 0.0)
-            a = np.column_stack([np.ones(len(y)), z])
-            coef, _ = nnls(a, y)
-            w_att = coef[1] / std[0] if std[0] > 0 else 0.0
-            w_ffn = coef[2] / std[1] if std[1] > 0 else 0.0
-            self._fit = (float(coef[0]), float(w_att), float(w_ffn), float(mean[0]), float(mean[1]), 0.0)
+            # the features' means and (population) standard deviations as numpy's column
+            # reductions compute them (sums in row order, then the division; the same IEEE
+            # operations, so the same bits), at a fraction of numpy's per-call cost on ~64 rows
+            n = len(rows)
+            s_att = s_ffn = 0.0
+            for (att, ffn), _ in rows:
+                s_att += att
+                s_ffn += ffn
+            m_att = s_att / n
+            m_ffn = s_ffn / n
+            v_att = v_ffn = 0.0
+            for (att, ffn), _ in rows:
+                d = att - m_att
+                v_att += d * d
+                d = ffn - m_ffn
+                v_ffn += d * d
+            sd_att = math.sqrt(v_att / n)
+            sd_ffn = math.sqrt(v_ffn / n)
+            a = np.array([(1.0, (att - m_att) / sd_att if sd_att > 0 else 0.0,
+                           (ffn - m_ffn) / sd_ffn if sd_ffn > 0 else 0.0) for (att, ffn), _ in rows])
+            coef, _ = nnls(a, np.array([t for _, t in rows], dtype=np.float64))
+            w_att = float(coef[1]) / sd_att if sd_att > 0 else 0.0
+            w_ffn = float(coef[2]) / sd_ffn if sd_ffn > 0 else 0.0
+            self._fit = (float(coef[0]), w_att, w_ffn, m_att, m_ffn, 0.0)
         return self._fit
 
     def price(self, p: Pass) -> float | None:
@@ -165,9 +180,9 @@ _NNLS = None
 
 def nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
     """``scipy.optimize.nnls(a, b)``: scipy's compiled Lawson-Hanson routine, loaded on first use
-    without importing the ``scipy.optimize`` package (about half a second of imports per
-    process, for this one routine) and called as ``scipy.optimize.nnls`` calls it. Where scipy
-    keeps it elsewhere (other versions), ``scipy.optimize.nnls`` itself."""
+    from scipy's directory without importing ``scipy`` or ``scipy.optimize`` (about half a
+    second of imports per process, for this one routine) and called as ``scipy.optimize.nnls``
+    calls it. Where scipy keeps it elsewhere (other versions), ``scipy.optimize.nnls`` itself."""
     global _NNLS
     if _NNLS is None:
         _NNLS = _load_nnls()
@@ -179,10 +194,10 @@ def _load_nnls():
     import importlib.util
     import os
 
-    import scipy
-
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(scipy.__path__[0], "optimize", "_slsqplib" + suffix)
+    found = importlib.util.find_spec("scipy")  # (where scipy lives, without importing the package)
+    where = found.submodule_search_locations if found is not None else None
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES if where else ():
+        path = os.path.join(where[0], "optimize", "_slsqplib" + suffix)
         if not os.path.exists(path):
             continue
         try:

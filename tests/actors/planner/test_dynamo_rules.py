@@ -128,7 +128,34 @@ def test_nnls_on_standardised_features_lets_the_constant_absorb_what_it_cannot_s
     assert flat.price(small) == pytest.approx(130.0) and flat.price(base) == pytest.approx(130.0)
 
 
-def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy_optimize():
+def test_a_stores_fit_is_numpys_standardisation_bit_for_bit():
+    import random
+
+    import numpy as np
+
+    from actors.planner.perf_model import nnls
+
+    rnd = random.Random(11)
+    for _ in range(200):
+        store = SampleStore(CAPS, max_samples=rnd.choice([8, 64, 300]), min_observations=1)
+        flat_kv = rnd.random() < 0.2  # a feature that never varies
+        for _ in range(rnd.randint(1, 400)):
+            p = Pass(rnd.randint(1, 4), rnd.choice([8192, rnd.randint(1, 8192)]),
+                     0 if flat_kv else rnd.randint(0, 60_000), rnd.randint(0, 64), rnd.randint(0, 400_000))
+            store.add(p, rnd.uniform(5.0, 200.0))
+        # the reference: numpy's column means and standard deviations of the stored samples
+        rows = [r for q in store._buckets.values() for r in q]
+        x = np.array([f for f, _ in rows], dtype=np.float64)
+        y = np.array([t for _, t in rows], dtype=np.float64)
+        mean, std = x.mean(axis=0), x.std(axis=0)
+        z = np.where(std > 0, (x - mean) / np.where(std > 0, std, 1.0), 0.0)
+        coef, _ = nnls(np.column_stack([np.ones(len(y)), z]), y)
+        want = (float(coef[0]), float(coef[1] / std[0]) if std[0] > 0 else 0.0,
+                float(coef[2] / std[1]) if std[1] > 0 else 0.0, float(mean[0]), float(mean[1]), 0.0)
+        assert store._coefficients() == want
+
+
+def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy():
     import subprocess
     import sys
 
@@ -151,9 +178,10 @@ def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy_optimiz
     # and where scipy keeps the compiled routine in scipy.optimize._slsqplib, without the package's imports
     code = ("import sys, numpy as np; from actors.planner.perf_model import nnls, _load_nnls;"
             "x, _ = nnls(np.eye(3), np.array([1.0, -2.0, 3.0])); assert x.tolist() == [1.0, 0.0, 3.0], x;"
+            "loaded = sorted(k for k in sys.modules if k == 'scipy' or k.startswith('scipy.'));"
             "import scipy, os, importlib.machinery as m;"
             "here = any(os.path.exists(os.path.join(scipy.__path__[0], 'optimize', '_slsqplib' + s)) for s in m.EXTENSION_SUFFIXES);"
-            "assert not here or 'scipy.optimize' not in sys.modules, 'scipy.optimize was imported'")
+            "assert not here or loaded == ['scipy.optimize._slsqplib'], loaded")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
