@@ -419,38 +419,43 @@ class MeasuredTiming(TimingModel):
         element by element (exact integer lengths divided once, then the segment's affine map and
         the row blend in the same order), so bit-identical; for long runs (numpy's per-call cost
         is a few microseconds)."""
-        shared, w, r0, r1 = self._batch_rows(b)
+        rows = self._batch_rows(b)
         xs = self._seq
-        n2 = len(xs) - 2
+        n2 = self._seq_n2
         seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.int64) / b
         j = _bracket(xs, kv_tokens0 / b)
-        # (most runs stay inside one grid segment: then no search and no output array)
-        one = j == n2 or (kv_tokens0 + (num_passes - 1) * b) / b < xs[j + 1]
-        out = seq if one else np.empty(num_passes)
+        if j == n2 or (kv_tokens0 + (num_passes - 1) * b) / b < xs[j + 1]:
+            return self._segment_ms(seq, j, rows).tolist()  # (most runs: one grid segment)
+        out = np.empty(num_passes)
         p = 0
         while p < num_passes:
-            q = num_passes if one or j == n2 else int(seq.searchsorted(xs[j + 1]))  # (side "left": bisect_left)
+            q = num_passes if j == n2 else int(seq.searchsorted(xs[j + 1]))  # (side "left": bisect_left)
             if q > p:
-                x0 = xs[j]
-                y0 = r0[j]
-                t = seq - x0 if one else seq[p:q] - x0
-                t /= xs[j + 1] - x0
-                d = t * (r0[j + 1] - y0)
-                d += y0
-                if r1 is not None:  # d + ((z0 + dz * t) - d) * w
-                    z0 = r1[j]
-                    e = t * (r1[j + 1] - z0)
-                    e += z0
-                    e -= d
-                    e *= w
-                    d += e
-                d += shared
-                if one:
-                    return d.tolist()
-                out[p:q] = d
+                out[p:q] = self._segment_ms(seq[p:q], j, rows)
                 p = q
             j += 1
         return out.tolist()
+
+    def _segment_ms(self, seq: np.ndarray, j: int, rows: tuple) -> np.ndarray:
+        """Pass times of sequence lengths ``seq`` in grid segment j (``_batch_rows``' rows):
+        ``shared + d`` with d = y0 + dy * t, blended toward the upper row as ``d + (e - d) * w``."""
+        shared, w, r0, r1 = rows
+        xs = self._seq
+        x0 = xs[j]
+        y0 = r0[j]
+        t = seq - x0
+        t /= xs[j + 1] - x0
+        d = t * (r0[j + 1] - y0)
+        d += y0
+        if r1 is not None:
+            z0 = r1[j]
+            e = t * (r1[j + 1] - z0)
+            e += z0
+            e -= d
+            e *= w
+            d += e
+        d += shared
+        return d
 
     def _decode_run_scalar(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
         """``decode_ms`` of each pass, the same operations in the same order, for a short run
@@ -460,7 +465,7 @@ class MeasuredTiming(TimingModel):
         comprehension."""
         shared, w, r0, r1 = self._batch_rows(b)
         xs = self._seq
-        n2 = len(xs) - 2
+        n2 = self._seq_n2
         if type(b) is int and type(kv_tokens0) is int:
             seq = list(map(truediv, range(kv_tokens0, kv_tokens0 + num_passes * b, b), repeat(b, num_passes)))
         else:  # (non-integer counts: the lengths as stepping sums them)
