@@ -97,6 +97,7 @@ class WorkerHost:
         self._publishing: list[int] = []  # workers that record KV events (synced before each report)
         self._handed_off = False  # a handoff was emitted in this step
         self._hint: float | None = None  # the current step's end (``step``)
+        self._hint_bounds = False  # no input comes before it (a step that cannot stop early)
         for wid, key in workers:
             self._add(wid, key)
 
@@ -169,7 +170,7 @@ class WorkerHost:
         worker = self.workers[wid]
         pool = self.pools[self.pool_of[wid]]
         inputs = self._inputs_of[wid]
-        completed = worker.finish(t, inputs[0] if inputs else None, self._hint)
+        completed = worker.finish(t, inputs[0] if inputs else None, self._hint, self._hint_bounds)
         if worker.busy:  # a run went on
             self._schedule_end(wid, worker.pass_end_ms)
         if pool.track_first_tokens:
@@ -236,7 +237,8 @@ class WorkerHost:
         inputs_of = self._inputs_of
         for wid in dirty:
             inputs = inputs_of[wid]
-            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None, self._hint)
+            end, rejected = self.workers[wid].start_if_idle(t, inputs[0] if inputs else None, self._hint,
+                                                            self._hint_bounds)
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:
@@ -325,9 +327,12 @@ class WorkerHost:
         instant were ``until``). The output's ``reached`` is where the step ended."""
         self._catch_up(start)
         self._handed_off = False
-        # no input is sent before the step's end: runs without a known next input compute their
-        # pass end times up to it (a hint only: it changes no result)
+        # no input is sent before the step's end, unless the step may stop early at a handoff
+        # (whose request the coordinator then places at once): runs without a known next input
+        # compute their pass end times up to it, else no further than about it (a hint only: it
+        # changes no result)
         self._hint = until if until < INF else None
+        self._hint_bounds = not stop_at_handoff
         self._receive(control, inputs)
         t = self.now
         self._inputs_at(t)

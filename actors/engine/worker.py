@@ -304,22 +304,25 @@ class EngineWorker:
 
     # -- passes ---------------------------------------------------------------------
     def start_if_idle(self, now_ms: float, horizon_ms: float | None = None,
-                      hint_ms: float | None = None) -> tuple[float | None, list[Request]]:
+                      hint_ms: float | None = None, hint_bounds: bool = False) -> tuple[float | None, list[Request]]:
         """If idle with work, start the next pass: (its end or None, requests rejected at admission)."""
         if self.busy or not self.has_work:
             return None, []
-        end = self.start(now_ms, horizon_ms, hint_ms)
+        end = self.start(now_ms, horizon_ms, hint_ms, hint_bounds)
         return end, self.take_rejected()
 
-    def start(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> float | None:
+    def start(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None,
+              hint_bounds: bool = False) -> float | None:
         """Start the next pass (or run) at ``now_ms``; returns its end time, None if idle.
 
         ``horizon_ms``: when the next request is known to arrive here (a run's pass end times
-        are computed up to it), None if unknown; ``hint_ms``: without one, the earliest a request
-        may arrive. Neither changes any result."""
+        are computed up to it), None if unknown; ``hint_ms``: without one, the end of the
+        caller's current step, before which no other request arrives when ``hint_bounds`` (end
+        times are computed up to it), else seldom (no further than about it). Neither changes
+        any result."""
         assert not self.busy
         if self._runs:
-            run = self._plan_run(now_ms, horizon_ms, hint_ms)
+            run = self._plan_run(now_ms, horizon_ms, hint_ms, hint_bounds)
             if run is not None:
                 self._run = run
                 self.busy = True
@@ -349,22 +352,22 @@ class EngineWorker:
         self.pass_end_ms = now_ms + duration
         return self.pass_end_ms
 
-    def finish(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None) -> list[Request]:
+    def finish(self, now_ms: float, horizon_ms: float | None = None, hint_ms: float | None = None,
+               hint_bounds: bool = False) -> list[Request]:
         """End the current pass/run at ``now_ms``; returns the requests that completed (in a run,
         also those that completed earlier in it and were not taken yet: their ``terminal_ms``
         says when). A run with more passes planned, and not cut short, goes on instead (the
         worker stays busy, ``pass_end_ms`` is its new end). ``horizon_ms``: when the next request
-        is known to arrive here (the run is not cut short before it), None if unknown; ``hint_ms``:
-        without one, the earliest a request may arrive (end times are computed no further than
-        about it). Neither changes any result."""
+        is known to arrive here (the run is not cut short before it), None if unknown; ``hint_ms``
+        and ``hint_bounds``: as for ``start``. Neither changes any result."""
         run = self._run
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
-                self._extend(run, horizon_ms, hint_ms)
+                self._extend(run, horizon_ms, hint_ms, hint_bounds)
                 self.pass_end_ms = run.end_ms
                 return self.take_exits()
             if (self._joins and run.num_passes < run.bound and (horizon_ms is None or horizon_ms > now_ms)
-                    and (hint_ms is None or hint_ms > now_ms) and self._join(run, now_ms, horizon_ms, hint_ms)):
+                    and (hint_ms is None or hint_ms > now_ms) and self._join(run, now_ms, horizon_ms, hint_ms, hint_bounds)):
                 return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)
             completed = self.take_exits()
@@ -464,7 +467,8 @@ class EngineWorker:
             self._apply_run(run, max(started, run.n_sched), done)
 
     # -- fast-forward ---------------------------------------------------------------
-    def _plan_run(self, now_ms: float, horizon_ms: float | None, hint_ms: float | None) -> DecodeRun | None:
+    def _plan_run(self, now_ms: float, horizon_ms: float | None, hint_ms: float | None,
+                  hint_bounds: bool) -> DecodeRun | None:
         k = self.max_run_passes
         plans = []
         for rank in self.ranks:
@@ -483,27 +487,34 @@ class EngineWorker:
             entries.append([rank, batch, c0, g0, remaining[:]])  # (its own list: exits delete from it)
             segments[id(rank)] = _Segments(known, remaining, k)
         run = DecodeRun(now_ms, k, entries, segments)
-        self._extend(run, horizon_ms, hint_ms)
+        self._extend(run, horizon_ms, hint_ms, hint_bounds)
         return run
 
-    def _extend(self, run: DecodeRun, horizon_ms: float | None, hint_ms: float | None = None) -> None:
+    def _extend(self, run: DecodeRun, horizon_ms: float | None, hint_ms: float | None = None,
+                hint_bounds: bool = False) -> None:
         """Compute the end times of the run's next passes: up to the one in progress at
-        ``horizon_ms`` (the next known input) when known; else as many as so far (at least 32),
-        and with ``hint_ms`` (the earliest an input may come) no further than about the hint.
-        The results do not depend on the chunks (each end is the previous end plus its duration)."""
+        ``horizon_ms`` (the next known input) when known, else at ``hint_ms`` when it bounds
+        the inputs not known yet (``hint_bounds``); else as many as so far (at least 32), and
+        with a hint no further than about it. The results do not depend on the chunks (each end
+        is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
-        if horizon_ms is not None:
-            # a short first chunk (runs are often cut a few passes in, and each pass computed
-            # costs its segments), then about as many as reach the horizon
-            upto = m + 8
+        start = run.start_ms
+        last = ends[-1] if ends else start
+        # no input comes before the target: the passes up to the one in progress then are kept
+        target = horizon_ms if horizon_ms is not None else hint_ms if hint_bounds else None
+        if target is not None and (horizon_ms is not None or target > last):
+            # a short first chunk while the pass rate is not known (runs are often cut a few
+            # passes in, and each pass computed costs its segments), then about as many as
+            # reach the target at the mean pass time so far
+            upto = m + 8 + int((target - last) * m / (last - start)) if m and target > last > start else m + 8
         else:
             # an input nobody knows of yet may cut the run anywhere: what is computed past the
             # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)
+            target = None
             upto = m + max(32, m)
-            if hint_ms is not None and m and hint_ms > ends[-1] > run.start_ms:
-                last = ends[-1]
-                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - run.start_ms)))
+            if hint_ms is not None and m and hint_ms > last > start:
+                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - start)))
         while True:
             upto = min(upto, run.num_planned)
             durations = None
@@ -519,11 +530,10 @@ class EngineWorker:
             durations[0] += ends[-1] if ends else run.start_ms
             ends.extend(accumulate(durations))  # sequential sums: end = previous end + duration
             m = upto
-            if horizon_ms is None or ends[-1] >= horizon_ms or m >= run.num_planned:
+            if target is None or ends[-1] >= target or m >= run.num_planned:
                 break
-            # about as many more passes as reach the horizon at the mean pass time so far
             last = ends[-1]
-            upto = m + 8 + int((horizon_ms - last) * m / (last - run.start_ms)) if last > run.start_ms else 2 * m
+            upto = m + 8 + int((target - last) * m / (last - start)) if last > start else 2 * m
         run.num_passes = m
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
@@ -570,7 +580,8 @@ class EngineWorker:
         if run.n_done > done_before:  # the staying requests' state, once
             self._set_members(run, run.n_done)
 
-    def _join(self, run: DecodeRun, now_ms: float, horizon_ms: float | None, hint_ms: float | None) -> bool:
+    def _join(self, run: DecodeRun, now_ms: float, horizon_ms: float | None, hint_ms: float | None,
+              hint_bounds: bool) -> bool:
         """At the end of a run cut by an input, when that input is the only waiting request and
         its KV was transferred (the prompt is computed but its last token): the run ends and a new
         one starts at once with the pass a general scheduling would start now (the batch decoding,
@@ -627,7 +638,7 @@ class EngineWorker:
         self.num_runs += 1
         self.pass_start_ms = now_ms
         if planned > 1:
-            self._extend(nxt, horizon_ms, hint_ms)
+            self._extend(nxt, horizon_ms, hint_ms, hint_bounds)
         else:
             segs.build(1)
             nxt.exit_passes = segs.exits

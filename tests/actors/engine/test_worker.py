@@ -84,15 +84,15 @@ def _run_worker():
     return EngineWorker(0, [RankScheduler(cfg, FixedTiming(100, 10))], fast_forward=True)
 
 
-def _drive(hint_ms, late_ms=None):
+def _drive(hint_ms, late_ms=None, bounds=True):
     """Two requests at 0 (100-token prompts, 300 and 200 tokens out: one prefill pass of 100 ms,
     then a decode run of 10 ms passes), a third arriving at ``late_ms`` (unknown to the worker
-    until then); every start and pass end is told ``hint_ms``. Returns the completions
+    until then); every start and pass end is told ``hint_ms`` (and ``bounds``). Returns the completions
     (index, end) and the number of pass end times the first run had computed when it started."""
     w = _run_worker()
     for i, out in enumerate((300, 200)):
         w.enqueue(Request(i, None, 0.0, 100, out), 0, 0.0)
-    end, _ = w.start_if_idle(0.0, None, hint_ms)
+    end, _ = w.start_if_idle(0.0, None, hint_ms, bounds)
     first_chunk = None
     done = []
     late = None if late_ms is None else Request(2, None, late_ms, 100, 20)
@@ -102,27 +102,32 @@ def _drive(hint_ms, late_ms=None):
             late = None
             end = cut if cut is not None else end
             continue
-        done.extend(w.finish(end, None, hint_ms))
+        done.extend(w.finish(end, None, hint_ms, bounds))
         if w.busy:
             end = w.pass_end_ms
             continue
         t = end
-        end, _ = w.start_if_idle(t, None, hint_ms)
+        end, _ = w.start_if_idle(t, None, hint_ms, bounds)
         if w._run is not None and first_chunk is None:
             first_chunk = w._run.num_passes
     return [(r.index, r.terminal_ms) for r in done], first_chunk
 
 
-def test_a_run_without_a_known_input_computes_its_end_times_in_growing_chunks():
-    # a far hint (the earliest an input may come) is no horizon: a first chunk of 32 passes, as
-    # without one, not the 299 up to the hint; the chunks grow geometrically; the completions
-    # never change
+def test_a_run_computes_its_end_times_up_to_the_hint_else_in_growing_chunks():
+    # a hint that bounds the inputs not known yet (the end of a step that cannot stop early)
+    # bounds the run like a known input: every pass up to the one in progress then is kept, so
+    # they are computed at once (a short first chunk of 8 gives the pass rate, then about as
+    # many as reach the hint: here all 299 passes, the run ends before 5 s; 8 cover a hint at
+    # 150 ms); a hint only (a step may stop early) or none: a first chunk of 32, chunks growing
+    # geometrically (with a hint, no further than about it); the completions never change
     far, chunk_far = _drive(hint_ms=5_000.0)
     none, chunk_none = _drive(hint_ms=None)
-    near, _ = _drive(hint_ms=150.0)
-    assert chunk_far == chunk_none == 32
-    assert far == none == near == [(1, 100.0 + 199 * 10.0), (0, 100.0 + 299 * 10.0)]
+    near, chunk_near = _drive(hint_ms=150.0)
+    soft, chunk_soft = _drive(hint_ms=5_000.0, bounds=False)
+    assert (chunk_far, chunk_near, chunk_soft, chunk_none) == (299, 8, 32, 32)
+    assert far == none == near == soft == [(1, 100.0 + 199 * 10.0), (0, 100.0 + 299 * 10.0)]
     # an input the worker did not know of cuts the run wherever its end times were computed to
+    # (even one breaking the hint's promise)
     cut_far, _ = _drive(hint_ms=5_000.0, late_ms=455.0)
     cut_none, _ = _drive(hint_ms=None, late_ms=455.0)
     assert cut_far == cut_none and len(cut_far) == 3
