@@ -7,7 +7,9 @@ offline. Later suites start one session-wide local Ray from here.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 _home = Path(tempfile.mkdtemp(prefix="aisim-test-home-"))
+atexit.register(shutil.rmtree, _home, ignore_errors=True)  # (the session's HOME goes with it)
 (_home / "ray_bootstrap_config.yaml").write_text("")
 os.environ["HOME"] = str(_home)
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

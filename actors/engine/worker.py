@@ -367,7 +367,8 @@ class EngineWorker:
                 self.pass_end_ms = run.end_ms
                 return self.take_exits()
             if (self._joins and run.num_passes < run.bound and (horizon_ms is None or horizon_ms > now_ms)
-                    and (hint_ms is None or hint_ms > now_ms) and self._join(run, now_ms, horizon_ms, hint_ms, hint_bounds)):
+                    and (hint_ms is None or hint_ms > now_ms)
+                    and self._join(run, now_ms, horizon_ms, hint_ms, hint_bounds)):
                 return self.take_exits()
             self._apply_run(run, run.num_passes, run.num_passes)
             completed = self.take_exits()
