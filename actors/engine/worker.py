@@ -45,6 +45,12 @@ from actors.engine.timing import PassShape
 MAX_RUN_PASSES = 4096
 
 
+def _passes_to_reach(t_ms: float, m: int, start_ms: float, last_ms: float) -> int:
+    """About as many passes as reach ``t_ms`` at the mean pass time of a run's first ``m``
+    (from ``start_ms`` to ``last_ms``), and 8 more."""
+    return m + 8 + int((t_ms - last_ms) * m / (last_ms - start_ms))
+
+
 class DecodeRun:
     """Up to ``num_planned`` decode passes of one batch per busy rank, which only shrinks: a
     request leaves after the pass that completes it. Pass end times are computed ahead in
@@ -508,14 +514,14 @@ class EngineWorker:
             # a short first chunk while the pass rate is not known (runs are often cut a few
             # passes in, and each pass computed costs its segments), then about as many as
             # reach the target at the mean pass time so far
-            upto = m + 8 + int((target - last) * m / (last - start)) if m and target > last > start else m + 8
+            upto = _passes_to_reach(target, m, start, last) if m and target > last > start else m + 8
         else:
             # an input nobody knows of yet may cut the run anywhere: what is computed past the
             # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)
             target = None
             upto = m + max(32, m)
             if hint_ms is not None and m and hint_ms > last > start:
-                upto = min(upto, m + 8 + int((hint_ms - last) * m / (last - start)))
+                upto = min(upto, _passes_to_reach(hint_ms, m, start, last))
         while True:
             upto = min(upto, run.num_planned)
             durations = None
@@ -534,7 +540,7 @@ class EngineWorker:
             if target is None or ends[-1] >= target or m >= run.num_planned:
                 break
             last = ends[-1]
-            upto = m + 8 + int((target - last) * m / (last - start)) if last > start else 2 * m
+            upto = _passes_to_reach(target, m, start, last) if last > start else 2 * m
         run.num_passes = m
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
