@@ -122,6 +122,8 @@ class KVCache:
         "_batch_entries",
         "_stamp",
         "_seq",
+        "_loose",
+        "_num_unplaced",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int, prefix_caching: bool = True, record_events: bool = False):
@@ -138,6 +140,10 @@ class KVCache:
         self._batch_entries = 0
         self._stamp = 0
         self._seq = 0  # numbers insertions (contents() lists active blocks in insertion order)
+        # first hash -> chain position of the runs whose first block's parent may be evicted
+        # before them (see ``_starts_run``); -1: position unknown (preloaded)
+        self._loose: dict[int, int] = {}
+        self._num_unplaced = 0  # entries of ``_loose`` at -1
 
     # -- capacity -----------------------------------------------------------------
     @property
@@ -256,8 +262,8 @@ class KVCache:
             if caching:
                 full = target // bs
                 pos = req.num_full_registered
-                if full > pos and (req.dup_tail or (req.hashes[pos] in heads if full == pos + 1
-                                                    else not heads.keys().isdisjoint(req.hashes[pos:full]))):
+                if full > pos and (req.dup_tail or req.hashes[pos] in heads
+                                   or full > pos + 1 and self._starts_run(req.hashes, pos + 1, full)):
                     return None
         if total > 0 and not self.reserve(total):
             return False
@@ -337,10 +343,12 @@ class KVCache:
                 continue
             # new blocks up to the next cached one (which can only start a run: its parent is new)
             end = full
-            if pos + 1 < full and not heads.keys().isdisjoint(hashes[pos + 1 : full]):
+            if pos + 1 < full and self._starts_run(hashes, pos + 1, full):
                 end = pos + 1
                 while hashes[end] not in heads:
                     end += 1
+            if req.dup_tail:  # (a new run after a private copy: its parent is someone else's)
+                self._loose[hashes[pos]] = pos
             self._store(req, hashes[pos:end], seq, num_stored)
             if events is not None:  # one event per stretch of new blocks (each consecutive in the chain)
                 events.append((STORED, hashes[pos:end]))
@@ -368,6 +376,28 @@ class KVCache:
         self._heads[new[0]] = own
         held.append((own, len(new)))
         req.dup_tail = False
+
+    def _starts_run(self, hashes: list[int], lo: int, hi: int) -> bool:
+        """Whether one of ``hashes[lo:hi]`` starts a resident run, given that ``hashes[lo - 1]``
+        is not resident. Such a run's first block has no resident parent. A block's parent is
+        evicted with or after it (leaves first: a holder holds the whole prefix, a release
+        queues its runs tail first, a re-acquired prefix is released again later), unless the
+        run was stored right after a private copy of a cached block (its parent was someone
+        else's, which may go first) or preloaded: only those (``_loose``, by chain position) are
+        checked, one comparison each, instead of every block of the stretch."""
+        loose = self._loose
+        if not loose:
+            return False
+        if self._num_unplaced or len(loose) > 16:
+            return not self._heads.keys().isdisjoint(hashes[lo:hi])
+        for h, i in loose.items():
+            if lo <= i < hi and hashes[i] == h:
+                return True
+        return False
+
+    def _unloose(self, head: int) -> None:
+        if self._loose.pop(head, 0) == -1:
+            self._num_unplaced -= 1
 
     def _locate_next(self, hashes: list[int], pos: int) -> tuple[_Run | None, int]:
         """The run and offset of ``hashes[pos]`` when it continues the run holding
@@ -414,6 +444,8 @@ class KVCache:
                 k = len(keys)
                 if k <= left:
                     del heads[keys[0]]
+                    if self._loose:
+                        self._unloose(keys[0])
                     if victims is not None:
                         victims.extend(reversed(keys))
                     run.keys = []
@@ -529,9 +561,11 @@ class KVCache:
             run = _Run([h], 0, [(0, seq, i)])
             run.stamp = stamp
             self._heads[h] = run
+            self._loose[h] = -1  # (its chain and position are unknown)
             runs.append(run)
         self._batches.append([stamp, runs, 0])
         self._batch_entries += len(runs)
+        self._num_unplaced += len(keep)
         self.num_inactive += len(keep)
 
     # -- introspection (tests, planner) ----------------------------------------------

@@ -97,6 +97,26 @@ def test_identical_block_computed_twice_stays_private_and_is_freed():
     kv.check_invariants()
 
 
+def test_a_run_stored_after_a_private_copy_is_found_after_its_parent_is_evicted():
+    # b computes 1, 2 while a holds them (private copies), then stores 3, 4 after them: that run's
+    # parent is a's block 2, which is evicted once a releases; d then stores the chain again
+    kv = KVCache(10, 4)
+    a, b = Req([1, 2]), Req([1, 2, 3, 4])
+    assert kv.grow(a, 8, a.hashes)
+    assert kv.grow(b, 16, b.hashes)
+    assert kv.held_hashes(b) == [3, 4] and b.num_private == 2
+    kv.release(a)
+    c = Req([21, 22, 23, 24, 25, 26])
+    assert kv.grow(c, 24, c.hashes)  # evicts 2 then 1: 3 and 4 stay (b holds them)
+    assert kv.resident() == {3, 4, 21, 22, 23, 24, 25, 26}
+    kv.release(c)
+    d = Req([1, 2, 3, 4, 5])
+    assert admit(kv, d, 21) == 0  # 1 is gone: nothing to reuse
+    # 1, 2 and 5 are new; 3, 4 are cached (b's): private copies
+    assert kv.held_hashes(d) == [1, 2, 5] and d.num_private == 3  # (and its partial sixth block)
+    kv.check_invariants()
+
+
 def test_allocation_miss_is_a_return_value():
     kv = KVCache(2, 4)
     a = Req([1, 2, 3])
