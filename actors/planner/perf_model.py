@@ -159,9 +159,12 @@ class SampleStore:
 
     def price(self, p: Pass) -> float | None:
         """Pass time in ms, or None before the store is ready."""
-        if not self.ready():
-            return None
-        c0, w_att, w_ffn, m_att, m_ffn, _ = self._coefficients()
+        fit = self._fit  # (a fit exists only for a ready store: ``add`` drops it)
+        if fit is None:
+            if not self.ready():
+                return None
+            fit = self._coefficients()
+        c0, w_att, w_ffn, m_att, m_ffn, _ = fit
         att, ffn = p.features()
         ms = c0 + w_att * (att - m_att) + w_ffn * (ffn - m_ffn)
         return ms if ms > 0.0 else 0.0
@@ -263,7 +266,8 @@ class PerfModel:
         return self.stores[store].ready()
 
     def price(self, p: Pass) -> tuple[float | None, str]:
-        store = p.pass_type
+        t, d = p.prefill_tokens, p.num_decode  # (``Pass.pass_type``, inline: the estimates price many)
+        store = (MIXED if d > 0 else PURE_PREFILL) if t > 0 else PURE_DECODE
         return self.stores[store].price(p), store
 
     # -- running averages ------------------------------------------------------------------
