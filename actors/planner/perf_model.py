@@ -266,8 +266,7 @@ class PerfModel:
         return self.stores[store].ready()
 
     def price(self, p: Pass) -> tuple[float | None, str]:
-        t, d = p.prefill_tokens, p.num_decode  # (``Pass.pass_type``, inline: the estimates price many)
-        store = (MIXED if d > 0 else PURE_PREFILL) if t > 0 else PURE_DECODE
+        store = p.pass_type
         return self.stores[store].price(p), store
 
     # -- running averages ------------------------------------------------------------------
