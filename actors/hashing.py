@@ -14,6 +14,8 @@ sequences at once: ``H_j = P**j * sum_{i<=j} key_i * P**-i``.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 MASK64 = (1 << 64) - 1
@@ -27,6 +29,21 @@ NS_TRACE = 0x5EED000000000001
 NS_UNIQUE = 0x0DD5000000000002
 
 _U64 = np.uint64
+
+
+def hash_view(hashes) -> memoryview:
+    """Block hashes as engines and routers take them: a read-only ``memoryview`` (format ``Q``,
+    unsigned 64-bit) over its own buffer. Indexing gives Python ints, slicing gives views (no
+    copy), so KV runs view the hashes instead of holding one int object per block. Accepts such
+    a view (returned as it is), the bytes of one (as msgpack carries a view across processes), a
+    uint64 array or an iterable of ints."""
+    if isinstance(hashes, memoryview):
+        return hashes
+    if isinstance(hashes, bytes):
+        return memoryview(hashes).cast("Q")
+    if isinstance(hashes, np.ndarray):
+        return memoryview(np.ascontiguousarray(hashes, dtype=_U64).tobytes()).cast("Q")
+    return memoryview(array("Q", hashes).tobytes()).cast("Q")
 
 
 def splitmix64(x: int) -> int:

@@ -31,6 +31,7 @@ from typing import Callable
 
 from actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
 from actors.engine.worker import EngineWorker
+from actors.hashing import hash_view
 
 # phases (same numbers as the coordinator's event phases)
 PH_PASS_END = 0
@@ -387,7 +388,7 @@ class WorkerHost:
                 out.append(0)
                 continue
             self._sync(wid, worker, self.now)
-            out.append(kv.match_prefix(hashes, limit)[0])
+            out.append(kv.match_prefix(hash_view(hashes), limit)[0])  # (bytes over msgpack)
         return out
 
     def kv_contents(self, wids) -> list:

@@ -17,7 +17,13 @@ Representation (chosen for speed, see BENCHMARKS.md): resident blocks live in *r
 number of live requests, or cached inactive since the same release). Bookkeeping costs one
 step per run, not per block: a prefill chunk registers as one run, a request's release moves
 its runs to the LRU pool as one batch, and eviction takes whole runs (or the tail of one).
-A run is split only where a request's prefix hit ends inside it.
+A run is split where a request's prefix hit ends inside it, and a request's new blocks start a
+new run after one that is not a view of its own hashes.
+
+A run's keys are a read-only view (``memoryview``, format ``Q``) of the hashes of the request
+that registered them, never a copy: registering, splitting, growing and cutting a run make a
+new view in O(1), and no Python int exists per block (indexing makes one on the fly; the hash
+buffer is freed when the last run viewing it goes).
 
 Only the first hash of each run is indexed (``_heads``). That suffices because hashes are
 chained: a resident block whose parent is resident lies in its parent's run or starts a run,
@@ -29,27 +35,34 @@ after a block its request holds is already cached only if its hash starts a run.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+
+from actors.hashing import hash_view
 
 # KV event kinds (published to routers at pass end). A STORED event is blocks that were not
 # resident, consecutive in one chain (parent first); a REMOVED event is evicted blocks in
 # eviction order: stretches of a chain, each from its last block back (a block is evicted with or
-# after its descendants). Each event's list is its own (the cache's runs may change after it).
+# after its descendants). An event's hashes are a read-only view (``actors.hashing.hash_view``;
+# a STORED event's views the registering request's hashes, as the cache's runs do).
 STORED = 1
 REMOVED = 2
+
+_NO_KEYS = memoryview(b"").cast("Q")  # a fully evicted run's keys
 
 
 class _Run:
     """Consecutive blocks of one chain in one state.
 
-    ``keys``: the chained hashes, parent first. ``holders``: live requests holding the run
-    (0: cached inactive, in the release batch numbered ``stamp``). ``tail``: the run split off
-    this one's end while requests held both (a holder's ``(run, n)`` record covers ``n``
-    blocks along this link). ``marks``: (offset, insertion number, index in that insertion)
-    where the blocks from ``offset`` on were made resident (orders ``contents()``)."""
+    ``keys``: the chained hashes, parent first (a view of the registering request's hashes).
+    ``holders``: live requests holding the run (0: cached inactive, in the release batch
+    numbered ``stamp``). ``tail``: the run split off this one's end while requests held both (a
+    holder's ``(run, n)`` record covers ``n`` blocks along this link). ``marks``: (offset,
+    insertion number, index in that insertion) where the blocks from ``offset`` on were made
+    resident (orders ``contents()``)."""
 
     __slots__ = ("keys", "holders", "stamp", "tail", "marks")
 
-    def __init__(self, keys: list, holders: int, marks: list) -> None:
+    def __init__(self, keys: memoryview, holders: int, marks: list) -> None:
         self.keys = keys
         self.holders = holders
         self.stamp = 0
@@ -72,7 +85,7 @@ def _split_marks(marks: list, at: int) -> tuple[list, list]:
     return head, tail
 
 
-def agreeing(keys: list, off: int, hashes: list, pos: int, end: int) -> int:
+def agreeing(keys: Sequence[int], off: int, hashes: Sequence[int], pos: int, end: int) -> int:
     """How many blocks ``keys[off:]`` and ``hashes[pos:end]`` share from the start, given that
     ``keys[off] == hashes[pos]``. Equal chained hashes mean equal prefixes, so agreement holds up
     to some point and never after it: compare the last candidate, else binary-search."""
@@ -93,7 +106,7 @@ def agreeing(keys: list, off: int, hashes: list, pos: int, end: int) -> int:
 
 def _cut_tail(run: _Run, cut: int) -> None:
     """Keep the first ``cut`` (>= 1) blocks of ``run``."""
-    del run.keys[cut:]
+    run.keys = run.keys[:cut]
     marks = run.marks
     while marks[-1][0] >= cut:
         marks.pop()
@@ -133,7 +146,7 @@ class KVCache:
         self.num_active_shared = 0
         self.num_inactive = 0
         self.num_private = 0
-        self.events: list[tuple[int, list[int]]] | None = [] if record_events else None
+        self.events: list[tuple[int, memoryview]] | None = [] if record_events else None
         self.num_evicted = 0
         self._heads: dict[int, _Run] = {}  # first hash of each resident run -> run
         self._batches: deque[list] = deque()  # [stamp, runs (eviction order), next position]
@@ -161,7 +174,7 @@ class KVCache:
         return self.capacity - self.num_active_shared - self.num_private
 
     # -- prefix lookup --------------------------------------------------------------
-    def match_prefix(self, hashes: list[int], limit_blocks: int) -> tuple[int, int, list]:
+    def match_prefix(self, hashes: Sequence[int], limit_blocks: int) -> tuple[int, int, list]:
         """Longest resident chain among the first ``limit_blocks`` hashes.
 
         Returns how many blocks hit, how many of them are currently active, and the hit as
@@ -212,21 +225,21 @@ class KVCache:
             tail = _Run(keys[at:], run.holders, tail_marks)
             tail.stamp = run.stamp
             tail.tail = run.tail
-            del keys[at:]
+            run.keys = keys[:at]
             run.marks = head_marks
             run.tail = tail
             self._heads[tail.keys[0]] = tail
             return run
         # cached inactive: the tail part keeps its place in its release batch
         head = _Run(keys[:at], 0, head_marks)
-        del keys[:at]
+        run.keys = keys = keys[at:]
         run.marks = tail_marks
         self._heads[head.keys[0]] = head
         self._heads[keys[0]] = run
         return head
 
     # -- allocation -----------------------------------------------------------------
-    def grow(self, req, target_tokens: int, hashes: list[int] | None) -> bool:
+    def grow(self, req, target_tokens: int, hashes: memoryview | None) -> bool:
         """Give ``req`` slots for ``target_tokens`` computed tokens and register its full blocks.
 
         Returns False (changing nothing) when free + evictable blocks do not suffice.
@@ -285,7 +298,7 @@ class KVCache:
             # counters added up once below
             req.num_full_registered = full
             self._seq += 1
-            self._store(req, req.hashes[pos:full], self._seq, 0)
+            self._store(req, req.hashes, pos, full, self._seq, 0)
             req.num_held += 1
             req.num_private -= 1
             num_single += 1
@@ -307,7 +320,7 @@ class KVCache:
         self.num_private += num_blocks
         return True
 
-    def register(self, req, hashes: list[int], full: int) -> None:
+    def register(self, req, hashes: memoryview, full: int) -> None:
         """Turn ``req``'s private slots for its full blocks up to ``full`` into shared cached
         blocks (those not already cached elsewhere, which stay private copies)."""
         heads = self._heads
@@ -317,7 +330,7 @@ class KVCache:
         seq = self._seq
         if full == pos + 1 and not req.dup_tail and hashes[pos] not in heads:
             # one new block right after one the request holds (a decode step filled it)
-            self._store(req, hashes[pos:full], seq, 0)
+            self._store(req, hashes, pos, full, seq, 0)
             req.num_held += 1
             req.num_private -= 1
             self.num_private -= 1
@@ -349,7 +362,7 @@ class KVCache:
                     end += 1
             if req.dup_tail:  # (a new run after a private copy: its parent is someone else's)
                 self._loose[hashes[pos]] = pos
-            self._store(req, hashes[pos:end], seq, num_stored)
+            self._store(req, hashes, pos, end, seq, num_stored)
             if events is not None:  # one event per stretch of new blocks (each consecutive in the chain)
                 events.append((STORED, hashes[pos:end]))
             num_stored += end - pos
@@ -361,23 +374,27 @@ class KVCache:
         self.num_private -= num_stored
         self.num_active_shared += num_stored
 
-    def _store(self, req, new: list[int], seq: int, index: int) -> None:
-        """Make ``new`` (blocks nobody has cached, continuing ``req``'s chain) held by ``req``
-        alone: appended to its last run when it holds that run alone, else a new run."""
+    def _store(self, req, hashes: memoryview, pos: int, end: int, seq: int, index: int) -> None:
+        """Make ``hashes[pos:end]`` (blocks nobody has cached, continuing ``req``'s chain from
+        its ``pos`` full blocks) held by ``req`` alone: appended to its last run when it holds that
+        run alone and the run is a view of the same hashes (so it ends at ``pos``: a chain's
+        hashes sit at their chain positions), else a new run. (A new run instead of an appended
+        one changes no outcome: the run is its parent run's child, held and released with it.)"""
         held = req.held
         if held and not req.dup_tail:
             own, n = held[-1]
-            if own.holders == 1 and own.tail is None and len(own.keys) == n:
+            keys = own.keys
+            if own.holders == 1 and own.tail is None and len(keys) == n and keys.obj is hashes.obj:
                 own.marks.append((n, seq, index))
-                own.keys.extend(new)
-                held[-1] = (own, n + len(new))
+                own.keys = hashes[pos - n : end]
+                held[-1] = (own, n + end - pos)
                 return
-        own = _Run(new, 1, [(0, seq, index)])
-        self._heads[new[0]] = own
-        held.append((own, len(new)))
+        own = _Run(hashes[pos:end], 1, [(0, seq, index)])
+        self._heads[hashes[pos]] = own
+        held.append((own, end - pos))
         req.dup_tail = False
 
-    def _starts_run(self, hashes: list[int], lo: int, hi: int) -> bool:
+    def _starts_run(self, hashes: memoryview, lo: int, hi: int) -> bool:
         """Whether one of ``hashes[lo:hi]`` starts a resident run, given that ``hashes[lo - 1]``
         is not resident. Such a run's first block has no resident parent. A block's parent is
         evicted with or after it (leaves first: a holder holds the whole prefix, a release
@@ -399,7 +416,7 @@ class KVCache:
         if self._loose.pop(head, 0) == -1:
             self._num_unplaced -= 1
 
-    def _locate_next(self, hashes: list[int], pos: int) -> tuple[_Run | None, int]:
+    def _locate_next(self, hashes: memoryview, pos: int) -> tuple[_Run | None, int]:
         """The run and offset of ``hashes[pos]`` when it continues the run holding
         ``hashes[pos - 1]`` (a cached block the request has a private copy of)."""
         heads = self._heads
@@ -429,7 +446,7 @@ class KVCache:
                 self.num_evicted += count
                 return
         heads = self._heads
-        victims: list[int] | None = [] if self.events is not None else None
+        victims = bytearray() if self.events is not None else None  # (the evicted hashes' bytes)
         left = count
         while left:
             batch = batches[0]
@@ -447,8 +464,8 @@ class KVCache:
                     if self._loose:
                         self._unloose(keys[0])
                     if victims is not None:
-                        victims.extend(reversed(keys))
-                    run.keys = []
+                        victims += keys[::-1].tobytes()
+                    run.keys = _NO_KEYS
                     run.marks = []
                     left -= k
                     i += 1
@@ -457,7 +474,7 @@ class KVCache:
                 else:
                     cut = k - left
                     if victims is not None:
-                        victims.extend(reversed(keys[cut:]))
+                        victims += keys[cut:][::-1].tobytes()
                     _cut_tail(run, cut)
                     left = 0
                     break
@@ -468,7 +485,7 @@ class KVCache:
         self.num_inactive -= count
         self.num_evicted += count
         if victims is not None:
-            self.events.append((REMOVED, victims))
+            self.events.append((REMOVED, memoryview(bytes(victims)).cast("Q")))
 
     # -- release --------------------------------------------------------------------
     def release(self, req) -> None:
@@ -557,8 +574,9 @@ class KVCache:
         self._stamp += 1
         seq, stamp = self._seq, self._stamp
         runs = []
+        keys = hash_view(keep)
         for i, h in enumerate(keep):
-            run = _Run([h], 0, [(0, seq, i)])
+            run = _Run(keys[i : i + 1], 0, [(0, seq, i)])
             run.stamp = stamp
             self._heads[h] = run
             self._loose[h] = -1  # (its chain and position are unknown)

@@ -8,7 +8,10 @@ token. After that each pass computes the one token sampled last pass and emits a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
+
+from actors.hashing import hash_view
 
 # lifecycle states
 WAITING = 0
@@ -25,9 +28,10 @@ REJECT_UNKNOWN = "unknown"  # not expected: a rejection none of the checks expla
 
 
 class HashSource(Protocol):
-    """Gives the chained block hashes of a request's full sequence (prompt + output)."""
+    """Gives the chained block hashes of a request's full sequence (prompt + output): ideally as
+    ``actors.hashing.hash_view`` makes them (any sequence of ints is converted)."""
 
-    def block_hashes(self, index: int, block_size: int) -> list[int]: ...
+    def block_hashes(self, index: int, block_size: int) -> Sequence[int]: ...
 
 
 class Request:
@@ -93,7 +97,7 @@ class Request:
         self.num_computed = 0
         self.num_generated = 0
         self.prefill_done = False
-        self.hashes: list[int] | None = None
+        self.hashes: memoryview | None = None
         self.hash_block_size = 0
         self.held: list = []  # KV runs held: (run, blocks) records (KVCache)
         self.num_held = 0  # shared KV blocks held
@@ -121,10 +125,11 @@ class Request:
     def num_known(self) -> int:
         return self.prompt_len + self.num_generated
 
-    def block_hashes(self, block_size: int) -> list[int]:
-        """Chained hashes of the full blocks of prompt + output (computed once, kept while live)."""
+    def block_hashes(self, block_size: int) -> memoryview:
+        """Chained hashes of the full blocks of prompt + output (computed once, kept while live),
+        as a read-only view (``actors.hashing.hash_view``: KV runs view it, never copy it)."""
         if self.hashes is None or self.hash_block_size != block_size:
-            self.hashes = self.source.block_hashes(self.index, block_size)
+            self.hashes = hash_view(self.source.block_hashes(self.index, block_size))
             self.hash_block_size = block_size
         return self.hashes
 

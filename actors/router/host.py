@@ -7,6 +7,8 @@ same class runs in process and inside a Ray actor.
 
 from __future__ import annotations
 
+from actors.hashing import hash_view
+
 # update kinds
 UP_KV = 0  # (pool, UP_KV, worker, rank, kind, hashes)
 UP_FIRST_TOKEN = 1  # (pool, UP_FIRST_TOKEN, index)
@@ -40,7 +42,7 @@ class RouterHost:
             router = routers[u[0]]
             kind = u[1]
             if kind == UP_KV:
-                router.on_kv_events(u[2], u[3], u[4], u[5])
+                router.on_kv_events(u[2], u[3], u[4], hash_view(u[5]))
             elif kind == UP_FIRST_TOKEN:
                 router.on_first_token(RouteRequest(u[2]))
             elif kind == UP_RELEASE:
@@ -49,6 +51,8 @@ class RouterHost:
                 router.set_parameters(u[2])
         out = []
         for pool, index, prompt_len, hashes, now_ms, ref in requests:
+            if hashes is not None:
+                hashes = hash_view(hashes)  # (bytes when the request crossed as msgpack)
             wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],
                                                   ranks_of)
             out.append((wid, rank, info))

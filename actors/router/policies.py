@@ -16,6 +16,7 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class RoundRobinRouter:
     def on_release(self, req) -> None:
         pass
 
-    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
+    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: Sequence[int]) -> None:
         pass
 
     def describe(self) -> dict:
@@ -82,8 +83,8 @@ class _Run:
 
     __slots__ = ("keys", "holders")
 
-    def __init__(self, keys: list, holders: int) -> None:
-        self.keys = keys
+    def __init__(self, keys, holders: int) -> None:
+        self.keys = keys  # (a view of a request's hashes: split by slicing, never copied)
         self.holders = holders
 
 
@@ -104,7 +105,7 @@ class _ActiveChains:
         self.heads: dict[int, _Run] = {}  # first hash of each run -> run
         self.num_blocks = 0  # distinct blocks held
 
-    def _walk(self, hashes: list, hold: bool) -> int:
+    def _walk(self, hashes: Sequence[int], hold: bool) -> int:
         """How many leading ``hashes`` are held; with ``hold``, they get one more holder (a run
         is split where the chain diverges or ends inside it)."""
         heads = self.heads
@@ -120,18 +121,18 @@ class _ActiveChains:
                 if not hold:
                     return pos + a
                 tail = _Run(keys[a:], run.holders)
-                del keys[a:]
+                run.keys = keys[:a]
                 heads[tail.keys[0]] = tail
             if hold:
                 run.holders += 1
             pos += a
         return pos
 
-    def depth(self, hashes: list) -> int:
+    def depth(self, hashes: Sequence[int]) -> int:
         """How many leading ``hashes`` are held."""
         return self._walk(hashes, False)
 
-    def add(self, hashes: list) -> None:
+    def add(self, hashes: Sequence[int]) -> None:
         """One more in-flight request holds the chain ``hashes``."""
         n = len(hashes)
         pos = self._walk(hashes, True)
@@ -139,7 +140,7 @@ class _ActiveChains:
             self.heads[hashes[pos]] = _Run(hashes[pos:], 1)
             self.num_blocks += n - pos
 
-    def remove(self, hashes: list) -> None:
+    def remove(self, hashes: Sequence[int]) -> None:
         """A request holding the chain ``hashes`` (added before) is no longer in flight."""
         heads = self.heads
         n = len(hashes)
@@ -177,22 +178,23 @@ class _CachedBlocks:
     __slots__ = ("heads", "tails", "num_blocks")
 
     def __init__(self) -> None:
-        self.heads: dict[int, list] = {}  # first hash of each run -> its keys (chain order)
-        self.tails: dict[int, list] = {}  # last hash of each run -> the same list
+        self.heads: dict[int, Sequence[int]] = {}  # first hash of each run -> its keys (chain order)
+        self.tails: dict[int, Sequence[int]] = {}  # last hash of each run -> the same keys
         self.num_blocks = 0
 
     def __contains__(self, h: int) -> bool:
         """Whether ``h`` is cached, for the first block of a chain (which can only start a run)."""
         return h in self.heads
 
-    def store(self, hashes: list) -> None:
-        """Consecutive blocks of one chain were cached (none of them was); the list is kept."""
+    def store(self, hashes: Sequence[int]) -> None:
+        """Consecutive blocks of one chain were cached (none of them was); the sequence is kept
+        (never changed: a removal keeps a slice of it)."""
         if hashes:
-            self.heads[hashes[0]] = hashes  # (the event's own list: kept, and cut by later removals)
+            self.heads[hashes[0]] = hashes
             self.tails[hashes[-1]] = hashes
             self.num_blocks += len(hashes)
 
-    def remove(self, victims: list) -> None:
+    def remove(self, victims: Sequence[int]) -> None:
         """Blocks were evicted: ``victims`` in eviction order (stretches of a chain, each from its
         last block back)."""
         heads = self.heads
@@ -218,14 +220,15 @@ class _CachedBlocks:
             # (the ends agree, so the blocks between do: equal hashes, equal prefixes)
             cut = num - t
             if cut:
-                del keys[cut:]
+                keys = keys[:cut]  # (a view when the event's hashes are: cut, not freed block by block)
+                heads[keys[0]] = keys
                 tails[keys[-1]] = keys
             else:
                 del heads[keys[0]]
             self.num_blocks -= t
             i += t
 
-    def prefix_len(self, hashes: list) -> int:
+    def prefix_len(self, hashes: Sequence[int]) -> int:
         """How many leading ``hashes`` are cached."""
         heads = self.heads
         n = len(hashes)
@@ -295,7 +298,7 @@ class KvRouter:
         self.name = name
         self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
         self._cands: dict[tuple[int, int], _Candidate] = {}
-        self._routed: dict[int, tuple[tuple[int, int], int, list[int]]] = {}
+        self._routed: dict[int, tuple[tuple[int, int], int, Sequence[int]]] = {}
 
     def parameters(self) -> dict:
         """The knobs retune may change (as the report names them)."""
@@ -399,7 +402,7 @@ class KvRouter:
         if hashes:
             c.active.remove(hashes)
 
-    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: list[int]) -> None:
+    def on_kv_events(self, worker: int, rank: int, kind: int, hashes: Sequence[int]) -> None:
         c = self._cand((worker, rank))
         if kind == STORED:
             c.cached.store(hashes)

@@ -131,24 +131,26 @@ class BlockHashStore:
     def __init__(self, workload: Workload, max_chunks: int = 8) -> None:
         self.w = workload
         self.max_chunks = max_chunks
-        self._chunks: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        # (chunk, block size) -> (the chunk's hashes as bytes, byte offset of each request's)
+        self._chunks: OrderedDict[tuple[int, int], tuple[bytes, list[int]]] = OrderedDict()
         n = workload.num_requests
         self._out_src = hashing.unique_sources(OUTPUT_TAG, np.arange(n, dtype=np.int64))
 
-    def block_hashes(self, index: int, block_size: int) -> list[int]:
+    def block_hashes(self, index: int, block_size: int) -> memoryview:
+        """The request's hashes as ``actors.hashing.hash_view`` gives them (its own buffer)."""
         c = index // self.CHUNK
         key = (c, block_size)
         got = self._chunks.get(key)
         if got is None:
-            got = self._compute(c, block_size)
-            self._chunks[key] = got
+            hashes, starts = self._compute(c, block_size)
+            got = self._chunks[key] = (hashes.tobytes(), (starts * hashes.itemsize).tolist())
             if len(self._chunks) > self.max_chunks:
                 self._chunks.popitem(last=False)
         else:
             self._chunks.move_to_end(key)
-        hashes, starts = got
+        raw, starts = got
         j = index - c * self.CHUNK
-        return hashes[starts[j] : starts[j + 1]].tolist()
+        return memoryview(raw[starts[j] : starts[j + 1]]).cast("Q")  # (a copy: the chunk is not kept alive)
 
     def _compute(self, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
         w = self.w

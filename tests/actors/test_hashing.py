@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from actors import hashing
 
@@ -68,3 +69,17 @@ def test_part_keys_from_the_offset_table_equal_the_direct_mix():
         want = hashing.splitmix64_array(sources ^ hashing.splitmix64_array(offsets.astype(np.uint64)))
         assert np.array_equal(hashing._part_keys(sources, offsets), want)
         assert [int(k) for k in want[:5]] == [hashing._part_key(int(s), int(o)) for s, o in zip(sources[:5], offsets[:5])]
+
+
+def test_a_hash_view_reads_the_same_ints_from_every_form_and_is_read_only():
+    values = [0, 1, (1 << 64) - 1, 0x9E3779B97F4A7C15]
+    arr = np.array(values, dtype=np.uint64)
+    view = hashing.hash_view(values)
+    assert view.format == "Q" and view.readonly
+    for form in (arr, view, view.tobytes(), iter(values)):
+        got = hashing.hash_view(form)
+        assert list(got) == values and got.readonly
+    assert hashing.hash_view(view) is view  # (no copy of a view)
+    assert view[1:3].obj is view.obj  # slices are views of the same buffer
+    with pytest.raises(TypeError):
+        view[0] = 5

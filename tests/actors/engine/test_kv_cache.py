@@ -10,6 +10,7 @@ from itertools import takewhile
 import pytest
 
 from actors.engine.kv_cache import REMOVED, STORED, KVCache
+from actors.hashing import hash_view
 from actors.router.policies import _CachedBlocks
 
 
@@ -17,7 +18,7 @@ class Req:
     """The attributes KVCache reads and writes on a request."""
 
     def __init__(self, hashes):
-        self.hashes = hashes
+        self.hashes = hash_view(hashes)  # (as a request's hash source gives them)
         self.held = []
         self.num_held = 0
         self.dup_tail = False
@@ -85,6 +86,25 @@ def test_shared_active_block_needs_every_holder_to_release():
     kv.check_invariants()
 
 
+def test_runs_view_the_registering_requests_hashes_and_a_continuation_of_anothers_run_starts_one():
+    kv = KVCache(10, 2)
+    a = Req([1, 2, 3])
+    admit(kv, a, 6)  # blocks 1, 2, 3: one run, a view of a's hashes (no copy)
+    (run, n), = a.held
+    assert n == 3 and run.keys.obj is a.hashes.obj
+    kv.release(a)
+    b = Req([1, 2, 3, 4, 5])
+    assert admit(kv, b, 10) == 3  # b holds a's run alone now; its new blocks 4, 5 start a run of b's
+    assert [(list(r.keys), m) for r, m in b.held] == [([1, 2, 3], 3), ([4, 5], 2)]
+    assert b.held[1][0].keys.obj is b.hashes.obj
+    kv.release(b)
+    assert kv.lru_order() == [5, 4, 3, 2, 1]  # as one run would be: the last block first
+    c = Req([9, 8, 7, 6, 11, 12, 13, 14, 15])
+    admit(kv, c, 18)  # nine new blocks, five free: evicts b's run, then the tail of a's
+    assert kv.lru_order() == [1] and kv.num_evicted == 4
+    kv.check_invariants()
+
+
 def test_identical_block_computed_twice_stays_private_and_is_freed():
     kv = KVCache(10, 4)
     a, b = Req([1, 2]), Req([1, 2])
@@ -130,7 +150,7 @@ def test_events_report_stored_and_removed_blocks():
     kv.grow(a, 8, a.hashes)
     kv.release(a)
     kv.grow(b, 4, b.hashes)
-    assert kv.events == [(STORED, [1, 2]), (REMOVED, [2]), (STORED, [3])]
+    assert [(k, list(h)) for k, h in kv.events] == [(STORED, [1, 2]), (REMOVED, [2]), (STORED, [3])]
 
 
 class RefModel:
@@ -216,21 +236,21 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
             hashes = fam[:cut] + [rnd.getrandbits(62) for _ in range(25)]
             tokens = rnd.randint(1, 12 * bs)
             limit = (tokens - 1) // bs
-            k, n_active, hits = kv.match_prefix(hashes, limit)
+            req = Req(hashes)
+            k, n_active, hits = kv.match_prefix(req.hashes, limit)
             assert k == ref.match(hashes, limit)
             assert n_active == sum(1 for h in hashes[:k] if ref.ref[h] > 0)
-            req = Req(hashes)
             kv.acquire(req, hits)
             ref.acquire(step, hashes, k)
             target = max(tokens, k * bs)
-            ok = kv.grow(req, target, hashes)
+            ok = kv.grow(req, target, req.hashes)
             assert ok == ref.grow(step, hashes, target)
             live[step] = (req, hashes, target)
         elif op < 0.6:
             rid = rnd.choice(list(live))
             req, hashes, t = live[rid]
             t2 = min(t + rnd.randint(1, 3 * bs), 25 * bs)
-            if kv.grow(req, t2, hashes):
+            if kv.grow(req, t2, req.hashes):
                 assert ref.grow(rid, hashes, t2)
                 live[rid] = (req, hashes, t2)
             else:
@@ -296,11 +316,11 @@ def test_a_published_stored_event_keeps_its_blocks_when_the_run_grows_later():
     assert admit(kv, b, 3) == 1  # b shares it: a's next block starts a run of its own
     assert kv.grow_decode([(a, 4)])  # a decode step fills block 101
     first = kv.events[-1]
-    assert first == (STORED, [101])
+    assert first[0] == STORED and list(first[1]) == [101]
     assert kv.grow_decode([(a, 6)])  # the next fills 102, continuing 101's run
     assert kv.grow(a, 8, a.hashes)  # and a chunk registers 103
-    assert first == (STORED, [101])
-    assert kv.events == [(STORED, [100]), (STORED, [101]), (STORED, [102]), (STORED, [103])]
+    assert first[0] == STORED and list(first[1]) == [101]
+    assert [(k, list(h)) for k, h in kv.events] == [(STORED, [100]), (STORED, [101]), (STORED, [102]), (STORED, [103])]
 
 
 def test_a_cache_preloaded_with_anothers_contents_evicts_in_the_same_order():

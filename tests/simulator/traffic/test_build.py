@@ -130,4 +130,4 @@ def test_chunked_block_hashes_equal_each_requests_own_sequence(bs):
         src = np.append(w.piece_src[lo:hi], out_src[i])
         lens = np.append(w.piece_len[lo:hi], max(out_len, 1))
         n = max(int(w.input_len[i]) + out_len - 1, 0) // bs
-        assert store.block_hashes(i, bs) == hashing.sequence_hashes(src, lens, bs, n).tolist(), i
+        assert list(store.block_hashes(i, bs)) == hashing.sequence_hashes(src, lens, bs, n).tolist(), i
