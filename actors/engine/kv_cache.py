@@ -47,7 +47,7 @@ from actors.hashing import hash_view
 STORED = 1
 REMOVED = 2
 
-_NO_KEYS = memoryview(b"").cast("Q")  # a fully evicted run's keys
+_NO_KEYS = hash_view(b"")  # a fully evicted run's keys
 
 
 class _Run:
@@ -485,7 +485,7 @@ class KVCache:
         self.num_inactive -= count
         self.num_evicted += count
         if victims is not None:
-            self.events.append((REMOVED, memoryview(bytes(victims)).cast("Q")))
+            self.events.append((REMOVED, hash_view(bytes(victims))))
 
     # -- release --------------------------------------------------------------------
     def release(self, req) -> None:

@@ -150,7 +150,7 @@ class BlockHashStore:
             self._chunks.move_to_end(key)
         raw, starts = got
         j = index - c * self.CHUNK
-        return memoryview(raw[starts[j] : starts[j + 1]]).cast("Q")  # (a copy: the chunk is not kept alive)
+        return hashing.hash_view(raw[starts[j] : starts[j + 1]])  # (a copy: the chunk is not kept alive)
 
     def _compute(self, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
         w = self.w
