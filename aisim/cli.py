@@ -655,13 +655,7 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
     if args.parallelism is not None and args.parallelism < 1:
         raise InputError("--parallelism", f"must be >= 1, got {args.parallelism}")
     out = args.output_dir
-    journal = out / STUDY_FILE
-    if journal.exists() and not (args.resume or args.overwrite):
-        raise InputError("--output-dir", f"{out} already holds a study ({STUDY_FILE}); pass --resume to continue it "
-                                         "or --overwrite to start over")
-    if args.overwrite and not args.resume and journal.exists():
-        journal.unlink()
-    if args.resume and not journal.exists() and args.storage is None:
+    if args.resume and args.storage is None and not (out / STUDY_FILE).exists():
         sys.stderr.write(f"aisim recommend: no earlier study in {out}; starting a new one\n")
     backend = "ray" if args.ray_address else args.backend
     if args.output == "dgd":  # --output dgd without a dgd section: the defaults
@@ -675,7 +669,8 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
             bar.steps("recommend", snap["done"], snap["total"], f"trials, {snap['feasible']} feasible, best {best}, "
                                                                f"{snap['trials_per_s']:.2f} trials/s")
 
-        result = run_search(args.config, out, resume=args.resume, backend=backend, ray_address=args.ray_address,
+        result = run_search(args.config, out, resume=args.resume, overwrite=args.overwrite, backend=backend,
+                            ray_address=args.ray_address,
                             parallelism=args.parallelism, storage=args.storage, overrides=args.overrides,
                             progress=progress if bar.active else None)
     best = result.best
@@ -695,7 +690,7 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
             sys.stdout.write(f"best: {best['candidate_id']} score {best['score']} on {best['used_gpus']} GPUs "
                              f"(recommendations/0000.yaml replays it)\n")
         sys.stdout.write(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
-                         f"(study: {journal})\n")
+                         f"(study: {result.storage})\n")
         for path in result.dgd_paths:
             sys.stdout.write(f"wrote {path}\n")
     return 0

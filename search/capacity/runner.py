@@ -286,14 +286,24 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
     into ``output_dir``. ``search_overrides``: max_iterations, min_search_granularity_pct,
     max_qps_cap (the CLI flags)."""
     from search.capacity.config import load_capacity_config
-    from simulator.metrics.output import atomic_write_text, canonical_json
+    from simulator.metrics.output import lock_output_dir
 
     if isinstance(config, dict):
         cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides)
     else:
         cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides)
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_output_dir(out)  # one search writes a directory at a time (as predict)
+    try:
+        return _run_jobs(cfg, config_dir, out, backend, ray_address, max_parallel, cache_dir, use_cache, progress)
+    finally:
+        lock.release()
+
+
+def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, cache_dir, use_cache,
+              progress) -> CapacityResult:
+    from simulator.metrics.output import atomic_write_text, canonical_json
+
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
     jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]

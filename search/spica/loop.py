@@ -43,9 +43,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["SearchResult", "run_search", "STUDY_FILE"]
+from search.spica.study import STUDY_FILE
+from simulator.errors import InputError
 
-STUDY_FILE = "study.journal"
+__all__ = ["SearchResult", "run_search", "resume_search", "STUDY_FILE"]
+
 BATCH_ROUNDS = 4  # candidates asked per batch = workers x this
 _MAX_ENUMERATED = 200_000  # a branch grid larger than this is sampled by rejection, not enumerated
 _STATUS_OF_CATEGORY = {"kv_capacity": ("infeasible", "kv_capacity"), "gpu_budget": ("infeasible", "gpu_budget"),
@@ -101,9 +103,12 @@ class _Branch:
     shapes: list[dict]
     shape_keys: list[str]
     ratio: tuple[float, float] | None  # kv_load_ratio searched over [min, max]
+    index: int = 0  # the mode's position in search_space.deployment_mode (its seeds derive from it)
     seen: dict[str, dict] = field(default_factory=dict)  # params key -> ledger record
     exhausted: bool = False
     grid: list[tuple[str, dict]] | None = None  # ``random``: every (params key, point) of an enumerable branch
+    order: Any = None  # ``random``: the grid's seeded permutation (an enumerable branch)
+    cursor: int = 0  # ``random``: the next position in ``order`` (or the next draw's index)
 
     def distributions(self) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -135,6 +140,7 @@ class SearchResult:
     study_names: list[str]
     resumed: bool = False
     dgd_paths: list = field(default_factory=list)  # the DynamoGraphDeployment files written (a ``dgd`` section)
+    storage: str = ""  # where the study lives (the journal file or the storage URL)
 
     @property
     def best(self) -> dict | None:
@@ -146,30 +152,73 @@ class SearchResult:
 
 class _Search:
     def __init__(self, cfg, config_dir: Path | None, output_dir: Path, *, resume: bool, storage: str | None,
-                 fan, progress: Callable[[dict], None] | None) -> None:
+                 fan, progress: Callable[[dict], None] | None, overwrite: bool = False) -> None:
+        from search.spica.study import locate
+
         self.cfg = cfg
         self.config_dir = config_dir
         self.output_dir = output_dir
         self.resume = resume
+        self.overwrite = overwrite
         self.fan = fan
         self.progress = progress
-        self.storage_url = storage or cfg.study.storage
+        self.location = locate(storage or cfg.study.storage, output_dir)
         self.ledger: list[dict] = []
+        self.next_id = 0
         self.counts = dict.fromkeys(COUNT_KEYS, 0)
-        self.rng = np.random.default_rng(np.random.SeedSequence([cfg.optimizer.seed, 7]))
         self.t0 = time.perf_counter()
         self.resumed = False
+        self.claim = None
         self._predictors: dict | None = None
 
     # -- setup -----------------------------------------------------------------------------------
-    def storage(self):
-        import optuna
+    def open_study(self):
+        """Claim the search, check what the storage already holds (refuse a second run of an existing
+        search unless resuming or overwriting; refuse resuming another config), and open the storage."""
+        from search.spica.study import Claim, differing_keys, find_search, identity, identity_view
 
-        if self.storage_url:
-            return self.storage_url
-        from optuna.storages.journal import JournalFileBackend
+        cfg = self.cfg
+        name = cfg.study.name
+        self.claim = Claim(self.location, name, 2 * cfg.optimizer.candidate_timeout_seconds + 60)
+        self.claim.lock()
+        if self.overwrite and self.location.default and self.location.file.exists():
+            self.location.file.unlink()  # under the claim: nobody else writes it
+        storage = self.location.open()
+        found = find_search(storage, name)
+        if found is not None:
+            self.claim.check(storage, found.studies)
+            if self.overwrite:
+                import optuna
 
-        return optuna.storages.JournalStorage(JournalFileBackend(str(self.output_dir / STUDY_FILE)))
+                for study_name in found.study_names:
+                    optuna.delete_study(study_name=study_name, storage=storage)
+            elif not self.resume:
+                raise InputError("study", f"search {name!r} already exists in {self.location.label} "
+                                          f"({found.trials} trials): pass --resume (resume=True) to continue it, "
+                                          "--overwrite (overwrite=True) to start over, or give study.name another "
+                                          "name")
+            elif found.attrs is not None and found.attrs.get("identity") != identity(self.config_json):
+                diff = differing_keys(identity_view(found.attrs.get("config") or {}), identity_view(self.config_json))
+                shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+                raise InputError("study", f"search {name!r} in {self.location.label} was started with another "
+                                          f"config (differs at {shown or 'its identity'}); resume it with the config "
+                                          "it was started with (search.spica.resume_search reads it from the "
+                                          "study), or give study.name another name")
+        return storage
+
+    @property
+    def config_json(self) -> dict:
+        return self.cfg.model_dump(mode="json")
+
+    def search_attr(self, mode: str) -> dict:
+        """The ``aisim_search`` attribute of the branch study of ``mode``."""
+        from aisim import __version__
+        from search.spica.study import identity
+
+        cfg_json = self.config_json
+        return {"search": self.cfg.study.name, "mode": mode, "config": cfg_json, "identity": identity(cfg_json),
+                "config_dir": str(self.config_dir) if self.config_dir else None,
+                "output_dir": str(Path(self.output_dir).resolve()), "aisim_version": __version__}
 
     def sampler(self, mode_index: int):
         import optuna
@@ -181,19 +230,19 @@ class _Search:
             return optuna.samplers.TPESampler(seed=seed)
         if algo == "nsga2":
             return optuna.samplers.NSGAIISampler(seed=seed)
-        return optuna.samplers.RandomSampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)  # (its draws are ours: every point is enqueued)
 
-    def branches(self) -> list[_Branch]:
+    def branches(self, storage) -> list[_Branch]:
         import optuna
 
         from search.spica.objectives import directions
         from search.spica.presets import scaling_fields
         from search.spica.shapes import shape_key, shape_pool, worker_shapes
+        from search.spica.study import SEARCH_ATTR
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         cfg = self.cfg
         space = cfg.search_space
-        storage = self.storage()
         out = []
         for i, mode in enumerate(cfg.branches):
             choices = dict(space.branch_choices(mode))
@@ -211,8 +260,9 @@ class _Search:
             name = f"{cfg.study.name}-{mode}"
             study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(i),
                                         directions=directions(cfg.optimization.target), load_if_exists=True)
+            study.set_user_attr(SEARCH_ATTR, self.search_attr(mode))
             out.append(_Branch(mode, study, choices, labels, shapes, [shape_key(s) for s in shapes],
-                               cfg.kv_load_ratio_range))
+                               cfg.kv_load_ratio_range, index=i))
         return out
 
     def _pool(self, mode, worker_shapes, shape_pool) -> list[dict]:
@@ -236,13 +286,18 @@ class _Search:
 
     # -- resume ----------------------------------------------------------------------------------
     def restore(self, branches: list[_Branch]) -> None:
+        """The ledger rebuilt from storage. A trial left RUNNING by a killed run becomes FAIL (its
+        candidate attributes kept, ``status: interrupted``) and its point is asked again: ``random``
+        reaches it in its own order, other samplers get it enqueued."""
         from optuna.trial import TrialState
 
-        records = []
+        records, interrupted = [], []
         for b in branches:
             for t in b.study.get_trials(deepcopy=False):
                 if t.state == TrialState.RUNNING:  # left by a killed process
+                    b.study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
                     b.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                    interrupted.append((b, t))
                     continue
                 rec = t.user_attrs.get("record")
                 if rec is None:
@@ -251,27 +306,50 @@ class _Search:
                     continue
                 b.seen[t.user_attrs["params_key"]] = rec
                 records.append(rec)
+        for b, t in interrupted:
+            if self.cfg.optimizer.algorithm != "random" and t.params and _params_key(t.params) not in b.seen:
+                b.study.enqueue_trial(dict(t.params), skip_if_exists=False)
         records.sort(key=lambda r: r["candidate_id"])
         for rec in records:
             self._count(rec)
         self.ledger = records
-        self.resumed = bool(records)
+        self.next_id = records[-1]["candidate_id"] + 1 if records else 0
+        self.resumed = bool(records or interrupted)
 
     # -- asking ------------------------------------------------------------------------------------
     def _draw_random(self, b: _Branch, pending: set[str]) -> dict | None:
-        """The next unseen point of ``b`` for ``random`` (uniform over the points neither evaluated nor
-        in flight; seeded, so the draws do not depend on how many run at once)."""
-        if b.size() > _MAX_ENUMERATED:
-            return None  # sampled by the Optuna RandomSampler, duplicates re-asked
-        if b.grid is None:  # enumerated once per branch: (key, point) in a fixed order
-            dists = b.distributions()
-            names = sorted(dists)
-            points = (dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names)))
-            b.grid = [(_params_key(p), p) for p in points]
-        unseen = [p for key, p in b.grid if key not in b.seen and key not in pending]
-        if not unseen:
+        """The next point of ``b`` for ``random`` that is neither evaluated nor in flight, None when
+        the branch is exhausted. The points come in one seeded order per branch (a permutation of an
+        enumerable grid; else the j-th draw from a stream keyed by (seed, branch, j)), so a search
+        evaluates the first points of that order whatever ran at once, and a resumed search the same
+        ones as an uninterrupted run."""
+        seed = self.cfg.optimizer.seed
+        if b.size() <= _MAX_ENUMERATED:
+            if b.grid is None:  # enumerated once per branch: (key, point) in a fixed order
+                dists = b.distributions()
+                names = sorted(dists)
+                points = (dict(zip(names, combo)) for combo in itertools.product(*(dists[n].choices for n in names)))
+                b.grid = [(_params_key(p), p) for p in points]
+                b.order = np.random.default_rng(np.random.SeedSequence([seed, 11, b.index])).permutation(len(b.grid))
+            while b.cursor < len(b.grid):
+                key, point = b.grid[int(b.order[b.cursor])]
+                b.cursor += 1
+                if key not in b.seen and key not in pending:
+                    return point
             return None
-        return unseen[int(self.rng.integers(len(unseen)))]
+        dists = b.distributions()
+        for _ in range(1000):  # consecutive repeats before the branch counts as exhausted
+            rng = np.random.default_rng(np.random.SeedSequence([seed, 13, b.index, b.cursor]))
+            b.cursor += 1
+            point = {}
+            for n in sorted(dists):
+                d = dists[n]
+                point[n] = d.choices[int(rng.integers(len(d.choices)))] if hasattr(d, "choices") else \
+                    float(rng.uniform(d.low, d.high))
+            key = _params_key(point)
+            if key not in b.seen and key not in pending:
+                return point
+        return None
 
     def ask(self, b: _Branch, pending: set[str]):
         """(trial, params) of an unseen, not pending suggestion of ``b``, or None when exhausted."""
@@ -281,11 +359,10 @@ class _Search:
         for _ in range(200):
             if self.cfg.optimizer.algorithm == "random":
                 point = self._draw_random(b, pending)
-                if point is None and b.size() <= _MAX_ENUMERATED:
+                if point is None:
                     b.exhausted = True
                     return None
-                if point is not None:
-                    b.study.enqueue_trial(point, skip_if_exists=False)
+                b.study.enqueue_trial(point, skip_if_exists=False)
             trial = b.study.ask(dists)
             params = dict(trial.params)
             key = _params_key(params)
@@ -306,6 +383,16 @@ class _Search:
         if len(b.seen) >= b.size():
             b.exhausted = True
         return None
+
+    @staticmethod
+    def next_branch(branches: list[_Branch], in_batch: dict[int, int]) -> _Branch | None:
+        """The branch asked next: the one with the fewest candidates so far (evaluated and in this
+        batch), the first in the space's order on a tie, so the split over branches depends on the
+        count alone (a resumed search splits as an uninterrupted one)."""
+        open_ = [b for b in branches if not b.exhausted]
+        if not open_:
+            return None
+        return min(open_, key=lambda b: (len(b.seen) + in_batch.get(b.index, 0), b.index))
 
     # -- one candidate -------------------------------------------------------------------------------
     def predictors(self) -> dict | None:
@@ -369,38 +456,56 @@ class _Search:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> SearchResult:
+        try:
+            with _storage_writes():
+                storage = self.open_study()
+                branches = self.branches(storage)
+                self.claim.take(storage, [b.study._study_id for b in branches])
+                if self.resume:
+                    self.restore(branches)
+            return self._loop(branches)
+        finally:
+            if self.claim is not None:
+                with _storage_writes():
+                    self.claim.release()
+
+    def _loop(self, branches: list[_Branch]) -> SearchResult:
         from optuna.trial import TrialState
 
         from search.spica.trial import replay_candidate
 
-        with _storage_writes():
-            branches = self.branches()
-            if self.resume:
-                self.restore(branches)
         opt = self.cfg.optimizer
         budget = opt.max_trials
-        turn = itertools.cycle(range(len(branches))) if branches else iter(())
         # a batch of a few rounds per worker: the workers take items as they free up, so only the
         # batch's tail waits at the barrier (random: the same draws for any batch size)
         per_batch = (self.fan.max_parallel if self.fan is not None else 1) * BATCH_ROUNDS
         while self.counts["evaluated"] < budget and any(not b.exhausted for b in branches):
             asked = []
             pending: set[str] = set()
-            misses = 0
-            while len(asked) < min(per_batch, budget - self.counts["evaluated"]) and misses < len(branches):
-                b = branches[next(turn)]
-                if b.exhausted:
-                    misses += 1
-                    continue
+            in_batch: dict[int, int] = {}
+            stalled: set[int] = set()  # branches whose sampler proposed nothing new this batch
+            with _storage_writes():
+                self.claim.refresh()
+            while len(asked) < min(per_batch, budget - self.counts["evaluated"]):
+                b = self.next_branch([b for b in branches if b.index not in stalled], in_batch)
+                if b is None:
+                    break
                 with _storage_writes():
                     got = self.ask(b, pending)
                 if got is None:
-                    misses += 1
+                    stalled.add(b.index)
                     continue
-                misses = 0
                 trial, params = got
-                pending.add(_params_key(params))
-                asked.append((b, trial, params, self.materialize(b, params)))
+                key = _params_key(params)
+                pending.add(key)
+                in_batch[b.index] = in_batch.get(b.index, 0) + 1
+                rec = self.materialize(b, params)
+                with _storage_writes():  # a run killed now leaves the trial RUNNING with its candidate
+                    trial.set_user_attr("params_key", key)
+                    trial.set_user_attr("status", "running")
+                    trial.set_user_attr("used_gpus", rec["used_gpus"])
+                    trial.set_user_attr("config", rec["config"])
+                asked.append((b, trial, params, rec))
             if not asked:
                 break
             runnable = [(i, rec) for i, (_, _, _, rec) in enumerate(asked) if rec["prediction_config"] is not None]
@@ -412,6 +517,7 @@ class _Search:
             except BaseException:
                 with _storage_writes():
                     for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
+                        trial.set_user_attr("status", "interrupted")
                         b.study.tell(trial, state=TrialState.FAIL)
                 raise
             for (i, rec), res in zip(runnable, results):
@@ -429,17 +535,15 @@ class _Search:
         from optuna.trial import TrialState
 
         for b, trial, params, rec in asked:
-            rec["candidate_id"] = len(self.ledger)
+            rec["candidate_id"] = self.next_id
+            self.next_id += 1
             key = _params_key(params)
             b.seen[key] = rec
             self._count(rec)
             self.ledger.append(rec)
-            trial.set_user_attr("params_key", key)
             trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
             trial.set_user_attr("status", rec["status"])
             trial.set_user_attr("reason_category", rec["reason_category"])
-            trial.set_user_attr("used_gpus", rec["used_gpus"])
-            trial.set_user_attr("config", rec["config"])
             for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
                 if rec.get("metrics") and k in rec["metrics"]:
                     trial.set_user_attr(k, rec["metrics"][k])
@@ -486,7 +590,8 @@ class _Search:
 
             dgd_paths = write_dgd(self.output_dir, rec["candidates"], cfg.dgd, cfg.optimization.target,
                                   rec["views"]["pareto_front"])
-        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths)
+        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths,
+                            self.location.label)
 
 
 def _throughput(policy) -> bool:
@@ -495,23 +600,67 @@ def _throughput(policy) -> bool:
     return bool(scaling_fields(policy)["enable_throughput_scaling"])
 
 
-def run_search(config, output_dir: Path | str, *, resume: bool = False, backend: str = "local",
-               ray_address: str | None = None, parallelism: int | None = None, storage: str | None = None,
-               overrides: list[str] | None = None, progress: Callable[[dict], None] | None = None) -> SearchResult:
+def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrite: bool = False,
+               backend: str = "local", ray_address: str | None = None, parallelism: int | None = None,
+               storage: str | None = None, overrides: list[str] | None = None,
+               progress: Callable[[dict], None] | None = None, config_dir: Path | str | None = None) -> SearchResult:
     """Run (or, with ``resume``, continue) a Spica search. ``config``: a path to a search YAML or a
-    ``SearchConfig``. Writes ``recommendation.json``, ``recommendation.csv`` and ``recommendations/``
-    into ``output_dir`` and keeps the study in ``output_dir/study.journal`` (or ``storage``)."""
+    ``SearchConfig`` (``config_dir``: where its relative paths start). Writes ``recommendation.json``,
+    ``recommendation.csv`` and ``recommendations/`` into ``output_dir`` and keeps the study in
+    ``output_dir/study.journal`` (or ``storage``: a URL or a journal file path). A search that already
+    exists in the storage is continued only with ``resume`` (else InputError, exit 2), or started over
+    with ``overwrite``; the output directory is locked and the search claimed while it runs
+    (``search.spica.study``)."""
     from search.fanout import fanout
     from search.spica.config import SearchConfig, load_search_config
+    from simulator.metrics.output import lock_output_dir
 
-    config_dir = None
+    if resume and overwrite:
+        raise InputError("--overwrite", "cannot be combined with --resume: continue the study or start over")
     if isinstance(config, SearchConfig):
         cfg = config
+        config_dir = Path(config_dir) if config_dir is not None else None
     else:
         cfg, config_dir = load_search_config(Path(config), overrides or [])
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    n = parallelism or cfg.optimizer.parallelism
-    with fanout(backend, n, ray_address) as fan:
-        search = _Search(cfg, config_dir, out, resume=resume, storage=storage, fan=fan, progress=progress)
-        return search.run()
+    lock = lock_output_dir(out)
+    try:
+        n = parallelism or cfg.optimizer.parallelism
+        with fanout(backend, n, ray_address) as fan:
+            search = _Search(cfg, config_dir, out, resume=resume, storage=storage, fan=fan, progress=progress,
+                             overwrite=overwrite)
+            return search.run()
+    finally:
+        lock.release()
+
+
+def resume_search(name: str, storage: str | None = None, output_dir: Path | str | None = None, *,
+                  backend: str = "local", ray_address: str | None = None, parallelism: int | None = None,
+                  max_trials: int | None = None, progress: Callable[[dict], None] | None = None) -> SearchResult:
+    """Continue the search ``name`` from its storage alone: the config it was started with is stored
+    with its studies (``storage``: a URL or a journal file path; None: ``output_dir/study.journal``).
+    The outputs go to ``output_dir`` (default: the directory the search was started with);
+    ``max_trials`` raises (or lowers) the total to stop at."""
+    from search.spica.config import SearchConfig
+    from search.spica.study import find_search, locate
+
+    if storage is None and output_dir is None:
+        raise InputError("storage", "give the storage URL (or journal file) or the output directory of the search")
+    where = locate(storage, Path(output_dir) if output_dir is not None else Path("."))
+    if where.url is None and not where.file.exists():
+        raise InputError("storage", f"{where.label} does not exist: give the journal file (or URL) the search "
+                                    "was run with")
+    found = find_search(where.open(), name)
+    if found is None:
+        raise InputError("study", f"no search {name!r} in {where.label}: name the search as its config's "
+                                  "study.name (its studies are NAME-agg / NAME-disagg)")
+    if found.attrs is None or not found.attrs.get("config"):
+        raise InputError("study", f"search {name!r} in {where.label} was written by an aisim that did not store its "
+                                  "config: resume it with its YAML (run_search(config, dir, resume=True))")
+    data = found.attrs["config"]
+    if max_trials is not None:
+        data = {**data, "optimizer": {**data["optimizer"], "max_trials": max_trials}}
+    cfg = SearchConfig.from_dict(data)
+    out = Path(output_dir) if output_dir is not None else Path(found.attrs["output_dir"])
+    return run_search(cfg, out, resume=True, backend=backend, ray_address=ray_address, parallelism=parallelism,
+                      storage=storage, progress=progress, config_dir=found.attrs.get("config_dir"))

@@ -253,6 +253,99 @@ def _is_aisim_file(name: str) -> bool:
     return name in KNOWN_OUTPUTS or _LEGACY_TMP.fullmatch(name) is not None
 
 
+def _sibling_stem(target: Path) -> str:
+    """The name a directory's siblings (lock, staging) are made from (within NAME_MAX)."""
+    name = target.name
+    return name if len(os.fsencode(name)) <= 200 else hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+
+
+def lock_output_dir(directory: Path) -> "ProcessLock":
+    """Lock an output directory as a predict run does (the same lock file, so a predict, a recommend
+    and a capacity search never write one directory at once); InputError naming the owner when
+    another process holds it. The caller releases it (``release()``); the directory is created."""
+    requested = Path(directory)
+    try:
+        requested.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("--output-dir", f"cannot create output directory {requested}: {exc.strerror}") from None
+    target = Path(os.path.realpath(requested))
+    lock = ProcessLock(target.parent / f".{_sibling_stem(target)}.aisim-lock")
+    try:
+        owner = lock.acquire()
+    except OSError as exc:
+        raise InputError("--output-dir", f"cannot lock output directory {requested}: {exc.strerror}") from None
+    if owner is not None:
+        who = f"pid {owner}" if owner else "pid unknown"
+        raise InputError("--output-dir", f"{requested} is in use by another aisim process ({who}); wait for it to "
+                                         "finish or choose another directory")
+    return lock
+
+
+class ProcessLock:
+    """An exclusive ``flock`` on a file that holds the owner's pid. The kernel releases it when the
+    process exits in any way (even SIGKILL), so a stale lock file never blocks; ``release()`` deletes
+    the file. ``acquire()`` returns None when locked, else the owner's pid (0 when unknown); a
+    filesystem without locks is taken as unlocked. Used for output directories and study claims."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> int | None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self._read_owner(fd)
+                os.close(fd)
+                return owner or 0
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    return None  # this filesystem has no locks: go on unlocked
+                raise
+            try:
+                same = os.stat(self.path)
+                mine = os.fstat(fd)
+            except FileNotFoundError:
+                same = mine = None
+            if same is None or (same.st_dev, same.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)  # the previous owner deleted the file as we locked it: lock the new one
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._fd = fd
+            return None
+
+    @staticmethod
+    def _read_owner(fd: int) -> int | None:
+        for _ in range(20):  # the owner writes its pid right after taking the lock
+            try:
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            except OSError:
+                return None
+            if text.isdigit():
+                return int(text)
+            time.sleep(0.025)
+        return None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.unlink(self.path)  # safe: whoever locks next checks it locked the file at this path
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 class OutputTransaction:
     """One run's output directory: ``open()`` before the run, write into ``staging``, ``commit()``
     when complete, ``close()`` always (see the module docstring)."""
@@ -262,12 +355,10 @@ class OutputTransaction:
         self.overwrite = overwrite
         self.target = Path(os.path.realpath(self.requested))  # a symlinked directory is replaced where it lives
         self.parent = self.target.parent
-        name = self.target.name
-        # siblings' names must stay within NAME_MAX
-        self._stem = name if len(os.fsencode(name)) <= 200 else hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+        self._stem = _sibling_stem(self.target)
         self.staging: Path | None = None
         self.committed = False
-        self._lock_fd: int | None = None
+        self._lock_obj: ProcessLock | None = None
         self._lock_path = self.parent / f".{self._stem}.aisim-lock"
         self._created: list[Path] = []  # parent directories open() made, deepest last
 
@@ -396,60 +487,21 @@ class OutputTransaction:
     def _lock(self) -> None:
         if not os.access(self.parent, os.W_OK | os.X_OK):
             raise self._not_writable(self.parent)
-        while True:
-            try:
-                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-            except OSError as exc:
-                raise self._not_writable(self.parent, exc) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = self._read_owner(fd)
-                os.close(fd)
-                who = f"pid {owner}" if owner else "pid unknown"
-                raise self._error(f"{self.requested} is in use by another aisim process ({who}); wait for it "
-                                  "to finish or choose another directory") from None
-            except OSError as exc:
-                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                    os.close(fd)  # this filesystem has no locks: go on unlocked
-                    return
-                os.close(fd)
-                raise self._not_writable(self.parent, exc) from None
-            try:
-                same = os.stat(self._lock_path)
-                mine = os.fstat(fd)
-            except FileNotFoundError:
-                same = mine = None
-            if same is None or (same.st_dev, same.st_ino) != (mine.st_dev, mine.st_ino):
-                os.close(fd)  # the previous owner deleted the file as we locked it: lock the new one
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            self._lock_fd = fd
-            return
-
-    @staticmethod
-    def _read_owner(fd: int) -> int | None:
-        for _ in range(20):  # the owner writes its pid right after taking the lock
-            try:
-                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            except OSError:
-                return None
-            if text.isdigit():
-                return int(text)
-            time.sleep(0.025)
-        return None
+        lock = ProcessLock(self._lock_path)
+        try:
+            owner = lock.acquire()
+        except OSError as exc:
+            raise self._not_writable(self.parent, exc) from None
+        if owner is not None:
+            who = f"pid {owner}" if owner else "pid unknown"
+            raise self._error(f"{self.requested} is in use by another aisim process ({who}); wait for it "
+                              "to finish or choose another directory") from None
+        self._lock_obj = lock
 
     def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is None:
-            return
-        try:
-            os.unlink(self._lock_path)  # safe: whoever locks next checks it locked the file at this path
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        lock, self._lock_obj = self._lock_obj, None
+        if lock is not None:
+            lock.release()
 
     def _leftovers(self) -> tuple[list[Path], list[Path]]:
         pattern = re.compile(r"\.%s\.aisim-(tmp|old)-(\d+)" % re.escape(self._stem))

@@ -103,7 +103,8 @@ def test_spica_example(tmp_path):
     from search.spica.loop import _Search
 
     cfg, config_dir = load_search_config(path)
-    built = _Search(cfg, config_dir, tmp_path, resume=False, storage=None, fan=None, progress=None).branches()
+    search = _Search(cfg, config_dir, tmp_path, resume=False, storage=None, fan=None, progress=None)
+    built = search.branches(search.location.open())
     assert [(b["mode"], b["worker_shapes"], b["grid_size"]) for b in report["branches"]] == \
         [(b.mode, len(b.shapes), b.size()) for b in built]
     assert all(b["grid_size"] > 0 for b in report["branches"])
