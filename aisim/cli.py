@@ -678,21 +678,34 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
         import json
 
         line = {"counts": result.counts, "best": None if best is None else
-                {k: best.get(k) for k in ("candidate_id", "score", "used_gpus", "config")},
-                "output_dir": str(out)}
+                {k: best.get(k) for k in ("candidate_id", "score", "objectives", "used_gpus", "config")},
+                "not_feasible": result.reasons, "decided": result.decided is None, "output_dir": str(out)}
         sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     else:
+        from search.spica.summary import front_table, reason_line, winner_lines
+
         c = result.counts
-        sys.stdout.write(f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "
-                         f"{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a "
-                         f"score), {c['cache_hits']} duplicate suggestions\n")
+        lines = [f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "
+                 f"{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a score), "
+                 f"{c['cache_hits']} duplicate suggestions"]
+        why = reason_line(result.reasons)
+        if why:
+            lines.append(why)
+        searched = result.recommendation["provenance"]["config"]
+        target = searched["optimization"]["target"]
+        sla = searched["evaluation"]["sla"]
         if best is not None:
-            sys.stdout.write(f"best: {best['candidate_id']} score {best['score']} on {best['used_gpus']} GPUs "
-                             f"(recommendations/0000.yaml replays it)\n")
-        sys.stdout.write(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
-                         f"(study: {result.storage})\n")
-        for path in result.dgd_paths:
-            sys.stdout.write(f"wrote {path}\n")
+            lines += winner_lines(best, target, sla, str(out / "recommendations" / "0000.yaml"))
+        if target == "pareto":
+            by_id = {x["candidate_id"]: x for x in result.recommendation["candidates"]}
+            lines += front_table([by_id[i] for i in result.recommendation["views"]["pareto_front"]])
+        lines.append(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
+                     f"(study: {result.storage})")
+        lines += [f"wrote {path}" for path in result.dgd_paths]
+        sys.stdout.write("\n".join(_for_stream(x, sys.stdout) for x in lines) + "\n")
+    if result.decided is not None:
+        sys.stderr.write(f"aisim recommend: {result.decided}\n")
+        return 1
     return 0
 
 

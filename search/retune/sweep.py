@@ -183,7 +183,7 @@ class RetuneSweeper:
         self.planner_knobs = rc.planner_domains(load)
         self.domains = {**self.router_knobs, **self.planner_knobs}
         self.presweep_on = rc.predictor_presweep(thr)
-        self.sla = m.Sla(ttft_ms=rc.sla_ttft_ms, itl_ms=rc.sla_itl_ms)
+        self.sla = m.Sla(ttft_ms=rc.sla_ttft_ms, itl_ms=rc.sla_itl_ms, percentile=rc.sla_percentile)
         self._fan = fan
         self._own_fan = fan is None
         self._history = None

@@ -141,6 +141,30 @@ class SearchResult:
     resumed: bool = False
     dgd_paths: list = field(default_factory=list)  # the DynamoGraphDeployment files written (a ``dgd`` section)
     storage: str = ""  # where the study lives (the journal file or the storage URL)
+    skipped: dict = field(default_factory=dict)  # deployment mode -> why it has no candidate at all
+
+    @property
+    def reasons(self) -> dict[str, dict[str, int]]:
+        """Status -> reason category -> candidates, for every candidate that is not feasible."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.recommendation["candidates"]:
+            if c["status"] != "feasible":
+                per = out.setdefault(c["status"], {})
+                key = c.get("reason_category") or "unknown"
+                per[key] = per.get(key, 0) + 1
+        return out
+
+    @property
+    def decided(self) -> str | None:
+        """None when the search found a feasible candidate; else why it decided nothing (one line)."""
+        if self.best is not None:
+            return None
+        if not self.recommendation["candidates"]:
+            why = "; ".join(f"{m}: {r}" for m, r in self.skipped.items()) or "the search space holds no point"
+            return f"no candidate to evaluate: {why}"
+        from search.spica.summary import reason_parts
+
+        return f"no feasible candidate among {len(self.recommendation['candidates'])}: {reason_parts(self.reasons)}"
 
     @property
     def best(self) -> dict | None:
@@ -169,6 +193,7 @@ class _Search:
         self.t0 = time.perf_counter()
         self.resumed = False
         self.claim = None
+        self.skipped: dict[str, str] = {}  # mode -> why the branch has no candidate
         self._predictors: dict | None = None
 
     # -- setup -----------------------------------------------------------------------------------
@@ -205,6 +230,14 @@ class _Search:
                                           "it was started with (search.spica.resume_search reads it from the "
                                           "study), or give study.name another name")
         return storage
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """The summary fields a percentile SLA reads, kept with each candidate's metrics."""
+        from search.spica.objectives import sla_fields, sla_statistic
+
+        stat = sla_statistic(self.cfg.evaluation.sla.model_dump())
+        return () if stat == "mean" else (*(f for _, f in sla_fields(stat)), "sla_percentile", "sla_met")
 
     @property
     def config_json(self) -> dict:
@@ -250,13 +283,15 @@ class _Search:
                 kept = tuple(p for p in choices["planner_scaling_policy"]
                              if not scaling_fields(p)["enable_throughput_scaling"])
                 if not kept:
+                    self.skipped[mode] = (f"every planner_scaling_policy needs throughput scaling, which only the "
+                                          f"goodput targets run (target {cfg.optimization.target})")
                     continue
                 choices["planner_scaling_policy"] = kept
             labels = {k: {_label(v): v for v in vs} for k, vs in choices.items()}
             shapes = [s for s in space.parallel_configs] if space.parallel_configs else self._pool(
                 mode, worker_shapes, shape_pool)
             if not shapes:
-                continue
+                continue  # (self._pool said why)
             name = f"{cfg.study.name}-{mode}"
             study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(i),
                                         directions=directions(cfg.optimization.target), load_if_exists=True)
@@ -282,7 +317,20 @@ class _Search:
         hi = space.gpu_budget
         if c is not None and getattr(c, "max_candidate_gpus", None):
             hi = min(hi, c.max_candidate_gpus)
-        return shape_pool(mode, by_role, lo, hi)
+        pool = shape_pool(mode, by_role, lo, hi)
+        if not pool:
+            empty = [r for r in roles if not by_role[r]]
+            if empty:
+                self.skipped[mode] = (f"no {empty[0]} worker of {model} on {hardware} holds its weights and a KV "
+                                      "cache (at any tensor/data split up to 16 GPUs)")
+            else:
+                from search.spica.shapes import num_gpus_per_worker
+
+                least = sum(min(num_gpus_per_worker(s) for s in by_role[r]) for r in roles)
+                band = f"the GPU budget of {hi}" if lo <= 1 else f"the GPU band {lo}-{hi}"
+                self.skipped[mode] = (f"no {mode} worker shape fits {band} (the smallest {mode} deployment needs "
+                                      f"{least} GPUs)")
+        return pool
 
     # -- resume ----------------------------------------------------------------------------------
     def restore(self, branches: list[_Branch]) -> None:
@@ -509,7 +557,7 @@ class _Search:
             if not asked:
                 break
             runnable = [(i, rec) for i, (_, _, _, rec) in enumerate(asked) if rec["prediction_config"] is not None]
-            items = [{"prediction_config": rec["prediction_config"],
+            items = [{"prediction_config": rec["prediction_config"], "extra_metrics": self.extra_metrics,
                       "config_dir": str(self.config_dir) if self.config_dir else None} for _, rec in runnable]
             try:
                 results = (self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds)
@@ -591,7 +639,7 @@ class _Search:
             dgd_paths = write_dgd(self.output_dir, rec["candidates"], cfg.dgd, cfg.optimization.target,
                                   rec["views"]["pareto_front"])
         return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths,
-                            self.location.label)
+                            self.location.label, dict(self.skipped))
 
 
 def _throughput(policy) -> bool:

@@ -324,6 +324,14 @@ def prediction_config(cfg: SearchConfig, flat: Mapping[str, Any]) -> dict[str, A
         "engine": _engine(cfg, flat, mode),
         "router": _router(flat),
         "planner": _planner(cfg, flat),
-        "evaluation": cfg.evaluation.model_dump(mode="json", exclude_none=True),
+        "evaluation": _evaluation(cfg),
         "execution": execution,
     }
+
+
+def _evaluation(cfg) -> dict:
+    """The config's ``evaluation`` as a predict section (``percentile`` only when it is not the mean)."""
+    out = cfg.evaluation.model_dump(mode="json", exclude_none=True)
+    if out.get("sla", {}).get("percentile") == "mean":
+        del out["sla"]["percentile"]
+    return out

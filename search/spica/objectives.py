@@ -25,8 +25,9 @@ each limit set, inclusive; a missing mean or zero samples (``num_ttft_samples``,
 Checks, first failure wins: ``gpu_budget`` (``min_candidate_gpus`` <= used_gpus <=
 ``max_candidate_gpus``, each bound only when set) -> ``invalid_metrics`` (a needed field is NaN,
 infinite or not a number, or an objective field is absent from the summary) -> ``no_samples`` (an
-objective field is null: nothing completed, or no samples for a mean) -> ``load_constraint``
-(``min_gpus``) -> ``sla_constraint``.
+objective field is null: nothing completed, or no samples for a mean) -> ``sla_constraint`` for a
+goodput objective of 0 (no request met the SLA) -> ``load_constraint`` (``min_gpus``) ->
+``sla_constraint``.
 
 ``rank_key(candidate, target)`` orders ledger records (``search.spica.outputs.candidate_record``):
 feasible scored records first, by score descending (lexicographic for a vector), then fewer GPUs,
@@ -124,6 +125,8 @@ def _sla_limits(sla: Mapping | None) -> dict[str, float]:
     """The set SLA limits under aisim's names (``ttft_ms``, ``itl_ms``, ``e2e_ms``)."""
     limits: dict[str, float] = {}
     for key, value in (sla or {}).items():
+        if key == "percentile":
+            continue
         if key not in _SLA_ALIASES:
             raise ValueError(f"unknown SLA key {key!r}; expected ttft_ms, itl_ms or e2e_ms")
         if value is None:
@@ -174,7 +177,21 @@ def _objective(name: str, metrics: Mapping) -> float:
     return v / (gpu_hours / (duration_ms / MS_PER_HOUR))
 
 
-def _needed_fields(names: Sequence[str], target: str, limits: dict, check_sla: bool) -> list[str]:
+def sla_statistic(sla: Mapping | None) -> str:
+    """The summary statistic an SLA bounds: ``mean`` (default), ``median`` or ``pP``."""
+    q = (sla or {}).get("percentile", "mean")
+    if q in (None, "mean"):
+        return "mean"
+    return "median" if q == 50 else f"p{q:g}"
+
+
+def sla_fields(stat: str) -> tuple[tuple[str, str], ...]:
+    """(SLA limit, the summary field it bounds) under statistic ``stat``."""
+    return tuple((limit, f"{stat}_{mean[len('mean_'):]}") for limit, mean in SLA_FIELDS)
+
+
+def _needed_fields(names: Sequence[str], target: str, limits: dict, check_sla: bool,
+                   stat: str = "mean") -> list[str]:
     keys: list[str] = []
     for n in names:
         if n in OBJECTIVE_FIELDS:
@@ -184,18 +201,19 @@ def _needed_fields(names: Sequence[str], target: str, limits: dict, check_sla: b
     if target == "min_gpus":
         keys += ["goodput_request_throughput_rps", "goodput_output_throughput_tok_s", "mean_e2e_latency_ms"]
     if check_sla:
-        for limit, mean in SLA_FIELDS:
+        for (limit, mean), (_, field) in zip(SLA_FIELDS, sla_fields(stat)):
             if limit in limits:
-                keys += [mean, SAMPLE_COUNTS[mean]]
+                keys += [field, SAMPLE_COUNTS[mean]]
     return list(dict.fromkeys(keys))
 
 
-def _sla_failure(metrics: Mapping, limits: dict) -> str | None:
-    """The first violated mean-SLA limit as a one-line reason, or None when every set limit holds."""
-    for limit, mean in SLA_FIELDS:
+def _sla_failure(metrics: Mapping, limits: dict, stat: str = "mean") -> str | None:
+    """The first violated SLA limit (on statistic ``stat``) as a one-line reason, or None when every
+    set limit holds."""
+    for (limit, mean_field), (_, mean) in zip(SLA_FIELDS, sla_fields(stat)):
         if limit not in limits:
             continue
-        count = metrics.get(SAMPLE_COUNTS[mean])
+        count = metrics.get(SAMPLE_COUNTS[mean_field])
         value = metrics.get(mean)
         if value is None or count == 0:
             return f"{mean} has no samples (SLA {limit} {limits[limit]:g})"
@@ -232,8 +250,9 @@ def score(target: str, metrics: Mapping | None, used_gpus: int, *, sla: Mapping 
     if not isinstance(metrics, Mapping):
         return _infeasible("invalid_metrics", "the replay produced no summary")
 
-    check_sla = strict_sla or target == "min_gpus"
-    for key in _needed_fields(names, target, limits, check_sla):
+    stat = sla_statistic(sla)
+    check_sla = strict_sla or target == "min_gpus" or stat != "mean"  # a percentile SLA is a constraint
+    for key in _needed_fields(names, target, limits, check_sla, stat):
         if _is_bad_number(metrics.get(key)):
             return _infeasible("invalid_metrics", f"{key} is not a finite number: {metrics.get(key)!r}")
 
@@ -248,6 +267,10 @@ def score(target: str, metrics: Mapping | None, used_gpus: int, *, sla: Mapping 
                 if f.category == "no_samples" and n in ("ttft", "e2e_latency"):
                     objectives[n] = math.inf
                 return _infeasible(f.category, f.reason, objectives)
+
+    for n in names:  # a goodput of 0: no request met the SLA, so nothing about the candidate is feasible
+        if n in ("goodput", "goodput_per_gpu") and objectives.get(n) == 0:
+            return _infeasible("sla_constraint", f"no request met the SLA ({n} 0)", objectives)
 
     if target == "min_gpus":
         need = float(cons.get("min_goodput_rps") or 0.0)
@@ -264,7 +287,7 @@ def score(target: str, metrics: Mapping | None, used_gpus: int, *, sla: Mapping 
                                objectives)
 
     if check_sla:
-        why = _sla_failure(metrics, limits)
+        why = _sla_failure(metrics, limits, stat)
         if why is not None:
             return _infeasible("sla_constraint", why, objectives)
 

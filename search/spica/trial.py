@@ -27,7 +27,8 @@ CANDIDATE_METRICS = (
 
 
 def replay_candidate(item: dict) -> dict:
-    """``item``: {"prediction_config": mapping, "config_dir": str | None}. Returns ``TrialResult.to_dict()``
+    """``item``: {"prediction_config": mapping, "config_dir": str | None, "extra_metrics": summary fields
+    kept besides ``CANDIDATE_METRICS`` (optional)}. Returns ``TrialResult.to_dict()``
     whose ``metrics`` hold the ``CANDIDATE_METRICS`` the summary has."""
     t0 = time.perf_counter()
     try:
@@ -36,6 +37,7 @@ def replay_candidate(item: dict) -> dict:
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
     result = run_trial(plan)
     if result.ok:
-        metrics = {k: result.metrics[k] for k in CANDIDATE_METRICS if k in result.metrics}
+        keep = (*CANDIDATE_METRICS, *item.get("extra_metrics", ()))
+        metrics = {k: result.metrics[k] for k in keep if k in result.metrics}
         result = TrialResult("ok", None, None, metrics, result.wall_s)
     return result.to_dict()

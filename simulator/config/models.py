@@ -330,10 +330,29 @@ class Router(Strict):
 
 
 # -- evaluation ------------------------------------------------------------------------
+SLA_PERCENTILES = (50, 75, 90, 95, 99)  # the summary's percentiles (simulator.metrics.stats)
+
+
+def _sla_percentile(v: Any) -> Any:
+    if v == "mean" or v is None:
+        return "mean"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in SLA_PERCENTILES:
+        raise ValueError(f"must be mean or one of {', '.join(map(str, SLA_PERCENTILES))} (the summary's "
+                         f"percentiles), got {v!r}")
+    return int(v)
+
+
+SlaPercentile = Annotated[Literal["mean"] | int, BeforeValidator(_sla_percentile)]
+
+
 class Sla(Strict):
     ttft_ms: PosFloat | None = None
     itl_ms: PosFloat | None = None
     e2e_ms: PosFloat | None = None
+    # aisim: the statistic the limits bound (docs: README "SLA"); mean (default) keeps the
+    # reference's per-request goodput; P: the deployment meets the SLA when the P-th percentile of
+    # every limited metric is within its limit, and goodput counts its completed requests then, 0 else
+    percentile: SlaPercentile = "mean"
 
     @model_validator(mode="after")
     def _exclusive(self):

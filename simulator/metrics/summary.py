@@ -145,7 +145,24 @@ def summarize(
     e2e_mask = done & ~np.isnan(last)
     e2e = (last - arrival)[e2e_mask]
 
-    if sla is not None and sla.is_set:
+    if sla is not None and sla.is_set and sla.percentile != "mean":
+        # the deployment meets the SLA when the P-th percentile of every limited metric is within it
+        # (DistServe's attainment); its goodput is then every completed request's, else 0
+        q = sla.percentile
+        met = True
+        for limit, values in ((sla.ttft_ms, ttft), (sla.itl_ms, tpot), (sla.e2e_ms, e2e)):
+            if limit is not None:
+                stat = plain_stats(values).get("median" if q == 50 else f"p{q}")
+                met = met and stat is not None and stat <= limit
+        ok = done.copy() if met else np.zeros(len(status), dtype=bool)
+        s["sla_percentile"] = q
+        s["sla_met"] = bool(met)
+        good = int(ok.sum())
+        s["goodput_completed_requests"] = good
+        s["goodput_request_throughput_rps"] = rate(good)
+        s["goodput_output_tokens"] = int(out_len[ok].sum())
+        s["goodput_output_throughput_tok_s"] = rate(int(out_len[ok].sum()))
+    elif sla is not None and sla.is_set:
         ok = done.copy()
         if sla.ttft_ms is not None:
             t = first - arrival

@@ -182,5 +182,7 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dic
         lines.append(
             f"Goodput: {summary['goodput_completed_requests']} requests, "
             f"{_fmt(summary.get('goodput_output_throughput_tok_s'))} output tokens/sec"
+            + (f" (p{summary['sla_percentile']} SLA {'met' if summary['sla_met'] else 'missed'})"
+               if "sla_met" in summary else "")
         )
     return "\n".join(lines)
