@@ -106,6 +106,10 @@ def _add_capacity_parser(sub) -> None:
     src = cp.add_mutually_exclusive_group(required=True)
     src.add_argument("-c", "--config", type=Path, help="capacity-search YAML")
     src.add_argument("--config-path", dest="config", type=Path, help="the same (the seed's spelling)")
+    cp.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
+                    help="override a key of the capacity config before validation, e.g. "
+                         "--set 'sla=[{metric: ttft_ms, quantile: 0.9, threshold: 500}]' (repeatable; cached trials "
+                         "are reused, so changing only the SLA re-decides without replaying)")
     cp.add_argument("--output-dir", type=Path, required=True, help="where the results go")
     cp.add_argument("--max-iterations", type=int, default=None, help="trials per job (overrides search.max_iterations)")
     cp.add_argument("--min-search-granularity-pct", type=float, default=None,
@@ -314,10 +318,12 @@ def _for_stream(text: str, stream) -> str:
 
 
 def _terminal_width(stream) -> int | None:
-    """The columns of the terminal ``stream`` writes to; None when it is not a terminal."""
+    """The columns of the terminal ``stream`` writes to; off a terminal ``COLUMNS`` when it is set (a
+    positive number), else None (the full table)."""
     try:
         if not stream.isatty():
-            return None
+            cols = os.environ.get("COLUMNS", "").strip()
+            return int(cols) if cols.isdigit() and int(cols) > 0 else None
         return os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError, AttributeError):
         return None
@@ -363,11 +369,29 @@ def _outcome(summary: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _check_kind(args, command: str) -> None:
+    """A config of another command's kind is refused naming the command that runs it."""
+    if args.config is None:
+        return
+    from aisim.validate import detect_kind
+    from simulator.config.loading import apply_overrides, read_yaml_mapping
+    from simulator.errors import InputError
+
+    data = read_yaml_mapping(args.config, "config")
+    kind = detect_kind(apply_overrides(data, list(getattr(args, "overrides", []) or [])))
+    want = command
+    if kind != want:
+        extra = " --output-dir DIR" if kind != "predict" else ""
+        raise InputError("--config", f"{args.config} is a {kind} config, not a {want} one: run "
+                                     f"`aisim {kind} -c {args.config}{extra}`")
+
+
 def _predict(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim predict``; ``t0`` is the ``time.perf_counter()`` at which the command started (the
     initialisation timeout and the recorded runtime count from it, not from when this module was imported)."""
     from simulator.errors import InputError
 
+    _check_kind(args, "predict")
     if args.capture_per_request and args.output_dir is None:
         raise InputError("--capture-per-request", "needs --output-dir to write requests.jsonl")
     if args.capture_worker_timeline and args.output_dir is None:
@@ -503,7 +527,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         if args.capture_per_request and report.per_request is not None:
             atomic_write_lines(out.staging / "requests.jsonl", report.per_request)
         if args.csv:
-            write_csv_outputs(out.staging, report.per_request, report.timelines)
+            write_csv_outputs(out.staging, report.per_request, report.timelines, report.planner)
         elif report.timelines is not None and args.capture_worker_timeline:
             write_timeline_csv(out.staging / "worker_timeline.csv", report.timelines)
         if args.report:
@@ -600,6 +624,7 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
     from search.capacity.runner import run_capacity_search
     from simulator.errors import InputError
 
+    _check_kind(args, "capacity")
     for flag, value in (("--max-iterations", args.max_iterations), ("--max-parallel", args.max_parallel)):
         if value is not None and value < 1:
             raise InputError(flag, f"must be >= 1, got {value}")
@@ -623,6 +648,7 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
         result = run_capacity_search(
             args.config, out, backend=backend, ray_address=args.ray_address, max_parallel=args.max_parallel,
             cache_dir=args.cache_dir, use_cache=not args.no_cache, progress=progress if bar.active else None,
+            overrides=args.overrides,
             search_overrides={"max_iterations": args.max_iterations,
                               "min_search_granularity_pct": args.min_search_granularity_pct,
                               "max_qps_cap": args.max_qps_cap})
@@ -652,6 +678,7 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
     from search.spica.loop import STUDY_FILE, run_search
     from simulator.errors import InputError
 
+    _check_kind(args, "recommend")
     if args.parallelism is not None and args.parallelism < 1:
         raise InputError("--parallelism", f"must be >= 1, got {args.parallelism}")
     out = args.output_dir

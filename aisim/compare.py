@@ -284,6 +284,23 @@ def write_compare_report(runs: list[dict], paths: list[str], file: Path, width: 
     atomic_write_text(file, render_compare_html(runs, render_table(compare(runs), width)))
 
 
+def traffic_warning(runs: list[dict]) -> str | None:
+    """One line when the runs replayed different traffic (request count or ``traffic_digest``
+    differ; a run without a digest, written by an older aisim, is compared by count alone)."""
+    first = runs[0]["summary"]
+    for run in runs[1:]:
+        s = run["summary"]
+        if s.get("num_requests") != first.get("num_requests"):
+            return (f"the runs replayed different traffic: {runs[0]['name']} offered {first.get('num_requests')} "
+                    f"requests, {run['name']} {s.get('num_requests')}; the deltas compare different workloads")
+        a, b = first.get("traffic_digest"), s.get("traffic_digest")
+        if a and b and a != b:
+            return (f"the runs replayed different traffic: {runs[0]['name']} and {run['name']} offered "
+                    f"{s.get('num_requests')} requests each, but not the same ones (traffic_digest {a} vs {b}); "
+                    "the deltas compare different workloads")
+    return None
+
+
 def main_compare(paths: list[str], fmt: str = "table", width: int | None = None, report: Path | None = None) -> str:
     """What ``aisim compare`` prints (without the final newline). Loads every path (the first bad
     one raises its one-line ``InputError``), compares them and renders ``fmt``; ``width`` defaults
@@ -292,6 +309,11 @@ def main_compare(paths: list[str], fmt: str = "table", width: int | None = None,
     if fmt not in FORMATS:
         raise CompareError("--format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     runs = [load_run(Path(p)) for p in paths]
+    warning = traffic_warning(runs)
+    if warning:
+        import sys
+
+        sys.stderr.write(f"aisim compare: warning: {warning}\n")
     if report is not None:
         write_compare_report(runs, paths, report)
     result = compare(runs)

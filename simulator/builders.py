@@ -47,6 +47,11 @@ class ScaledTiming(TimingModel):
 
 def build_timing(args: EngineArgs, field: str = "timing_model") -> TimingModel:
     t = args.timing_model
+    if args.model and args.tensor_parallel_size > 1:  # a worker shape the engine cannot run, whatever the timing
+        from simulator.catalog.measured import tensor_field
+        from simulator.catalog.models import check_tensor_split
+
+        check_tensor_split(resolve_model(args.model), args.tensor_parallel_size, tensor_field(field))
     if t.type == "polynomial":
         model: TimingModel = PolynomialTiming()
     elif t.type == "fixed":

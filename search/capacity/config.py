@@ -152,10 +152,11 @@ def _validate_predict(mapping: dict, where: str):
 
 
 def load_capacity_config(path: Path | None = None, data: dict | None = None,
-                         overrides: dict | None = None) -> tuple[CapacityConfig, Path | None]:
-    """Read (``path``) or take (``data``) a capacity config, apply ``overrides`` (search keys:
-    max_iterations, min_search_granularity_pct, max_qps_cap), validate everything (every job's
-    merged predict config included). Returns (config, the directory relative paths resolve in)."""
+                         overrides: dict | None = None, sets: list[str] | None = None) -> tuple[CapacityConfig, Path | None]:
+    """Read (``path``) or take (``data``) a capacity config, apply ``sets`` (``--set PATH=YAML``, e.g.
+    ``sla=[...]``), then ``overrides`` (search keys: max_iterations, min_search_granularity_pct,
+    max_qps_cap), validate everything (every job's merged predict config included). Returns
+    (config, the directory relative paths resolve in)."""
     from simulator.config.loading import apply_overrides, format_validation_error, read_yaml_mapping
 
     config_dir = None
@@ -163,6 +164,8 @@ def load_capacity_config(path: Path | None = None, data: dict | None = None,
         data = read_yaml_mapping(Path(path), "capacity config")
         config_dir = Path(path).resolve().parent
     data = copy.deepcopy(data)
+    if sets:
+        data = apply_overrides(data, list(sets))
     bad = _find_launch_server(data, "")
     if bad:
         raise InputError(bad, _LAUNCH_SERVER)

@@ -280,18 +280,18 @@ class _Search:
 
 def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local", ray_address: str | None = None,
                         max_parallel: int | None = None, cache_dir: Path | str | None = None, use_cache: bool = True,
-                        search_overrides: dict | None = None,
+                        search_overrides: dict | None = None, overrides: list[str] | None = None,
                         progress: Callable[[dict], None] | None = None) -> CapacityResult:
     """Run every job of a capacity config (a path to its YAML, or a mapping) and write the outputs
     into ``output_dir``. ``search_overrides``: max_iterations, min_search_granularity_pct,
-    max_qps_cap (the CLI flags)."""
+    max_qps_cap (the CLI flags); ``overrides``: ``--set PATH=YAML`` over the config, applied first."""
     from search.capacity.config import load_capacity_config
     from simulator.metrics.output import lock_output_dir
 
     if isinstance(config, dict):
-        cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides)
+        cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides, sets=overrides)
     else:
-        cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides)
+        cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides, sets=overrides)
     out = Path(output_dir)
     lock = lock_output_dir(out)  # one search writes a directory at a time (as predict)
     try:

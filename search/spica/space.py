@@ -12,10 +12,10 @@ Kinds of knob:
   ``deployment_mode``, ``backend``, the batching knobs ``<agg|prefill|decode>_max_num_batched_tokens``
   / ``_max_num_seqs``, ``router_mode``, the kv-router knobs ``overlap_score_credit``,
   ``prefill_load_scale``, ``host_cache_hit_weight``, ``disk_cache_hit_weight``,
-  ``router_temperature``. String knobs take the reference's closed choices; numeric knobs take any
-  value in their legal range (our choice: the reference lists its default grids as choices; a
-  router weight of 1.5 is as legal for the router as 1.0). A scalar in place of the list is
-  rejected (``[x]`` pins), as is an empty list or a value listed twice.
+  ``router_temperature``. String knobs and the kv-router knobs take the reference's allowed choices
+  (``presets.ALLOWED_CHOICES``: a value outside is rejected with the allowed list); the batching
+  knobs take any positive integer. A scalar in place of the list is rejected (``[x]`` pins), as is
+  an empty list or a value listed twice.
 - composites (a list of preset ids and/or dicts): ``planner_scaling_policy``,
   ``planner_fpm_sampling``, ``planner_load_sensitivity``, ``load_predictor_candidates``. A dict pins
   the unrolled fields directly (seed mechanism 2, no merge with a preset): keys from the composite's
@@ -196,6 +196,19 @@ def _searched(tp):
     return Annotated[tuple[tp, ...], BeforeValidator(_choice_list), AfterValidator(_distinct)]
 
 
+def _router_choices(knob: str):
+    """A numeric router knob: a list of the reference's allowed choices (``ALLOWED_CHOICES``)."""
+    allowed = ALLOWED_CHOICES[knob]
+
+    def check(values: tuple) -> tuple:
+        for v in values:
+            if not any(same_value(v, a) for a in allowed):
+                raise ValueError(f"{v!r} is not an allowed choice; use values from {show(list(allowed))}")
+        return values
+    return Annotated[tuple[NonNegFloat, ...], BeforeValidator(_choice_list), AfterValidator(_distinct),
+                     AfterValidator(check)]
+
+
 def _pinned(tp):
     return Annotated[tp, BeforeValidator(_one_value)]
 
@@ -225,12 +238,12 @@ def _composite_dict(knob: str, entry: Mapping, where: str) -> dict[str, Any]:
 
 
 def _check_intervals(fields: Mapping[str, Any], where: str) -> None:
-    if not (fields["enable_throughput_scaling"] or fields["enable_load_scaling"]):
-        return
-    for key in ("throughput_adjustment_interval_seconds", "load_adjustment_interval_seconds"):
-        if fields[key] is None:
-            raise InputError(f"{where}.{key}", "is null, but the policy turns scaling on; give the interval in "
-                                               "seconds (null only when both scaling flags are false)")
+    """Each scaling loop the policy turns on needs its own interval (the other may stay null)."""
+    for flag, key in (("enable_throughput_scaling", "throughput_adjustment_interval_seconds"),
+                      ("enable_load_scaling", "load_adjustment_interval_seconds")):
+        if fields[flag] and fields[key] is None:
+            raise InputError(f"{where}.{key}", f"is null, but the policy sets {flag}: give the interval in "
+                                               f"seconds (null only while {flag} is false)")
 
 
 def _check_family_keys(fields: Mapping[str, Any], where: str) -> None:
@@ -316,12 +329,11 @@ class SearchSpace(Strict):
     bandwidth_g2_to_g1_gbps: _pinned(PosFloat | None) = DEFAULTS["bandwidth_g2_to_g1_gbps"]
     offload_batch_size: _pinned(PosInt | None) = DEFAULTS["offload_batch_size"]
     router_mode: _searched(_choices("router_mode")) = DEFAULTS["router_mode"]
-    overlap_score_credit: _searched(Annotated[Float, Field(ge=0, le=1, allow_inf_nan=False)]) = \
-        DEFAULTS["overlap_score_credit"]
-    prefill_load_scale: _searched(NonNegFloat) = DEFAULTS["prefill_load_scale"]
-    host_cache_hit_weight: _searched(NonNegFloat) = DEFAULTS["host_cache_hit_weight"]
-    disk_cache_hit_weight: _searched(NonNegFloat) = DEFAULTS["disk_cache_hit_weight"]
-    router_temperature: _searched(NonNegFloat) = DEFAULTS["router_temperature"]
+    overlap_score_credit: _router_choices("overlap_score_credit") = DEFAULTS["overlap_score_credit"]
+    prefill_load_scale: _router_choices("prefill_load_scale") = DEFAULTS["prefill_load_scale"]
+    host_cache_hit_weight: _router_choices("host_cache_hit_weight") = DEFAULTS["host_cache_hit_weight"]
+    disk_cache_hit_weight: _router_choices("disk_cache_hit_weight") = DEFAULTS["disk_cache_hit_weight"]
+    router_temperature: _router_choices("router_temperature") = DEFAULTS["router_temperature"]
     active_decode_blocks_threshold: _pinned(NonNegFloat | None) = DEFAULTS["active_decode_blocks_threshold"]
     active_prefill_tokens_threshold: _pinned(NonNegInt | None) = DEFAULTS["active_prefill_tokens_threshold"]
     active_prefill_tokens_threshold_frac: _pinned(NonNegFloat | None) = \

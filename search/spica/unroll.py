@@ -4,7 +4,8 @@ A trial is a ``selection`` (knob -> chosen value, as a sampler draws it in one b
 ``SearchSpace.branch_choices``; a composite's value is a preset id or the dict itself), the
 ``parallel_config`` the sampler selected or projected (all six shape keys; disagg one shape per
 role) and the ``load_predictor`` pre-sweep result (``{"best_by_interval": {"180": winner}}`` or
-None). A pinned knob (one choice) may be left out of the selection; a knob the branch does not
+None). A pinned knob (one choice) may be left out of the selection; ``kv_load_ratio`` (a number
+> 0) may ride along for the candidate's KV-load step and is not emitted; a knob the branch does not
 search, a value that is not one of the space's choices, or a missing searched knob is rejected
 (``InputError`` with ``where`` ``selection.<knob>``, ``parallel_config...`` or ``load_predictor...``).
 
@@ -97,6 +98,11 @@ def resolve_selection(space: SearchSpace, selection: Mapping[str, Any]) -> dict[
     mode = _selected_mode(space, selection)
     choices = space.branch_choices(mode)
     for knob in selection:
+        if knob == "kv_load_ratio":  # the candidate's KV-load step consumes it (materialize.resolve_load)
+            ratio = selection[knob]
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < float("inf"):
+                raise InputError("selection.kv_load_ratio", f"must be a number > 0, got {ratio!r}")
+            continue
         if knob not in choices:
             raise InputError(f"selection.{knob}", _not_searched(space, knob, mode))
     return {knob: _chosen(knob, options, selection) for knob, options in choices.items()}

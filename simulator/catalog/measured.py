@@ -109,7 +109,7 @@ def measured_timing(
         raise InputError(field, "timing.type default needs the aiconfigurator-core package (pip install -e . installs it); "
                                 "or set timing.type: roofline")
     # aiconfigurator asserts this deep inside (an AssertionError that read as "no data: use roofline")
-    check_tensor_split(src, tensor, _tensor_field(field))
+    check_tensor_split(src, tensor, tensor_field(field))
     alias = backend_version or "current"
     parallel = [tensor, pipeline, attention_data, moe_tensor, moe_expert]
     key = _request_key(pkg, src, hardware, backend, alias, parallel)
@@ -134,7 +134,7 @@ def measured_timing(
     return model
 
 
-def _tensor_field(field: str) -> str:
+def tensor_field(field: str) -> str:
     """The tensor-parallelism key next to a timing ``field``: ``engine.workers.<role>.timing`` ->
     ``engine.workers.<role>.parallelism.tensor``; else the engine argument's name."""
     if field.endswith(".timing"):

@@ -27,6 +27,13 @@ where the value does not exist:
   ``itl_ms`` = the request's mean inter-token gap [``itl_ms``] (the same value as ``tpot_ms``);
   ``e2e_latency_ms`` = ``last_token_ms`` - ``arrival_time_ms``.
 
+With a Planner in the loop, ``--csv`` also writes ``planner_events.csv`` (``PLANNER_EVENT_COLUMNS``:
+one row per scaling decision, from prediction.json's ``planner.scaling_events``: ``time_s``,
+``component``, ``from_count``, ``to_count``, ``reason``) and ``planner_replicas.csv``
+(``PLANNER_REPLICA_COLUMNS``: the replica count over time, one row per lifecycle batch from
+``planner.lifecycle_operations``: ``time_s``, ``pool``, ``active``, ``starting``, ``draining``,
+``cause``; each row holds until the pool's next one).
+
 Rows follow the records' order (``ReplayReport.per_request`` is sorted by arrival, then uuid) and
 are formatted one at a time as the file is written.
 """
@@ -112,8 +119,31 @@ def write_request_csv(path, records: Iterable[dict]) -> None:
     atomic_write_csv(Path(path), REQUEST_CSV_COLUMNS, request_rows(records))
 
 
-def write_csv_outputs(directory, per_request: Iterable[dict], timelines) -> None:
-    """``request_metrics.csv`` and ``worker_timeline.csv`` in ``directory``."""
+def write_csv_outputs(directory, per_request: Iterable[dict], timelines, planner: dict | None = None) -> None:
+    """``request_metrics.csv`` and ``worker_timeline.csv`` in ``directory`` (and, with a Planner
+    report, ``planner_events.csv`` and ``planner_replicas.csv``)."""
     directory = Path(directory)
     write_request_csv(directory / REQUEST_CSV, per_request)
     write_timeline_csv(directory / TIMELINE_CSV, timelines)
+    if planner:
+        write_planner_csv(directory, planner)
+
+
+PLANNER_EVENTS_CSV = "planner_events.csv"
+PLANNER_REPLICAS_CSV = "planner_replicas.csv"
+PLANNER_EVENT_COLUMNS = ("time_s", "component", "from_count", "to_count", "reason")
+PLANNER_REPLICA_COLUMNS = ("time_s", "pool", "active", "starting", "draining", "cause")
+
+
+def write_planner_csv(directory, planner: dict) -> None:
+    """``planner_events.csv`` and ``planner_replicas.csv`` from a Planner report (module docstring)."""
+    directory = Path(directory)
+    events = ((_cell(e.get("at_s")), e.get("component", ""), e.get("from_count", ""), e.get("to_count", ""),
+               e.get("reason", "")) for e in planner.get("scaling_events") or ())
+    atomic_write_csv(directory / PLANNER_EVENTS_CSV, PLANNER_EVENT_COLUMNS, events)
+    rows = []
+    for op in planner.get("lifecycle_operations") or ():
+        state = op.get("state_after_batch") or {}
+        rows.append((_cell(op["at_ms"] / 1000.0), op.get("pool", ""), state.get("active", ""),
+                     state.get("starting", ""), state.get("draining", ""), op.get("cause", "")))
+    atomic_write_csv(directory / PLANNER_REPLICAS_CSV, PLANNER_REPLICA_COLUMNS, rows)

@@ -51,7 +51,7 @@ from simulator.errors import InputError
 
 #: every file aisim writes into an output directory (``--overwrite`` replaces only these)
 KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "request_metrics.csv", "report.html",
-                 "resource-plan.json", "resource-runtime.json")
+                 "resource-plan.json", "resource-runtime.json", "planner_events.csv", "planner_replicas.csv")
 
 #: temporary files of earlier aisim versions, which wrote in place (``.prediction.json.<random>.tmp``)
 _LEGACY_TMP = re.compile(r"\.(?:%s)\..+\.tmp" % "|".join(re.escape(n) for n in KNOWN_OUTPUTS))

@@ -76,6 +76,20 @@ def _pooled_gaps(gap_sinks) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(values), np.concatenate(weights)
 
 
+def traffic_digest(log: RequestLog) -> str:
+    """16 hex digits of sha256 over the offered requests in index order (arrival ms, input tokens,
+    requested output tokens): two runs that replayed the same traffic have the same digest."""
+    import hashlib
+
+    if not len(log):
+        return hashlib.sha256(b"").hexdigest()[:16]
+    order = np.argsort(np.frombuffer(log.index, dtype=np.int64), kind="stable")
+    h = hashlib.sha256()
+    for buf, dtype in ((log.arrival, np.float64), (log.input_len, np.int64), (log.requested, np.int64)):
+        h.update(np.ascontiguousarray(np.frombuffer(buf, dtype=dtype)[order]).tobytes())
+    return h.hexdigest()[:16]
+
+
 def summarize(
     log: RequestLog,
     gap_sinks: list,
@@ -208,6 +222,7 @@ def summarize(
     handed = done & ~np.isnan(activated) & ~np.isnan(first)
     if handed.any():
         s["mean_handoff_to_first_token_ms"] = float(np.mean(np.sort((first - activated)[handed])))
+    s["traffic_digest"] = traffic_digest(log)
     s["prediction_provenance"] = counters.provenance
     s["power_w"] = None
     s["power_coverage"] = None
