@@ -309,7 +309,7 @@ def main_compare(paths: list[str], fmt: str = "table", width: int | None = None,
     if fmt not in FORMATS:
         raise CompareError("--format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     runs = [load_run(Path(p)) for p in paths]
-    warning = traffic_warning(runs)
+    warning = traffic_warning(runs) if len(runs) > 1 else None
     if warning:
         import sys
 

@@ -48,7 +48,7 @@ def detect_kind(data: dict) -> str:
     """``recommend``, ``capacity`` or ``predict`` from a config mapping's top-level keys."""
     if "search_space" in data:
         return "recommend"
-    if "benchmark_base" in data or "jobs" in data:
+    if "benchmark_base" in data and "jobs" in data:
         return "capacity"
     return "predict"
 

@@ -336,13 +336,13 @@ SLA_PERCENTILES = (50, 75, 90, 95, 99)  # the summary's percentiles (simulator.m
 def _sla_percentile(v: Any) -> Any:
     if v == "mean" or v is None:
         return "mean"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in SLA_PERCENTILES:
+    if isinstance(v, bool) or not isinstance(v, int) or v not in SLA_PERCENTILES:
         raise ValueError(f"must be mean or one of {', '.join(map(str, SLA_PERCENTILES))} (the summary's "
                          f"percentiles), got {v!r}")
-    return int(v)
+    return v
 
 
-SlaPercentile = Annotated[Literal["mean"] | int, BeforeValidator(_sla_percentile)]
+SlaPercentile = Annotated[Literal["mean"] | Int, BeforeValidator(_sla_percentile)]
 
 
 class Sla(Strict):

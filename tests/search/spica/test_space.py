@@ -113,7 +113,7 @@ def test_a_one_element_list_pins_the_knob():
     ({"backend": ["vllm", "tgi"]}, "search_space.backend.1", "'vllm', 'sglang' or 'trtllm' (got 'tgi')"),
     ({"deployment_mode": ["aggregated"]}, "search_space.deployment_mode.0", "'disagg' or 'agg'"),
     ({"router_mode": ["random"]}, "search_space.router_mode.0", "'kv_router' or 'round_robin'"),
-    ({"overlap_score_credit": [1.5]}, "search_space.overlap_score_credit.0", "less than or equal to 1"),
+    ({"overlap_score_credit": [1.5]}, "search_space.overlap_score_credit", "is not an allowed choice"),
     ({"router_temperature": [-0.1]}, "search_space.router_temperature.0", "greater than or equal to 0"),
     ({"router_temperature": {"low": 0, "high": 1}}, "search_space.router_temperature", "give a list of values"),
 ])
@@ -121,10 +121,12 @@ def test_bad_searched_knobs(mapping, where, needle):
     _reject(mapping, where, needle)
 
 
-def test_numeric_router_knobs_take_values_off_the_default_grid():
-    space = SearchSpace.from_dict({"prefill_load_scale": [1.5, 3], "overlap_score_credit": [0.25]})
-    assert space.prefill_load_scale == (1.5, 3.0)
-    assert space.overlap_score_credit == (0.25,)
+def test_numeric_router_knobs_take_only_their_allowed_choices():
+    space = SearchSpace.from_dict({"prefill_load_scale": [0.25, 32], "overlap_score_credit": [0.5]})
+    assert space.prefill_load_scale == (0.25, 32.0)
+    assert space.overlap_score_credit == (0.5,)
+    with pytest.raises(InputError, match="3.0 is not an allowed choice; use values from 0.0, 0.25, 0.5"):
+        SearchSpace.from_dict({"prefill_load_scale": [3.0]})
 
 
 # -- mechanism 2: a dict pins a composite's unrolled fields ------------------------------------
@@ -189,7 +191,7 @@ def test_a_predictor_dict_takes_its_family_parameters():
      "search_space.planner_scaling_policy.0.throughput_adjustment_interval_seconds", "valid integer"),
     ({"planner_scaling_policy": [{**THROUGHPUT_240, "throughput_adjustment_interval_seconds": None}]},
      "search_space.planner_scaling_policy.0.throughput_adjustment_interval_seconds",
-     "is null, but the policy turns scaling on"),
+     "is null, but the policy sets enable_throughput_scaling"),
     ({"planner_fpm_sampling": [{"max_num_fpm_samples": 64, "fpm_sample_bucket_size": 10}]},
      "search_space.planner_fpm_sampling.0.fpm_sample_bucket_size", "must be a perfect square"),
     ({"planner_load_sensitivity": [{"load_scaling_down_sensitivity": 120, "load_min_observations": 5}]},
