@@ -123,6 +123,9 @@ def _add_capacity_parser(sub) -> None:
                     help="completed trials are cached here (default: $AISIM_CACHE_DIR/capacity or ~/.cache/aisim/capacity)")
     cp.add_argument("--no-cache", action="store_true", help="neither read nor write the trial cache")
     cp.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
+    cp.add_argument("--report", action="store_true",
+                    help="also write capacity_report.html: per job each SLA rule's metric against QPS with the "
+                         "threshold and the search trace in order; opens offline (pip install 'aisim[report]')")
 
 
 def _add_recommend_parser(sub) -> None:
@@ -145,6 +148,9 @@ def _add_recommend_parser(sub) -> None:
     rc.add_argument("--parallelism", type=int, default=None, help="trials in flight (overrides optimizer.parallelism)")
     rc.add_argument("--storage", default=None, metavar="URL", help="Optuna storage URL (default: DIR/study.journal)")
     rc.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
+    rc.add_argument("--report", action="store_true",
+                    help="also write recommendation.html: score against GPUs with the winner or the Pareto front, "
+                         "the top candidates, why the others failed; opens offline (pip install 'aisim[report]')")
     rc.add_argument("--output", choices=("dgd",), default=None,
                     help="also write the winner's DynamoGraphDeployment (pareto: every front member's), as the "
                          "config's dgd section says (default name: spica)")
@@ -648,7 +654,7 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
         result = run_capacity_search(
             args.config, out, backend=backend, ray_address=args.ray_address, max_parallel=args.max_parallel,
             cache_dir=args.cache_dir, use_cache=not args.no_cache, progress=progress if bar.active else None,
-            overrides=args.overrides,
+            overrides=args.overrides, report=args.report,
             search_overrides={"max_iterations": args.max_iterations,
                               "min_search_granularity_pct": args.min_search_granularity_pct,
                               "max_qps_cap": args.max_qps_cap})
@@ -660,7 +666,8 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
             best = "null" if j.max_qps_under_sla is None else f"{j.max_qps_under_sla:g}"
             tail = f"error: {j.error}" if j.error else f"{j.num_trials} trials, {j.stopped}"
             sys.stdout.write(f"{j.job_name} ({j.mode}): max QPS under SLA {best} ({tail})\n")
-        sys.stdout.write(f"wrote {out / 'capacity_search_results.json'}, capacity_search_results.csv and jobs/\n")
+        sys.stdout.write(f"wrote {out / 'capacity_search_results.json'}, capacity_search_results.csv"
+                         f"{', capacity_report.html' if args.report else ''} and jobs/\n")
     if result.failed:
         sys.stderr.write("aisim capacity: a job failed (see its error above)\n")
         return 1
@@ -699,7 +706,7 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
         result = run_search(args.config, out, resume=args.resume, overwrite=args.overwrite, backend=backend,
                             ray_address=args.ray_address,
                             parallelism=args.parallelism, storage=args.storage, overrides=args.overrides,
-                            progress=progress if bar.active else None)
+                            progress=progress if bar.active else None, report=args.report)
     best = result.best
     if args.format == "json":
         import json
@@ -726,8 +733,8 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
         if target == "pareto":
             by_id = {x["candidate_id"]: x for x in result.recommendation["candidates"]}
             lines += front_table([by_id[i] for i in result.recommendation["views"]["pareto_front"]])
-        lines.append(f"wrote {out / 'recommendation.json'}, recommendation.csv and recommendations/ "
-                     f"(study: {result.storage})")
+        lines.append(f"wrote {out / 'recommendation.json'}, recommendation.csv"
+                     f"{', recommendation.html' if args.report else ''} and recommendations/ (study: {result.storage})")
         lines += [f"wrote {path}" for path in result.dgd_paths]
         sys.stdout.write("\n".join(_for_stream(x, sys.stdout) for x in lines) + "\n")
     if result.decided is not None:

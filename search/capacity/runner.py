@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["CapacityResult", "JobResult", "run_capacity_search", "run_capacity_trial", "default_cache_dir"]
+__all__ = ["CapacityResult", "JobResult", "run_capacity_search", "run_capacity_trial", "default_cache_dir",
+           "REPORT_FILE"]
+
+REPORT_FILE = "capacity_report.html"  # report=True / --report
 
 FILES = ("prediction.json", "request_metrics.csv", "worker_timeline.csv")
 
@@ -281,10 +284,11 @@ class _Search:
 def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local", ray_address: str | None = None,
                         max_parallel: int | None = None, cache_dir: Path | str | None = None, use_cache: bool = True,
                         search_overrides: dict | None = None, overrides: list[str] | None = None,
-                        progress: Callable[[dict], None] | None = None) -> CapacityResult:
+                        progress: Callable[[dict], None] | None = None, report: bool = False) -> CapacityResult:
     """Run every job of a capacity config (a path to its YAML, or a mapping) and write the outputs
     into ``output_dir``. ``search_overrides``: max_iterations, min_search_granularity_pct,
-    max_qps_cap (the CLI flags); ``overrides``: ``--set PATH=YAML`` over the config, applied first."""
+    max_qps_cap (the CLI flags); ``overrides``: ``--set PATH=YAML`` over the config, applied first;
+    ``report``: also write ``capacity_report.html`` (needs matplotlib)."""
     from search.capacity.config import load_capacity_config
     from simulator.metrics.output import lock_output_dir
 
@@ -292,16 +296,21 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
         cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides, sets=overrides)
     else:
         cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides, sets=overrides)
+    if report:
+        from simulator.metrics.report_html import require_matplotlib
+
+        require_matplotlib("--report")
     out = Path(output_dir)
     lock = lock_output_dir(out)  # one search writes a directory at a time (as predict)
     try:
-        return _run_jobs(cfg, config_dir, out, backend, ray_address, max_parallel, cache_dir, use_cache, progress)
+        return _run_jobs(cfg, config_dir, out, backend, ray_address, max_parallel, cache_dir, use_cache, progress,
+                         report)
     finally:
         lock.release()
 
 
 def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, cache_dir, use_cache,
-              progress) -> CapacityResult:
+              progress, report: bool) -> CapacityResult:
     from simulator.metrics.output import atomic_write_text, canonical_json
 
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
@@ -350,5 +359,9 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
         w.writerow([j.job_name, j.job_key, "" if j.max_qps_under_sla is None else repr(j.max_qps_under_sla),
                     j.num_trials, j.error or ""])
     atomic_write_text(out / "capacity_search_results.csv", buf.getvalue())
+    if report:
+        from search.capacity.report import render_capacity_html
+
+        atomic_write_text(out / REPORT_FILE, render_capacity_html(result.to_dict()))
     return result
 

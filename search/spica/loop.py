@@ -46,7 +46,9 @@ import numpy as np
 from search.spica.study import STUDY_FILE
 from simulator.errors import InputError
 
-__all__ = ["SearchResult", "run_search", "resume_search", "STUDY_FILE"]
+__all__ = ["SearchResult", "run_search", "resume_search", "STUDY_FILE", "REPORT_FILE"]
+
+REPORT_FILE = "recommendation.html"  # report=True / --report
 
 BATCH_ROUNDS = 4  # candidates asked per batch = workers x this
 _MAX_ENUMERATED = 200_000  # a branch grid larger than this is sampled by rejection, not enumerated
@@ -176,7 +178,7 @@ class SearchResult:
 
 class _Search:
     def __init__(self, cfg, config_dir: Path | None, output_dir: Path, *, resume: bool, storage: str | None,
-                 fan, progress: Callable[[dict], None] | None, overwrite: bool = False) -> None:
+                 fan, progress: Callable[[dict], None] | None, overwrite: bool = False, report: bool = False) -> None:
         from search.spica.study import locate
 
         self.cfg = cfg
@@ -184,6 +186,7 @@ class _Search:
         self.output_dir = output_dir
         self.resume = resume
         self.overwrite = overwrite
+        self.report = report
         self.fan = fan
         self.progress = progress
         self.location = locate(storage or cfg.study.storage, output_dir)
@@ -638,8 +641,14 @@ class _Search:
 
             dgd_paths = write_dgd(self.output_dir, rec["candidates"], cfg.dgd, cfg.optimization.target,
                                   rec["views"]["pareto_front"])
-        return SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths,
-                            self.location.label, dict(self.skipped))
+        result = SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths,
+                              self.location.label, dict(self.skipped))
+        if self.report:
+            from search.spica.report import render_search_html
+            from simulator.metrics.output import atomic_write_text
+
+            atomic_write_text(self.output_dir / REPORT_FILE, render_search_html(rec, result.reasons, result.decided))
+        return result
 
 
 def _throughput(policy) -> bool:
@@ -651,20 +660,25 @@ def _throughput(policy) -> bool:
 def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrite: bool = False,
                backend: str = "local", ray_address: str | None = None, parallelism: int | None = None,
                storage: str | None = None, overrides: list[str] | None = None,
-               progress: Callable[[dict], None] | None = None, config_dir: Path | str | None = None) -> SearchResult:
+               progress: Callable[[dict], None] | None = None, config_dir: Path | str | None = None,
+               report: bool = False) -> SearchResult:
     """Run (or, with ``resume``, continue) a Spica search. ``config``: a path to a search YAML or a
     ``SearchConfig`` (``config_dir``: where its relative paths start). Writes ``recommendation.json``,
     ``recommendation.csv`` and ``recommendations/`` into ``output_dir`` and keeps the study in
     ``output_dir/study.journal`` (or ``storage``: a URL or a journal file path). A search that already
     exists in the storage is continued only with ``resume`` (else InputError, exit 2), or started over
     with ``overwrite``; the output directory is locked and the search claimed while it runs
-    (``search.spica.study``)."""
+    (``search.spica.study``). ``report``: also write ``recommendation.html`` (needs matplotlib)."""
     from search.fanout import fanout
     from search.spica.config import SearchConfig, load_search_config
     from simulator.metrics.output import lock_output_dir
 
     if resume and overwrite:
         raise InputError("--overwrite", "cannot be combined with --resume: continue the study or start over")
+    if report:
+        from simulator.metrics.report_html import require_matplotlib
+
+        require_matplotlib("--report")
     if isinstance(config, SearchConfig):
         cfg = config
         config_dir = Path(config_dir) if config_dir is not None else None
@@ -676,7 +690,7 @@ def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrit
         n = parallelism or cfg.optimizer.parallelism
         with fanout(backend, n, ray_address) as fan:
             search = _Search(cfg, config_dir, out, resume=resume, storage=storage, fan=fan, progress=progress,
-                             overwrite=overwrite)
+                             overwrite=overwrite, report=report)
             return search.run()
     finally:
         lock.release()
@@ -684,7 +698,8 @@ def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrit
 
 def resume_search(name: str, storage: str | None = None, output_dir: Path | str | None = None, *,
                   backend: str = "local", ray_address: str | None = None, parallelism: int | None = None,
-                  max_trials: int | None = None, progress: Callable[[dict], None] | None = None) -> SearchResult:
+                  max_trials: int | None = None, progress: Callable[[dict], None] | None = None,
+                  report: bool = False) -> SearchResult:
     """Continue the search ``name`` from its storage alone: the config it was started with is stored
     with its studies (``storage``: a URL or a journal file path; None: ``output_dir/study.journal``).
     The outputs go to ``output_dir`` (default: the directory the search was started with);
@@ -711,4 +726,4 @@ def resume_search(name: str, storage: str | None = None, output_dir: Path | str 
     cfg = SearchConfig.from_dict(data)
     out = Path(output_dir) if output_dir is not None else Path(found.attrs["output_dir"])
     return run_search(cfg, out, resume=True, backend=backend, ray_address=ray_address, parallelism=parallelism,
-                      storage=storage, progress=progress, config_dir=found.attrs.get("config_dir"))
+                      storage=storage, progress=progress, config_dir=found.attrs.get("config_dir"), report=report)

@@ -37,7 +37,7 @@ def require_matplotlib(where: str) -> None:
                                 "pip install 'aisim[report]'")
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("svg")
@@ -47,10 +47,10 @@ def _plt():
     return plt
 
 
-def _svg(fig) -> str:
+def svg_of(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    _plt().close(fig)
+    pyplot().close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
@@ -60,9 +60,21 @@ def _data_block(name: str, data: dict) -> str:
     return f'<script type="application/json" class="chart-data" data-chart="{html.escape(name)}">{text}</script>'
 
 
-def _figure(name: str, title: str, svg: str, data: dict) -> str:
+def figure_html(name: str, title: str, svg: str, data: dict) -> str:
     return (f'<figure class="chart" id="chart-{html.escape(name)}"><figcaption>{html.escape(title)}</figcaption>'
             f"{svg}{_data_block(name, data)}</figure>")
+
+
+PAGE_STYLE = ("body{font-family:sans-serif;margin:20px;max-width:1100px}figure{margin:10px 0}"
+              "figcaption{font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
+              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px}")
+
+
+def page_html(title: str, parts: list[str]) -> str:
+    """A whole page: ``title`` as its title and heading, then ``parts`` (HTML fragments)."""
+    t = html.escape(title)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{t}</title><style>{PAGE_STYLE}</style>"
+            f"</head><body><h1>{t}</h1>" + "".join(parts) + "</body></html>\n")
 
 
 def _finite(values: Iterable) -> list[float]:
@@ -119,7 +131,7 @@ def timeline_data(timelines) -> list[dict]:
 
 # -- the charts --------------------------------------------------------------------------------------
 def _latency_chart(name: str, title: str, d: dict) -> str:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 2.6))
     values = d["values_ms"]
     if values:
@@ -132,11 +144,11 @@ def _latency_chart(name: str, title: str, d: dict) -> str:
     ax.set_ylabel("requests")
     if values or d["sla_ms"] is not None:
         ax.legend(loc="upper right", fontsize=8)
-    return _figure(name, title, _svg(fig), d)
+    return figure_html(name, title, svg_of(fig), d)
 
 
 def _throughput_chart(d: dict) -> str:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 2.6))
     ax.step(d["start_s"], d["output_tokens_per_s"], where="post", color=_COLORS[0], label="output tokens/s")
     ax.set_xlabel("simulated s")
@@ -145,11 +157,11 @@ def _throughput_chart(d: dict) -> str:
     ax2.step(d["start_s"], d["requests_per_s"], where="post", color=_COLORS[2], label="requests/s")
     ax2.set_ylabel("requests/s")
     fig.legend(loc="upper right", fontsize=8)
-    return _figure("throughput", "Throughput over time (by completion time)", _svg(fig), d)
+    return figure_html("throughput", "Throughput over time (by completion time)", svg_of(fig), d)
 
 
 def _timeline_chart(data: list[dict]) -> str:
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 4.2), sharex=True)
     for i, w in enumerate(data):
         color = _COLORS[i % len(_COLORS)]
@@ -162,11 +174,11 @@ def _timeline_chart(data: list[dict]) -> str:
     ax2.set_xlabel("simulated s")
     if 0 < len(data) <= 12:
         ax1.legend(loc="upper right", fontsize=7, ncol=2)
-    return _figure("workers", "Queue depth and KV usage over time, per worker", _svg(fig), {"workers": data})
+    return figure_html("workers", "Queue depth and KV usage over time, per worker", svg_of(fig), {"workers": data})
 
 
 def _replica_chart(d: dict) -> str:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 2.6))
     for i, (comp, c) in enumerate(d["components"].items()):
         color = _COLORS[i % len(_COLORS)]
@@ -182,8 +194,8 @@ def _replica_chart(d: dict) -> str:
     ax.set_ylabel("replicas")
     if d["components"] or d["retune"]:
         ax.legend(loc="upper right", fontsize=8)
-    return _figure("replicas", "Replicas over time (scaling events: triangles; retune decisions: dashed)",
-                   _svg(fig), d)
+    return figure_html("replicas", "Replicas over time (scaling events: triangles; retune decisions: dashed)",
+                   svg_of(fig), d)
 
 
 def render_report_html(summary: dict, per_request: list[dict], timelines, planner: dict | None,
@@ -209,10 +221,7 @@ def render_report_html(summary: dict, per_request: list[dict], timelines, planne
             parts.append(planner_section(planner, summary))
     parts += ["<h2>Resolved config</h2>",
               f"<pre class='config'>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre>"]
-    style = ("body{font-family:sans-serif;margin:20px;max-width:1100px}figure{margin:10px 0}"
-             "figcaption{font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto}")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim report</title>"
-            f"<style>{style}</style></head><body><h1>aisim report</h1>" + "".join(parts) + "</body></html>\n")
+    return page_html("aisim report", parts)
 
 
 # -- aisim compare --report -----------------------------------------------------------------------------
@@ -232,7 +241,7 @@ def render_compare_html(runs: list[dict], table_text: str) -> str:
     """The overlay page of ``aisim compare --report``. ``runs``: per run ``{"name", "summary",
     "planner", "latencies"}`` with ``latencies`` mapping ttft/itl/e2e to per-request values (or
     None when the run did not keep its requests); ``table_text``: the comparison table."""
-    plt = _plt()
+    plt = pyplot()
     # the summary's statistics of the same per-request quantities (a request's mean ITL is its TPOT)
     keys = {"ttft": "ttft_ms", "itl": "tpot_ms", "e2e": "e2e_latency_ms"}
     parts = ["<h2>Comparison</h2>", f"<pre class='table'>{html.escape(table_text)}</pre>", "<h2>Latency</h2>"]
@@ -254,7 +263,7 @@ def render_compare_html(runs: list[dict], table_text: str) -> str:
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.legend(loc="lower right", fontsize=8)
-        parts.append(_figure(f"cdf-{name}", f"{title}: distribution per run", _svg(fig), {"runs": data}))
+        parts.append(figure_html(f"cdf-{name}", f"{title}: distribution per run", svg_of(fig), {"runs": data}))
     replicas = {run["name"]: replica_steps(run.get("planner"), float(run["summary"].get("duration_ms") or 0.0))
                 for run in runs}
     if any(r["components"] for r in replicas.values()):
@@ -266,8 +275,5 @@ def render_compare_html(runs: list[dict], table_text: str) -> str:
         ax.set_xlabel("simulated s")
         ax.set_ylabel("replicas")
         ax.legend(loc="upper right", fontsize=8)
-        parts += ["<h2>Planner</h2>", _figure("replicas", "Replicas over time per run", _svg(fig), {"runs": replicas})]
-    style = ("body{font-family:sans-serif;margin:20px;max-width:1100px}figure{margin:10px 0}"
-             "figcaption{font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto}")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>aisim compare</title>"
-            f"<style>{style}</style></head><body><h1>aisim compare</h1>" + "".join(parts) + "</body></html>\n")
+        parts += ["<h2>Planner</h2>", figure_html("replicas", "Replicas over time per run", svg_of(fig), {"runs": replicas})]
+    return page_html("aisim compare", parts)
