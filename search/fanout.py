@@ -24,6 +24,9 @@ Semantics, the same on every backend and for every ``max_parallel``:
 - ``run_trials(plans, metrics_keys, timeout_s)`` runs ``search.trial.run_trial`` on each plan, the
   plan shipped by reference (``dump_plan(plan, by_reference=True)``) when its workload was given to
   ``fanout(workloads=...)`` (each worker registers those once), else whole.
+- ``map(..., on_result=f)`` calls ``f(index, result)`` in the caller's process as each result
+  arrives (completion order); the list returned is in item order as always. ``start()`` starts the
+  local workers ahead of the first ``map`` (they import the simulator meanwhile).
 - A Fanout is a context manager; ``close()`` ends its workers (and a Ray it started). Not
   thread-safe: one ``map`` at a time per Fanout.
 
@@ -123,16 +126,19 @@ class Fanout:
 
     # -- the API -------------------------------------------------------------------------------
     def map(self, fn: Callable[[Any], Any], items: Iterable, timeout_s: float | None = None,
-            item_timeout_s: float | None = None) -> list:
+            item_timeout_s: float | None = None, on_result: Callable[[int, Any], None] | None = None) -> list:
         """``fn(item)`` for each item, in item order; a call that raised, died or ran out of time is a
         ``TrialResult`` (see the module docs). ``timeout_s`` bounds the whole call; ``item_timeout_s``
-        each item from when it starts (a late item is stopped alone, the others go on)."""
+        each item from when it starts (a late item is stopped alone, the others go on).
+        ``on_result(index, result)`` is called in this process as each item's result arrives (in
+        completion order; an exception from it stops the call as an interrupt does)."""
         if self._closed:
             raise RuntimeError("this Fanout is closed")
         for name, value in (("timeout_s", timeout_s), ("item_timeout_s", item_timeout_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 or None, got {value!r}")
-        return self._map(fn, list(items), timeout_s, item_timeout_s)
+        items = list(items)
+        return list(self._map(fn, items, timeout_s, item_timeout_s, _Results(len(items), on_result)))
 
     def run_trials(self, plans: Sequence, metrics_keys: Sequence[str] | None = None,
                    timeout_s: float | None = None) -> list[TrialResult]:
@@ -141,6 +147,9 @@ class Fanout:
         fn = run_dumped_trial if metrics_keys is None else functools.partial(
             run_dumped_trial, metrics_keys=tuple(metrics_keys))
         return self.map(fn, [self.ship(p) for p in plans], timeout_s)
+
+    def start(self, n: int | None = None) -> None:
+        """Start workers ahead of the first ``map`` where the backend keeps its own (a no-op here)."""
 
     def ship(self, plan) -> bytes:
         """``plan`` as bytes for a worker: by reference when its workload is registered there."""
@@ -161,8 +170,22 @@ class Fanout:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None,
+             results: "_Results") -> list:
         raise NotImplementedError
+
+
+class _Results(list):
+    """A map's results, one slot per item; filling a slot tells ``on_result`` (when given)."""
+
+    def __init__(self, n: int, on_result: Callable[[int, Any], None] | None) -> None:
+        super().__init__([None] * n)
+        self._on_result = on_result
+
+    def __setitem__(self, i, value) -> None:
+        super().__setitem__(i, value)
+        if self._on_result is not None:
+            self._on_result(i, value)
 
 
 # ==== local: a pool of worker processes ==========================================================
@@ -244,14 +267,21 @@ class LocalFanout(Fanout):
     def worker_pids(self) -> list[int]:
         return sorted(w.pid for w in self._pool.all if w.alive())
 
+    def start(self, n: int | None = None) -> None:
+        """Start ``n`` (default ``max_parallel``) workers now, so they load the simulator while the
+        caller prepares its first items (else the first ``map`` starts them)."""
+        if self._closed:
+            raise RuntimeError("this Fanout is closed")
+        self._pool.grow(min(self.max_parallel, n or self.max_parallel))
+
     def close(self) -> None:
         super().close()
         self._finalizer()
 
-    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None,
+             results: "_Results") -> list:
         payloads = [pickle.dumps((fn, item), protocol=_PROTOCOL) for item in items]  # unpicklable: raise now
         n = len(items)
-        results: list = [None] * n
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         todo = deque(range(n))
         sends = [0] * n
@@ -531,12 +561,12 @@ class RayFanout(Fanout):
             self._started = False
             self._ray.shutdown()
 
-    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None = None) -> list:
+    def _map(self, fn, items: list, timeout_s: float | None, item_timeout_s: float | None,
+             results: "_Results") -> list:
         ray = self._ray
         payloads = [pickle.dumps((fn, item), protocol=_PROTOCOL) for item in items]  # unpicklable: raise now
         paths = [p or os.getcwd() for p in sys.path]
         n = len(items)
-        results: list = [None] * n
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         todo = deque(range(n))
         running: dict = {}  # ObjectRef -> (item, when submitted)

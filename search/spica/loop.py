@@ -9,9 +9,11 @@ metrics -> ``objectives.score`` (signed so higher is better) -> tell. Infeasible
 failed and timed-out candidates are told as FAIL with their ``reason_category`` in the trial's
 user attributes, never as good scores.
 
-- Batches: ``parallelism`` candidates are asked (branches in turn), replayed together and told
-  together (a round barrier, as the reference). The sampler's proposals do not depend on how many
-  run at once for ``random``, so the ledger is the same for any ``parallelism`` and on any backend.
+- Batches: a guided sampler (tpe, nsga2) asks ``BATCH_ROUNDS`` candidates per worker, which are
+  replayed together, before it asks again (a round barrier, as the reference); ``random``'s draws do
+  not depend on results, so it asks the whole remaining budget at once (no barrier). Each candidate
+  is told to its study as its replay ends; candidate ids follow the asked order, so the ledger is the
+  same for any ``parallelism``, on any backend and whichever replay finishes first.
 - Duplicates: a suggestion equal to one already evaluated (same branch, same params) is told the
   cached result, counted in ``counts.cache_hits`` and re-asked. ``random`` draws unseen points
   only (seeded, uniform over the unseen grid when the space is enumerable): a 16-point space with
@@ -50,7 +52,8 @@ __all__ = ["SearchResult", "run_search", "resume_search", "STUDY_FILE", "REPORT_
 
 REPORT_FILE = "recommendation.html"  # report=True / --report
 
-BATCH_ROUNDS = 4  # candidates asked per batch = workers x this
+BATCH_ROUNDS = 4  # a guided sampler's candidates asked per batch = workers x this
+MAX_RANDOM_BATCH = 1024  # ``random`` asks the remaining budget at once, at most this many
 _MAX_ENUMERATED = 200_000  # a branch grid larger than this is sampled by rejection, not enumerated
 _STATUS_OF_CATEGORY = {"kv_capacity": ("infeasible", "kv_capacity"), "gpu_budget": ("infeasible", "gpu_budget"),
                        "context_length": ("infeasible", "kv_capacity"), "unsupported": ("unsupported", "backend_topology"),
@@ -527,17 +530,19 @@ class _Search:
 
         opt = self.cfg.optimizer
         budget = opt.max_trials
-        # a batch of a few rounds per worker: the workers take items as they free up, so only the
-        # batch's tail waits at the barrier (random: the same draws for any batch size)
-        per_batch = (self.fan.max_parallel if self.fan is not None else 1) * BATCH_ROUNDS
+        workers = self.fan.max_parallel if self.fan is not None else 1
         while self.counts["evaluated"] < budget and any(not b.exhausted for b in branches):
+            # ``random``'s draws do not depend on results: the whole remaining budget is asked at once
+            # (no barrier); a guided sampler asks a few rounds per worker, then learns from them
+            per_batch = min(budget - self.counts["evaluated"],
+                            MAX_RANDOM_BATCH if opt.algorithm == "random" else workers * BATCH_ROUNDS)
             asked = []
             pending: set[str] = set()
             in_batch: dict[int, int] = {}
             stalled: set[int] = set()  # branches whose sampler proposed nothing new this batch
             with _storage_writes():
                 self.claim.refresh()
-            while len(asked) < min(per_batch, budget - self.counts["evaluated"]):
+            while len(asked) < per_batch:
                 b = self.next_branch([b for b in branches if b.index not in stalled], in_batch)
                 if b is None:
                     break
@@ -551,58 +556,71 @@ class _Search:
                 pending.add(key)
                 in_batch[b.index] = in_batch.get(b.index, 0) + 1
                 rec = self.materialize(b, params)
+                rec["candidate_id"] = self.next_id  # ids in asked order: the same whatever finishes first
+                self.next_id += 1
                 with _storage_writes():  # a run killed now leaves the trial RUNNING with its candidate
                     trial.set_user_attr("params_key", key)
-                    trial.set_user_attr("status", "running")
-                    trial.set_user_attr("used_gpus", rec["used_gpus"])
                     trial.set_user_attr("config", rec["config"])
                 asked.append((b, trial, params, rec))
             if not asked:
                 break
-            runnable = [(i, rec) for i, (_, _, _, rec) in enumerate(asked) if rec["prediction_config"] is not None]
-            items = [{"prediction_config": rec["prediction_config"], "extra_metrics": self.extra_metrics,
-                      "config_dir": str(self.config_dir) if self.config_dir else None} for _, rec in runnable]
+            told: set[int] = set()
+
+            def tell(i: int) -> None:
+                with _storage_writes():
+                    self.record(asked[i])
+                told.add(i)
+                if self.progress is not None:
+                    self.progress(self.snapshot(budget))
+
+            runnable = [i for i, (_, _, _, rec) in enumerate(asked) if rec["prediction_config"] is not None]
+            for i in range(len(asked)):
+                if i not in runnable:
+                    tell(i)  # not runnable: its status and reason are known already
+
+            def on_result(j: int, res) -> None:
+                i = runnable[j]
+                self.finish(asked[i][3], res if isinstance(res, dict) else res.to_dict())
+                tell(i)
+
+            items = [{"prediction_config": asked[i][3]["prediction_config"], "extra_metrics": self.extra_metrics,
+                      "config_dir": str(self.config_dir) if self.config_dir else None} for i in runnable]
             try:
-                results = (self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds)
-                           if items else [])
+                if items:
+                    self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds,
+                                 on_result=on_result)
             except BaseException:
                 with _storage_writes():
-                    for b, trial, _, _ in asked:  # stopped: the in-flight trials end as failed
-                        trial.set_user_attr("status", "interrupted")
-                        b.study.tell(trial, state=TrialState.FAIL)
+                    for i, (b, trial, _, _) in enumerate(asked):  # stopped: the in-flight trials end as failed
+                        if i not in told:
+                            trial.set_user_attr("status", "interrupted")
+                            b.study.tell(trial, state=TrialState.FAIL)
                 raise
-            for (i, rec), res in zip(runnable, results):
-                self.finish(rec, res if isinstance(res, dict) else res.to_dict())
-            with _storage_writes():
-                self.record(asked)
-            if self.progress is not None:
-                self.progress(self.snapshot(budget))
         for b in branches:
             b.exhausted = b.exhausted or len(b.seen) >= b.size()
+        self.ledger.sort(key=lambda r: r["candidate_id"])
         return self.result([b.study.study_name for b in branches], bool(branches) and all(b.exhausted for b in branches))
 
-    def record(self, asked: list) -> None:
-        """The batch's candidates into the ledger and told to their studies (with their records)."""
+    def record(self, one: tuple) -> None:
+        """One candidate into the ledger and told to its study (with its record)."""
         from optuna.trial import TrialState
 
-        for b, trial, params, rec in asked:
-            rec["candidate_id"] = self.next_id
-            self.next_id += 1
-            key = _params_key(params)
-            b.seen[key] = rec
-            self._count(rec)
-            self.ledger.append(rec)
-            trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
-            trial.set_user_attr("status", rec["status"])
-            trial.set_user_attr("reason_category", rec["reason_category"])
-            for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
-                if rec.get("metrics") and k in rec["metrics"]:
-                    trial.set_user_attr(k, rec["metrics"][k])
-            trial.set_user_attr("record", rec)
-            if rec.get("_values") is not None:
-                b.study.tell(trial, rec["_values"])
-            else:
-                b.study.tell(trial, state=TrialState.FAIL)
+        b, trial, params, rec = one
+        b.seen[_params_key(params)] = rec
+        self._count(rec)
+        self.ledger.append(rec)
+        trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
+        trial.set_user_attr("status", rec["status"])
+        trial.set_user_attr("reason_category", rec["reason_category"])
+        trial.set_user_attr("used_gpus", rec["used_gpus"])
+        for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
+            if rec.get("metrics") and k in rec["metrics"]:
+                trial.set_user_attr(k, rec["metrics"][k])
+        trial.set_user_attr("record", rec)
+        if rec.get("_values") is not None:
+            b.study.tell(trial, rec["_values"])
+        else:
+            b.study.tell(trial, state=TrialState.FAIL)
 
     def snapshot(self, budget: int) -> dict:
         feasible = [r for r in self.ledger if r["status"] == "feasible" and r.get("score") is not None]
@@ -689,6 +707,7 @@ def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrit
     try:
         n = parallelism or cfg.optimizer.parallelism
         with fanout(backend, n, ray_address) as fan:
+            fan.start()  # the workers import the simulator while the study and the first batch are prepared
             search = _Search(cfg, config_dir, out, resume=resume, storage=storage, fan=fan, progress=progress,
                              overwrite=overwrite, report=report)
             return search.run()
