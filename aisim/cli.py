@@ -508,7 +508,10 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
             with watchdog:  # initialisation bounded from t0: exit 124 when the limit passes
                 set_phase("loading the trace")
                 # --csv needs the per-request records and the timelines (prediction.json shows neither)
-                with _gc_off():
+                from simulator.traffic.traces import rows_read
+
+                with _gc_off(), Progress.for_command(args) as loading, rows_read(loading.loading):
+                    loading.loading(None, None)
                     plan = plan_from_config(cfg, config_dir, args.capture_per_request or args.csv or args.report,
                                             capture_worker_timeline=args.capture_worker_timeline or args.csv or args.report)
                 set_phase("starting the actors")

@@ -24,9 +24,13 @@ def _active(args) -> bool:
         return False
 
 
+NARROW_COLUMNS = 110  # below this the bar is dropped first, then the speed: the count and the ETA stay
+
+
 class Progress:
     """A live line per task on stderr (see the module doc). ``interval_s``: the least time between
-    two redraws (updates in between only record numbers)."""
+    two redraws (updates in between only record numbers). On a terminal narrower than
+    ``NARROW_COLUMNS`` the line has no bar and no speed, so the count and the ETA fit 80 columns."""
 
     def __init__(self, active: bool, interval_s: float = 0.25, console=None) -> None:
         self.active = active
@@ -36,6 +40,8 @@ class Progress:
         self._tasks: dict[str, int] = {}
         self._t0 = time.perf_counter()
         self._last_draw = 0.0
+        self.narrow = False
+        self._files = self._rows = 0  # a trace being loaded: files and rows read so far
 
     @classmethod
     def for_command(cls, args) -> "Progress":
@@ -47,8 +53,10 @@ class Progress:
             from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
             console = self.console or Console(file=sys.stderr, highlight=False)
-            self._live = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24),
-                                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+            self.narrow = console.width < NARROW_COLUMNS
+            bar = () if self.narrow else (BarColumn(bar_width=24),)
+            self._live = RichProgress(TextColumn("{task.description}"), *bar, TextColumn("{task.fields[detail]}"),
+                                      *(() if self.narrow else (TimeElapsedColumn(),)),
                                       console=console, transient=True, auto_refresh=False)
             self._live.start()
         return self
@@ -86,20 +94,40 @@ class Progress:
         if t - self._last_draw < self.interval_s:  # between redraws a call costs one clock read
             return
         wall = t - self._t0
-        sim_s = now_ms / 1000.0
-        speed = f", {sim_s / wall:,.0f}x real time" if wall > 0 and sim_s > 0 else ""
-        if end_ms:
-            frac = min(1.0, now_ms / end_ms)
-            eta = f", ETA {wall * (1 - frac) / frac:,.0f} s" if 0 < frac < 1 else ""
-            detail = (f"{sim_s:,.0f} / {end_ms / 1000.0:,.0f} simulated s, {ended:,} / {num_requests:,} requests"
-                      f"{speed}{eta}")
-            self._update("replay", frac, 1.0, detail)
-        else:
-            detail = f"{ended:,} / {num_requests:,} requests, {sim_s:,.0f} simulated s{speed}"
-            self._update("replay", ended, max(num_requests, 1), detail)
+        self._update(*replay_line(now_ms, end_ms, ended, num_requests, wall, self.narrow))
+
+    def loading(self, path, rows: int | None) -> None:
+        """A trace being read: ``rows`` the rows of the file just read (None: reading starts)."""
+        if self._live is None:
+            return
+        if rows is None:
+            self._files = self._rows = 0
+            self._update("loading", 0, None, "the trace...", force=True)
+            return
+        self._files += 1
+        self._rows += rows
+        files = f" in {self._files:,} files" if self._files > 1 else ""
+        self._update("loading", self._rows, None, f"the trace: {self._rows:,} rows read{files} (last: "
+                                                  f"{getattr(path, 'name', path)})", force=True)
 
     def steps(self, name: str, done: int, total: int | None, detail: str = "") -> None:
         """Any counted work: trials of a search, points of a sweep, windows of a retune (``total``
         None: not known in advance)."""
         self._update(name, done, total, f"{done:,}{'' if total is None else f' / {total:,}'} {detail}".rstrip(),
                      force=True)
+
+
+def replay_line(now_ms: float, end_ms: float | None, ended: int, num_requests: int, wall_s: float,
+                narrow: bool = False) -> tuple[str, float, float, str]:
+    """(task, completed, total, detail) of a replay's progress line. The simulated seconds never
+    exceed the span (past the last arrival the replay drains: the line says so); narrow: no speed."""
+    sim_s = now_ms / 1000.0
+    speed = "" if narrow else (f", {sim_s / wall_s:,.0f}x real time" if wall_s > 0 and sim_s > 0 else "")
+    if end_ms:
+        frac = min(1.0, now_ms / end_ms)
+        eta = f", ETA {wall_s * (1 - frac) / frac:,.0f} s" if 0 < frac < 1 else ""
+        span = end_ms / 1000.0
+        where = f"{min(sim_s, span):,.0f} / {span:,.0f} simulated s" if now_ms <= end_ms else \
+            f"draining after {span:,.0f} simulated s"
+        return "replay", frac, 1.0, f"{where}, {ended:,} / {num_requests:,} requests{eta}{speed}"
+    return "replay", ended, max(num_requests, 1), f"{ended:,} / {num_requests:,} requests, {sim_s:,.0f} simulated s{speed}"

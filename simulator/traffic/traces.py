@@ -13,6 +13,8 @@ import json
 import math
 import os
 import stat
+from contextlib import contextmanager
+from contextvars import ContextVar
 from itertools import chain, repeat
 from operator import itemgetter, le, mul
 from pathlib import Path
@@ -159,8 +161,31 @@ def _read_lines(path: Path) -> list[str]:
         raise InputError(str(path), f"cannot read trace: {exc}") from None
 
 
+#: who is told how many rows each trace file held, as it is read (``rows_read``); None: nobody
+_ROWS_READ: ContextVar = ContextVar("aisim_rows_read", default=None)
+
+
+@contextmanager
+def rows_read(callback):
+    """Within the block, ``callback(path, rows)`` is called as each trace file has been read (a
+    terminal shows it while a large trace loads); reading itself never depends on it."""
+    token = _ROWS_READ.set(callback)
+    try:
+        yield
+    finally:
+        _ROWS_READ.reset(token)
+
+
 def _parse_jsonl(path: Path) -> tuple[list, list[int]]:
     """Rows and their 1-based line numbers; one json.loads for the whole file when it is valid."""
+    rows, linenos = _parse_lines(path)
+    tell = _ROWS_READ.get()
+    if tell is not None:
+        tell(path, len(rows))
+    return rows, linenos
+
+
+def _parse_lines(path: Path) -> tuple[list, list[int]]:
     lines = _read_lines(path)
     numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
     linenos = [n for n, _ in numbered]

@@ -104,3 +104,45 @@ def test_searches_show_their_trials_through_the_same_display(tmp_path):
                             str(tmp_path / "rec"), "--parallelism", "1"], cols=120)
     assert code == 0, out
     assert "3 / 3 trials," in _plain(out) and "trials/s" in _plain(out)
+
+
+def test_the_replay_line_keeps_count_and_eta_when_narrow_and_never_passes_the_span():
+    from aisim.progress import replay_line
+
+    assert replay_line(900_000, 3_600_000, 3000, 12000, 10.0) == (
+        "replay", 0.25, 1.0, "900 / 3,600 simulated s, 3,000 / 12,000 requests, ETA 30 s, 90x real time")
+    narrow = replay_line(900_000, 3_600_000, 3000, 12000, 10.0, narrow=True)[3]
+    assert narrow == "900 / 3,600 simulated s, 3,000 / 12,000 requests, ETA 30 s" and len("replay " + narrow) < 80
+    # past the last arrival the replay drains: never more simulated seconds than the span
+    assert replay_line(3_700_000, 3_600_000, 11990, 12000, 40.0, narrow=True) == (
+        "replay", 1.0, 1.0, "draining after 3,600 simulated s, 11,990 / 12,000 requests")
+
+
+def test_an_80_column_terminal_gets_no_bar():
+    import io
+
+    from rich.console import Console
+
+    from aisim.progress import Progress
+
+    for width, narrow in ((80, True), (160, False)):
+        buf = io.StringIO()
+        with Progress(True, console=Console(file=buf, width=width, force_terminal=True)) as p:
+            p.steps("recommend", 3, 32, "trials, 2 feasible")
+            assert p.narrow is narrow
+            columns = [type(c).__name__ for c in p._live.columns]
+        assert ("BarColumn" in columns) is not narrow
+
+
+def test_a_terminal_sees_the_rows_of_a_trace_as_it_loads(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    rows = (ROOT / "configs" / "data" / "conversation_slice.jsonl").read_text().splitlines(keepends=True)
+    (shards / "a.jsonl").write_text("".join(rows[:600]))
+    (shards / "b.jsonl").write_text("".join(rows[600:]))
+    code, out = run_in_pty(["predict", "--set", f"traffic.source.paths=[{shards}]"], cols=80)
+    assert code == 0, out
+    assert "loading the trace: 600 rows read (last: a.jsonl)" in out
+    assert "loading the trace: 1,000 rows read in 2 files (last: b.jsonl)" in out
+    code, quiet = run_in_pty(["predict", "--format", "json"], cols=80)
+    assert code == 0 and "loading" not in quiet
