@@ -201,9 +201,9 @@ def _needed_fields(names: Sequence[str], target: str, limits: dict, check_sla: b
     if target == "min_gpus":
         keys += ["goodput_request_throughput_rps", "goodput_output_throughput_tok_s", "mean_e2e_latency_ms"]
     if check_sla:
-        for (limit, mean), (_, field) in zip(SLA_FIELDS, sla_fields(stat)):
+        for (limit, mean), (_, bound) in zip(SLA_FIELDS, sla_fields(stat)):
             if limit in limits:
-                keys += [field, SAMPLE_COUNTS[mean]]
+                keys += [bound, SAMPLE_COUNTS[mean]]
     return list(dict.fromkeys(keys))
 
 

@@ -64,7 +64,7 @@ from search.spica.presets import (
     scaling_is_on,
 )
 from search.spica.shapes import ROLES, check_parallel_config
-from simulator.config.models import Float, Fraction01, Int, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
+from simulator.config.models import Fraction01, Int, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
 from simulator.errors import InputError
 
 __all__ = ["SearchSpace", "MODES", "BATCHING_KNOBS", "ENGINE_PINNED", "DEPLOYMENT_PINNED", "KV_MANAGER",

@@ -145,7 +145,6 @@ def test_a_spica_search_under_a_percentile_sla(tmp_path):
 
 
 def test_retune_scores_under_the_evaluation_percentile():
-    from simulator.config.planner_config import _with_retune  # noqa: F401 (the one place it is resolved)
     from simulator.config.retune import RetuneConfig, resolve
 
     rc = resolve(RetuneConfig(interval_seconds=60), field="planner", tick_s=60, throughput=False, load=True,
