@@ -286,3 +286,4 @@ def test_branches_are_asked_by_fewest_candidates_so_far():
             _Search.next_branch(bs, {1: 3}).mode] == ["disagg", "disagg", "agg"]
     bs[1].exhausted = True
     assert _Search.next_branch(bs, {}).mode == "agg"
+
