@@ -19,7 +19,6 @@ def _start(cmd, cwd):
                             start_new_session=True)
 
 
-
 def test_a_second_capacity_search_into_a_live_directory_exits_2_naming_the_first(tmp_path):
     cmd = [sys.executable, "-m", "aisim", "capacity", "-c", str(ROOT / "configs" / "capacity-search.yaml"),
            "--output-dir", str(tmp_path / "out"), "--no-cache"]
