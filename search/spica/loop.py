@@ -568,6 +568,7 @@ class _Search:
 
             def tell(i: int) -> None:
                 with _storage_writes():
+                    self.claim.refresh()  # still ours (and its heartbeat renewed) however long the batch
                     self.record(asked[i])
                 told.add(i)
                 if self.progress is not None:

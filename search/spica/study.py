@@ -17,7 +17,8 @@ the claim in the branch studies' system attribute ``aisim_claim`` (host, pid, th
 a heartbeat), so a run on another storage kind is refused while a live process holds it: on this
 host a claim whose process is gone (or whose pid now belongs to another process) is stale; a claim
 from another host is stale once its heartbeat is older than twice the candidate timeout plus a
-minute. A run checks at every batch that the claim is still its own.
+minute. A run checks before every tell that the claim is still its own (renewing the heartbeat at
+most once a minute).
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class Claim:
             storage.set_study_system_attr(sid, CLAIM_ATTR, value)
 
     def refresh(self) -> None:
-        """At a batch boundary: the claim is still this run's (else InputError: another run took it
+        """Before a tell: the claim is still this run's (else InputError: another run took it
         over), and its heartbeat is renewed every ``HEARTBEAT_S``."""
         for storage, sid in self._studies:
             claim = storage.get_study_system_attrs(sid).get(CLAIM_ATTR)

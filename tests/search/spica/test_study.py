@@ -207,7 +207,12 @@ def test_a_claim_taken_over_mid_run_stops_the_run():
     store = Store()
     claim = Claim(Location("postgresql://h/db", None, "postgresql://h/db", False), "t", 60)
     claim.take(store, [1])
-    claim.refresh()  # still ours
+    store.attrs[CLAIM_ATTR] = {**store.attrs[CLAIM_ATTR], "heartbeat": 0.0}  # (marks whether it is rewritten)
+    claim.refresh()  # still ours; within a minute of the last write the heartbeat is left alone
+    assert store.attrs[CLAIM_ATTR]["heartbeat"] == 0.0
+    claim._beat -= 61  # a minute later (a long batch): the next tell renews it
+    claim.refresh()
+    assert store.attrs[CLAIM_ATTR]["heartbeat"] > time.time() - 5
     store.attrs[CLAIM_ATTR] = {**store.attrs[CLAIM_ATTR], "token": "other", "pid": 99}
     with pytest.raises(InputError, match="was taken over by pid 99"):
         claim.refresh()
