@@ -567,10 +567,10 @@ class _Search:
             told: set[int] = set()
 
             def tell(i: int) -> None:
-                with _storage_writes():
+                with _storage_writes():  # (a signal meanwhile is raised at its end: told is then complete)
                     self.claim.refresh()  # still ours (and its heartbeat renewed) however long the batch
                     self.record(asked[i])
-                told.add(i)
+                    told.add(i)
                 if self.progress is not None:
                     self.progress(self.snapshot(budget))
 
@@ -593,7 +593,7 @@ class _Search:
             except BaseException:
                 with _storage_writes():
                     for i, (b, trial, _, _) in enumerate(asked):  # stopped: the in-flight trials end as failed
-                        if i not in told:
+                        if i not in told and not b.study._storage.get_trial(trial._trial_id).state.is_finished():
                             trial.set_user_attr("status", "interrupted")
                             b.study.tell(trial, state=TrialState.FAIL)
                 raise
