@@ -183,7 +183,9 @@ class RetuneSweeper:
         self.planner_knobs = rc.planner_domains(load)
         self.domains = {**self.router_knobs, **self.planner_knobs}
         self.presweep_on = rc.predictor_presweep(thr)
-        self.sla = m.Sla(ttft_ms=rc.sla_ttft_ms, itl_ms=rc.sla_itl_ms, percentile=rc.sla_percentile)
+        # the limits retune resolved; the statistic they bound is the replay's (evaluation.sla.percentile)
+        self.sla = m.Sla(ttft_ms=rc.sla_ttft_ms, itl_ms=rc.sla_itl_ms,
+                         percentile=plan.sla.percentile if plan.sla is not None else "mean")
         self._fan = fan
         self._own_fan = fan is None
         self._history = None

@@ -16,17 +16,12 @@ user attributes, never as good scores.
   same for any ``parallelism``, on any backend and whichever replay finishes first.
 - Duplicates: a suggestion equal to one already evaluated (same branch, same params) is told the
   cached result, counted in ``counts.cache_hits`` and re-asked. ``random`` draws unseen points
-  only (seeded, uniform over the unseen grid when the space is enumerable): a 16-point space with
+  only, in one seeded order per branch (``_draw_random``): a 16-point space with
   ``max_trials: 16`` evaluates every point once; a search ends at ``max_trials`` evaluated
   candidates or when every branch is exhausted.
-- Storage: a JournalStorage file ``DIR/study.journal`` by default (``optuna-dashboard
-  DIR/study.journal`` shows it) or any Optuna storage URL; one study per branch named
-  ``<study.name>-<mode>``. Each trial's ``user_attrs`` hold ``candidate_id``, ``status``,
-  ``reason_category``, ``used_gpus``, the flat ``config``, the key metrics and the whole ledger
-  record (``record``).
-- Resume: the ledger is rebuilt from storage (finished trials are never re-run), trials left
-  RUNNING by a killed process are marked FAIL and their candidates asked again, and the search
-  stops at ``max_trials`` evaluated candidates in total.
+- Storage, claims and resume: ``search.spica.study`` and docs/spica-studies.md (one study per
+  branch named ``<study.name>-<mode>``; the ledger is rebuilt from storage on resume, finished
+  trials are never re-run, trials left RUNNING by a killed process become FAIL and are asked again).
 """
 
 from __future__ import annotations
@@ -540,8 +535,6 @@ class _Search:
             pending: set[str] = set()
             in_batch: dict[int, int] = {}
             stalled: set[int] = set()  # branches whose sampler proposed nothing new this batch
-            with _storage_writes():
-                self.claim.refresh()
             while len(asked) < per_batch:
                 b = self.next_branch([b for b in branches if b.index not in stalled], in_batch)
                 if b is None:

@@ -168,9 +168,9 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, start: str | None) -> bool:
-    from simulator.metrics.output import _pid_alive
+    from simulator.metrics.output import pid_alive
 
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     return start is None or _start_time(pid) in (None, start)
 

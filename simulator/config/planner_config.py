@@ -175,8 +175,7 @@ def _with_retune(pc: PlannerConfig, field: str, sla=None, replay_keys: bool = Fa
         target=pc.optimization_target, load_predictor=pc.load_predictor,
         throughput_interval_s=pc.throughput_adjustment_interval,
         ttft_ms=sla.ttft_ms if sla is not None and sla.ttft_ms is not None else pc.ttft_ms,
-        itl_ms=sla.itl_ms if sla is not None and sla.itl_ms is not None else pc.itl_ms,
-        percentile=sla.percentile if sla is not None else "mean")
+        itl_ms=sla.itl_ms if sla is not None and sla.itl_ms is not None else pc.itl_ms)
     return pc.model_copy(update={"retune": rc})
 
 

@@ -36,8 +36,8 @@ Keys and defaults (reference §6.2; "our choice" where the reference leaves it o
 - ``max_parallel``: null = the CPU count when the sweep starts (``parallel``), >= 1.
 - ``min_improvement_percentage``: 3, >= 0.
 - ``sla_ttft_ms``, ``sla_itl_ms``: > 0; from ``evaluation.sla`` (YAML), else the Planner's
-  ``ttft_ms`` / ``itl_ms``; the statistic they bound is ``evaluation.sla.percentile`` (a window
-  candidate that misses a percentile SLA has goodput 0, so it scores 0).
+  ``ttft_ms`` / ``itl_ms``; the statistic they bound is the replay's ``evaluation.sla.percentile``
+  (a window candidate that misses a percentile SLA has goodput 0, so it scores 0).
 - ``history_seconds``: > 0; only with throughput scaling; default throughput interval x 50 (the
   largest ``prophet_window_size`` among the predictor presets).
 - ``sampler``: ``grid`` (every point of the Cartesian product) | ``tpe`` | ``random``;
@@ -84,7 +84,6 @@ from simulator.config.models import (
     NonNegInt,
     PosFloat,
     PosInt,
-    SlaPercentile,
     Strict,
 )
 from simulator.errors import InputError
@@ -326,7 +325,6 @@ class RetuneConfig(Strict):
     min_improvement_percentage: NonNegFloat = 3.0
     sla_ttft_ms: PosFloat | None = None
     sla_itl_ms: PosFloat | None = None
-    sla_percentile: SlaPercentile = "mean"  # the statistic of sla_*_ms; from evaluation.sla.percentile
     history_seconds: PosFloat | None = None
     sampler: Literal["grid", "tpe", "random"] = "grid"
     max_candidates: PosInt | None = None
@@ -404,8 +402,7 @@ def _multiple_of(interval: float, tick: float) -> bool:
 
 
 def resolve(rc: RetuneConfig, *, field: str, tick_s: float, throughput: bool, load: bool, target: str,
-            load_predictor: str, throughput_interval_s: float, ttft_ms: float, itl_ms: float,
-            percentile: str | int = "mean") -> RetuneConfig:
+            load_predictor: str, throughput_interval_s: float, ttft_ms: float, itl_ms: float) -> RetuneConfig:
     """Check the rules that need the Planner (``throughput``/``load``: the loops it runs) and fill
     the defaults that come from it; ``ttft_ms``/``itl_ms``: the scoring SLA's fallback
     (``evaluation.sla``, else the Planner's own). ``field``: how errors name the planner
@@ -451,8 +448,6 @@ def resolve(rc: RetuneConfig, *, field: str, tick_s: float, throughput: bool, lo
         update["sla_ttft_ms"] = float(ttft_ms)
     if rc.sla_itl_ms is None:
         update["sla_itl_ms"] = float(itl_ms)
-    if percentile != rc.sla_percentile:
-        update["sla_percentile"] = percentile
     if throughput and rc.history_seconds is None:
         update["history_seconds"] = float(throughput_interval_s * PRESET_MAX_PROPHET_WINDOW)
     return rc.model_copy(update=update) if update else rc

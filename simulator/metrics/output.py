@@ -201,7 +201,7 @@ def exchange_paths(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -275,10 +275,14 @@ def lock_output_dir(directory: Path) -> "ProcessLock":
     except OSError as exc:
         raise InputError("--output-dir", f"cannot lock output directory {requested}: {exc.strerror}") from None
     if owner is not None:
-        who = f"pid {owner}" if owner else "pid unknown"
-        raise InputError("--output-dir", f"{requested} is in use by another aisim process ({who}); wait for it to "
-                                         "finish or choose another directory")
+        raise _in_use(requested, owner)
     return lock
+
+
+def _in_use(requested: Path, owner: int) -> InputError:
+    who = f"pid {owner}" if owner else "pid unknown"
+    return InputError("--output-dir", f"{requested} is in use by another aisim process ({who}); wait for it to "
+                                      "finish or choose another directory")
 
 
 class ProcessLock:
@@ -290,10 +294,6 @@ class ProcessLock:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def acquire(self) -> int | None:
         while True:
@@ -493,9 +493,7 @@ class OutputTransaction:
         except OSError as exc:
             raise self._not_writable(self.parent, exc) from None
         if owner is not None:
-            who = f"pid {owner}" if owner else "pid unknown"
-            raise self._error(f"{self.requested} is in use by another aisim process ({who}); wait for it "
-                              "to finish or choose another directory") from None
+            raise _in_use(self.requested, owner)
         self._lock_obj = lock
 
     def _unlock(self) -> None:
@@ -510,7 +508,7 @@ class OutputTransaction:
             with os.scandir(self.parent) as it:
                 for entry in it:
                     m = pattern.fullmatch(entry.name)
-                    if m and (int(m[2]) == os.getpid() or not _pid_alive(int(m[2]))):
+                    if m and (int(m[2]) == os.getpid() or not pid_alive(int(m[2]))):
                         (tmp if m[1] == "tmp" else old).append(Path(entry.path))
         except OSError:
             pass

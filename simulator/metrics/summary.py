@@ -159,35 +159,31 @@ def summarize(
     e2e_mask = done & ~np.isnan(last)
     e2e = (last - arrival)[e2e_mask]
 
-    if sla is not None and sla.is_set and sla.percentile != "mean":
-        # the deployment meets the SLA when the P-th percentile of every limited metric is within it
-        # (DistServe's attainment); its goodput is then every completed request's, else 0
-        q = sla.percentile
-        met = True
-        for limit, values in ((sla.ttft_ms, ttft), (sla.itl_ms, tpot), (sla.e2e_ms, e2e)):
-            if limit is not None:
-                stat = plain_stats(values).get("median" if q == 50 else f"p{q}")
-                met = met and stat is not None and stat <= limit
-        ok = done.copy() if met else np.zeros(len(status), dtype=bool)
-        s["sla_percentile"] = q
-        s["sla_met"] = bool(met)
-        good = int(ok.sum())
-        s["goodput_completed_requests"] = good
-        s["goodput_request_throughput_rps"] = rate(good)
-        s["goodput_output_tokens"] = int(out_len[ok].sum())
-        s["goodput_output_throughput_tok_s"] = rate(int(out_len[ok].sum()))
-    elif sla is not None and sla.is_set:
-        ok = done.copy()
-        if sla.ttft_ms is not None:
-            t = first - arrival
-            ok &= ~np.isnan(t) & (t <= sla.ttft_ms)
-        if sla.itl_ms is not None:
-            per_req_itl = np.full(len(status), -np.inf)
-            per_req_itl[tpot_mask] = tpot
-            ok &= per_req_itl <= sla.itl_ms  # a single-token request has no ITL and passes
-        if sla.e2e_ms is not None:
-            e = last - arrival
-            ok &= ~np.isnan(e) & (e <= sla.e2e_ms)
+    stats = {"ttft": plain_stats(ttft), "tpot": plain_stats(tpot), "e2e_latency": plain_stats(e2e)}  # once
+    if sla is not None and sla.is_set:
+        if sla.percentile != "mean":
+            # the deployment meets the SLA when the P-th percentile of every limited metric is within it
+            # (DistServe's attainment); its goodput is then every completed request's, else 0
+            q = sla.percentile
+            name = "median" if q == 50 else f"p{q}"
+            met = all(stats[k][name] is not None and stats[k][name] <= limit
+                      for limit, k in ((sla.ttft_ms, "ttft"), (sla.itl_ms, "tpot"), (sla.e2e_ms, "e2e_latency"))
+                      if limit is not None)
+            ok = done.copy() if met else np.zeros(len(status), dtype=bool)
+            s["sla_percentile"] = q
+            s["sla_met"] = bool(met)
+        else:  # per request: a request is good when it meets every limit
+            ok = done.copy()
+            if sla.ttft_ms is not None:
+                t = first - arrival
+                ok &= ~np.isnan(t) & (t <= sla.ttft_ms)
+            if sla.itl_ms is not None:
+                per_req_itl = np.full(len(status), -np.inf)
+                per_req_itl[tpot_mask] = tpot
+                ok &= per_req_itl <= sla.itl_ms  # a single-token request has no ITL and passes
+            if sla.e2e_ms is not None:
+                e = last - arrival
+                ok &= ~np.isnan(e) & (e <= sla.e2e_ms)
         good = int(ok.sum())
         s["goodput_completed_requests"] = good
         s["goodput_request_throughput_rps"] = rate(good)
@@ -208,16 +204,16 @@ def summarize(
     s["num_ttft_samples"] = int(len(ttft))
     s["num_tpot_samples"] = int(len(tpot))
     s["num_e2e_latency_samples"] = int(len(e2e))
-    _family(s, "ttft", plain_stats(ttft))
+    _family(s, "ttft", stats["ttft"])
     _family(s, "ttst", plain_stats(ttst))
-    _family(s, "tpot", plain_stats(tpot))
+    _family(s, "tpot", stats["tpot"])
     gaps, weights = distinct_sorted(*_pooled_gaps(gap_sinks))
     _family(s, "itl", weighted_stats(gaps, weights, presorted=True))
     pos = gaps > 0  # 1000/gap reverses the order of distinct positive gaps: still sorted, distinct
     per_user = weighted_stats((1000.0 / gaps[pos])[::-1], weights[pos][::-1], presorted=True)
     _family(s, "output_token_throughput_per_user", per_user, unit="")
     s["num_itl_samples"] = int(weights.sum())
-    _family(s, "e2e_latency", plain_stats(e2e))
+    _family(s, "e2e_latency", stats["e2e_latency"])
     activated = np.frombuffer(log.activated, dtype=np.float64) if len(log) else np.zeros(0)
     handed = done & ~np.isnan(activated) & ~np.isnan(first)
     if handed.any():

@@ -145,9 +145,10 @@ def test_a_spica_search_under_a_percentile_sla(tmp_path):
 
 
 def test_retune_scores_under_the_evaluation_percentile():
-    from simulator.config.retune import RetuneConfig, resolve
+    from search.retune.sweep import RetuneSweeper
+    from simulator.replay import plan_from_config
 
-    rc = resolve(RetuneConfig(interval_seconds=60), field="planner", tick_s=60, throughput=False, load=True,
-                 target="load", load_predictor="constant", throughput_interval_s=60, ttft_ms=100, itl_ms=10,
-                 percentile=95)
-    assert rc.sla_percentile == 95 and rc.sla_ttft_ms == 100
+    for sets, want in (([], "mean"), (["evaluation.sla.percentile=95"], 95)):
+        cfg, cdir = load_config(ROOT / "configs" / "retune-router.yaml", sets)
+        sweeper = RetuneSweeper(plan_from_config(cfg, cdir))
+        assert sweeper.sla.percentile == want and sweeper.sla.ttft_ms == 2000 and sweeper.sla.itl_ms == 50
