@@ -26,7 +26,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from aisim import configs as _bundled
+
+REPO_CONFIGS = Path(_bundled.__file__).resolve().parent  # the bundled configs (configs/ in the repository)
 QUICKSTART = REPO_CONFIGS / "quickstart.yaml"
 
 
@@ -379,9 +381,9 @@ def _check_kind(args, command: str) -> None:
     """A config of another command's kind is refused naming the command that runs it."""
     if args.config is None:
         return
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
+    from aisim.simulator.errors import InputError
     from aisim.validate import detect_kind
-    from simulator.config.loading import apply_overrides, read_yaml_mapping
-    from simulator.errors import InputError
 
     data = read_yaml_mapping(args.config, "config")
     kind = detect_kind(apply_overrides(data, list(getattr(args, "overrides", []) or [])))
@@ -395,7 +397,7 @@ def _check_kind(args, command: str) -> None:
 def _predict(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim predict``; ``t0`` is the ``time.perf_counter()`` at which the command started (the
     initialisation timeout and the recorded runtime count from it, not from when this module was imported)."""
-    from simulator.errors import InputError
+    from aisim.simulator.errors import InputError
 
     _check_kind(args, "predict")
     if args.capture_per_request and args.output_dir is None:
@@ -407,14 +409,14 @@ def _predict(args, t0: float, signals: _Signals) -> int:
     if args.report:
         if args.output_dir is None:
             raise InputError("--report", "needs --output-dir to write report.html")
-        from simulator.metrics.report_html import require_matplotlib
+        from aisim.simulator.metrics.report_html import require_matplotlib
 
         require_matplotlib("--report")
     if args.per_request_in_prediction and not args.capture_per_request:
         raise InputError("--per-request-in-prediction", "needs --capture-per-request")
     if args.output_dir is None:
         return _run(args, t0, signals, None)
-    from simulator.metrics.output import OutputTransaction
+    from aisim.simulator.metrics.output import OutputTransaction
 
     out = OutputTransaction(args.output_dir, args.overwrite)
     try:
@@ -432,8 +434,8 @@ def _retune_progress(plan, progress):
     json); None when the plan does not retune."""
     if plan.planner is None or plan.planner.retune is None or not progress.active:
         return None
-    from search.retune.sweep import replay_starts_ms
-    from search.retune.windows import windows_launched_by
+    from aisim.search.retune.sweep import replay_starts_ms
+    from aisim.search.retune.windows import windows_launched_by
 
     rc = plan.planner.retune
     starts = replay_starts_ms(plan.traffic.workload, plan.traffic.arrivals.delay_scale)
@@ -444,7 +446,8 @@ def _retune_progress(plan, progress):
         top = max(scored, key=lambda c: c["score"], default=None)
         best = ""
         if top is not None and answer.improvement_pct is not None:
-            best = f", best {answer.improvement_pct:+.1f}% ({', '.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}' for k, v in top['point'].items())})"
+            point = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in top["point"].items())
+            best = f", best {answer.improvement_pct:+.1f}% ({point})"
         progress.log(f"retune window {k + 1}/{max(total, k + 1)}: {len(answer.candidates)} candidates on "
                      f"{answer.num_requests} requests{best} -> {answer.outcome} ({answer.sweep_wall_s:.1f} s)")
         progress.steps("retune", k + 1, max(total, k + 1), "windows swept")
@@ -468,14 +471,15 @@ def _gc_off():
 
 def _run(args, t0: float, signals: _Signals, out) -> int:
     with _gc_off():
-        from simulator.config.loading import load_config
-        from simulator.metrics.csv_out import write_csv_outputs
         from aisim.progress import Progress
-        from simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
-        from simulator.metrics.table import render_table
-        from simulator.metrics.timeline import write_csv as write_timeline_csv
-        from simulator.replay import plan_from_config, run_plan
-        from simulator.runtime.resources import (
+        from aisim.simulator.config.loading import load_config
+        from aisim.simulator.metrics.csv_out import write_csv_outputs
+        from aisim.simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
+        from aisim.simulator.metrics.table import render_table
+        from aisim.simulator.metrics.timeline import write_csv as write_timeline_csv
+        from aisim.simulator.plan import plan_from_config
+        from aisim.simulator.run import run_plan
+        from aisim.simulator.runtime.resources import (
             InitWatchdog,
             ResourceGuard,
             apply_cpu_limit,
@@ -508,7 +512,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
             with watchdog:  # initialisation bounded from t0: exit 124 when the limit passes
                 set_phase("loading the trace")
                 # --csv needs the per-request records and the timelines (prediction.json shows neither)
-                from simulator.traffic.traces import rows_read
+                from aisim.simulator.traffic.traces import rows_read
 
                 with _gc_off(), Progress.for_command(args) as loading, rows_read(loading.loading):
                     loading.loading(None, None)
@@ -540,7 +544,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         elif report.timelines is not None and args.capture_worker_timeline:
             write_timeline_csv(out.staging / "worker_timeline.csv", report.timelines)
         if args.report:
-            from simulator.metrics.report_html import render_report_html
+            from aisim.simulator.metrics.report_html import render_report_html
 
             sla = cfg.evaluation.sla.model_dump()
             atomic_write_text(out.staging / "report.html",
@@ -575,8 +579,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
 
 def _trace(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim trace convert``: one summary line on stdout."""
-    from simulator.errors import InputError
-    from simulator.traffic import convert
+    from aisim.simulator.errors import InputError
+    from aisim.simulator.traffic import convert
 
     if (args.split_at_seconds is None) != (args.history_out is None):
         flag, other = ("--split-at-seconds", "--history-out") if args.history_out is None else \
@@ -630,8 +634,8 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim capacity``: exit 0, or 1 when a job errored."""
     import json
 
-    from search.capacity.runner import run_capacity_search
-    from simulator.errors import InputError
+    from aisim.search.capacity.runner import run_capacity_search
+    from aisim.simulator.errors import InputError
 
     _check_kind(args, "capacity")
     for flag, value in (("--max-iterations", args.max_iterations), ("--max-parallel", args.max_parallel)):
@@ -678,15 +682,15 @@ def _capacity(args, t0: float, signals: _Signals) -> int:
 
 
 def _has_dgd(args) -> bool:
-    from simulator.config.loading import apply_overrides, read_yaml_mapping
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 
     return apply_overrides(read_yaml_mapping(args.config, "search config"), list(args.overrides)).get("dgd") is not None
 
 
 def _recommend(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim recommend``."""
-    from search.spica.loop import STUDY_FILE, run_search
-    from simulator.errors import InputError
+    from aisim.search.spica.loop import STUDY_FILE, run_search
+    from aisim.simulator.errors import InputError
 
     _check_kind(args, "recommend")
     if args.parallelism is not None and args.parallelism < 1:
@@ -719,7 +723,7 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
                 "not_feasible": result.reasons, "decided": result.decided is None, "output_dir": str(out)}
         sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     else:
-        from search.spica.summary import front_table, reason_line, winner_lines
+        from aisim.search.spica.summary import front_table, reason_line, winner_lines
 
         c = result.counts
         lines = [f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "

@@ -35,8 +35,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import InputError
-from simulator.metrics.planner_summary import PLANNER_METRICS, planner_counts
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.planner_summary import PLANNER_METRICS, planner_counts
 
 FORMATS: tuple[str, ...] = ("table", "json", "csv")
 PREDICTION = "prediction.json"
@@ -273,8 +273,8 @@ def load_latencies(path: Path) -> dict[str, list[float]] | None:
 def write_compare_report(runs: list[dict], paths: list[str], file: Path, width: int = 100) -> None:
     """``aisim compare --report FILE``: the overlay page of the runs' (``load_run``) distributions
     and replica curves (``simulator.metrics.report_html.render_compare_html``), written atomically."""
-    from simulator.metrics.output import atomic_write_text
-    from simulator.metrics.report_html import render_compare_html, require_matplotlib
+    from aisim.simulator.metrics.output import atomic_write_text
+    from aisim.simulator.metrics.report_html import render_compare_html, require_matplotlib
 
     require_matplotlib("--report")
     file = Path(file)

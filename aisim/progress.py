@@ -50,7 +50,8 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.active:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             console = self.console or Console(file=sys.stderr, highlight=False)
             self.narrow = console.width < NARROW_COLUMNS

@@ -32,13 +32,12 @@ The predict report's numbers are the ones a run reports:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 __all__ = ["validate_config_file", "render", "detect_kind"]
 
@@ -57,7 +56,7 @@ def validate_config_file(path: Path, overrides: list[str] | None = None) -> dict
     """Validate the config at ``path`` (``overrides``: ``--set PATH=YAML`` strings), resolve its
     defaults and return a JSON-able report ``{"kind": "predict"|"recommend"|"capacity", ...}``.
     Raises ``InputError`` (one line) for a bad config; nothing is replayed or written."""
-    from simulator.config.loading import apply_overrides, read_yaml_mapping
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 
     path = Path(path)
     overrides = list(overrides or [])
@@ -72,7 +71,7 @@ def validate_config_file(path: Path, overrides: list[str] | None = None) -> dict
             raise InputError("--set", "capacity configs take no --set overrides (aisim capacity has none); "
                                       "edit the file or a job's benchmark_overrides")
         return _capacity_report(path)
-    from simulator.config.loading import load_config
+    from aisim.simulator.config.loading import load_config
 
     cfg, config_dir = load_config(path, overrides)
     return {"kind": "predict", "config": str(path), **predict_summary(cfg, config_dir)}
@@ -81,15 +80,15 @@ def validate_config_file(path: Path, overrides: list[str] | None = None) -> dict
 # -- predict -----------------------------------------------------------------------------------
 def predict_summary(cfg, config_dir: Path | None) -> dict:
     """The effective deployment and traffic statistics of a validated predict config."""
-    from simulator.plan import plan_from_config
+    from aisim.simulator.plan import plan_from_config
 
     return plan_summary(plan_from_config(cfg, config_dir))
 
 
 def plan_summary(plan) -> dict:
     """What a ``ReplayPlan`` will run: pools (with the run's provenance), deployment, traffic."""
-    from simulator.builders import build_decode_router, build_router, build_timing
-    from simulator.run import deployment_summary, pool_provenance
+    from aisim.simulator.builders import build_decode_router, build_router, build_timing
+    from aisim.simulator.run import deployment_summary, pool_provenance
 
     pools = []
     for pool in plan.pools:
@@ -131,7 +130,7 @@ def plan_summary(plan) -> dict:
 
 def _never_fits(prompt: np.ndarray, args) -> np.ndarray:
     """Per row the engine's admission rejection code ('' when admitted) on a pool with ``args``."""
-    from actors.engine.request import REJECT_BATCH_TOKENS, REJECT_CONTEXT_LENGTH, REJECT_KV_CAPACITY
+    from aisim.actors.engine.request import REJECT_BATCH_TOKENS, REJECT_CONTEXT_LENGTH, REJECT_KV_CAPACITY
 
     limit = args.max_model_len if args.max_model_len is not None else 1 << 62
     blocks = -(-prompt // args.block_size)
@@ -190,41 +189,23 @@ def traffic_summary(plan) -> dict:
 
 # -- recommend (Spica) ---------------------------------------------------------------------------
 def _recommend_report(path: Path, overrides: list[str]) -> dict:
-    from search.spica.config import load_search_config
-    from search.spica.loop import _Search
-    from search.spica.presets import scaling_fields
-    from search.spica.shapes import shape_pool, worker_shapes
+    from aisim.search.spica import load_search_config, plan_branches
 
     cfg, config_dir = load_search_config(path, overrides)
     space = cfg.search_space
-    search = _Search(cfg, config_dir, Path("."), resume=False, storage=None, fan=None, progress=None)
+    ratio = cfg.kv_load_ratio_range
     branches = []
-    for mode in cfg.branches:  # as _Search.branches, without creating the Optuna studies
-        choices = dict(space.branch_choices(mode))
-        skipped = None
-        if cfg.planner_target != "sla":
-            kept = tuple(p for p in choices["planner_scaling_policy"]
-                         if not scaling_fields(p)["enable_throughput_scaling"])
-            if not kept:
-                skipped = "every planner_scaling_policy needs the SLA target"
-            choices["planner_scaling_policy"] = kept
-        shapes = [] if skipped else (list(space.parallel_configs) if space.parallel_configs
-                                     else search._pool(mode, worker_shapes, shape_pool))
-        if not skipped and not shapes:
-            skipped = "no worker shape fits the GPU budget"
-        ratio = cfg.kv_load_ratio_range
-        knobs = {k: len(v) for k, v in choices.items()}
-        size = None if skipped else (math.inf if ratio is not None
-                                     else math.prod(knobs.values()) * max(1, len(shapes)))
+    for b in plan_branches(cfg):
+        knobs = {k: len(v) for k, v in b.choices.items()}
         branches.append({
-            "mode": mode,
-            "worker_shapes": len(shapes),
+            "mode": b.mode,
+            "worker_shapes": len(b.shapes),
             "knob_choices": knobs,
             "searched_knobs": sorted(k for k, n in knobs.items() if n > 1),
             "kv_load_ratio": list(ratio) if ratio is not None else None,
-            "grid_size": None if size is None or math.isinf(size) else int(size),
+            "grid_size": b.grid_size(ratio is not None),
             "continuous": ratio is not None,
-            "skipped": skipped,
+            "skipped": b.skipped,
         })
     workload = (cfg.workload.model_dump(exclude_none=True) if cfg.workload is not None
                 else {"traffic": cfg.traffic.model_dump(exclude_none=True, mode="json")} if cfg.traffic is not None
@@ -252,8 +233,8 @@ def _recommend_report(path: Path, overrides: list[str]) -> dict:
 
 # -- capacity ------------------------------------------------------------------------------------
 def _capacity_report(path: Path) -> dict:
-    from search.capacity.config import job_config, job_qps_list, load_capacity_config
-    from simulator.config.loading import validate_config
+    from aisim.search.capacity.config import job_config, job_qps_list, load_capacity_config
+    from aisim.simulator.config.loading import validate_config
 
     cfg, config_dir = load_capacity_config(path)
     jobs = []

@@ -85,8 +85,8 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
     (home / "ray_bootstrap_config.yaml").write_text("")
     os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
-    from simulator.config.loading import load_config
-    from simulator.replay import ExecutionPlan, plan_from_config, run_plan
+    from aisim import ExecutionPlan, plan_from_config, run_plan
+    from aisim.simulator.config.loading import load_config
 
     trace = home / "synthetic.jsonl"
     write_trace(trace, args.requests, args.rate)

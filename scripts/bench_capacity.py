@@ -27,10 +27,10 @@ home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
 (home / "ray_bootstrap_config.yaml").write_text("")
 os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
 
-from search.capacity.config import job_config, load_capacity_config, trial_config  # noqa: E402
-from search.capacity.runner import run_capacity_search, run_capacity_trial  # noqa: E402
-from search.trial import plan_with_overrides  # noqa: E402
-from simulator.run import run_plan  # noqa: E402
+from aisim.search.capacity.config import job_config, load_capacity_config, trial_config  # noqa: E402
+from aisim.search.capacity.runner import run_capacity_search, run_capacity_trial  # noqa: E402
+from aisim.search.trial import plan_with_overrides  # noqa: E402
+from aisim.simulator.run import run_plan  # noqa: E402
 
 
 def main() -> int:

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
-from simulator.config.loading import load_config
-from simulator.replay import plan_from_config, run_plan
+from aisim.simulator.config.loading import load_config
+from aisim import plan_from_config, run_plan
 from pathlib import Path
 cfg, cdir = load_config(Path(sys.argv[1]))
 plan = plan_from_config(cfg, cdir)

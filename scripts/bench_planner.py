@@ -25,8 +25,8 @@ home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
 os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
 os.environ.setdefault("AISIM_CACHE_DIR", str(Path(tempfile.gettempdir()) / "aisim-bench-cache"))
 
-from simulator.config.loading import load_config  # noqa: E402
-from simulator.replay import run_config  # noqa: E402
+from aisim import run_config  # noqa: E402
+from aisim.simulator.config.loading import load_config  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 

@@ -46,8 +46,8 @@ def main() -> int:
     from rich.console import Console
 
     import aisim.progress as progress_mod
-    from simulator.config.loading import load_config
-    from simulator.replay import plan_from_config, run_plan
+    from aisim import plan_from_config, run_plan
+    from aisim.simulator.config.loading import load_config
 
     cfg, cdir = load_config(config, [])
     sink = open(os.devnull, "w")

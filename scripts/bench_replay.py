@@ -156,7 +156,8 @@ def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> 
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
     runs = interleaved(args.compare, args.repeat, lambda tree: run_once(config, env, tree),
-                       None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, cpu {r['cpu_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MB, "
+                       None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, cpu {r['cpu_s']:.2f} s, "
+                                                         f"peak RSS {r['peak_rss_mb']:.0f} MB, "
                                                          f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"),
                        warmup=not args.no_bytecode_cache)
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}

@@ -26,8 +26,8 @@ home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
 (home / "ray_bootstrap_config.yaml").write_text("")
 os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
 
-from search.spica.loop import run_search  # noqa: E402
-from search.trial import plan_with_overrides, run_trial  # noqa: E402
+from aisim.search.spica.loop import run_search  # noqa: E402
+from aisim.search.trial import plan_with_overrides, run_trial  # noqa: E402
 
 
 def main() -> int:

@@ -19,11 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from actors.engine.timing import PassShape, RooflineTiming  # noqa: E402
-from simulator.catalog.hardware import get_hardware  # noqa: E402
-from simulator.catalog.measured import measured_timing  # noqa: E402
-from simulator.catalog.models import geometry_of, resolve_model  # noqa: E402
-from simulator.errors import AisimError  # noqa: E402
+from aisim.actors.engine.timing import PassShape, RooflineTiming  # noqa: E402
+from aisim.simulator.catalog.hardware import get_hardware  # noqa: E402
+from aisim.simulator.catalog.measured import measured_timing  # noqa: E402
+from aisim.simulator.catalog.models import geometry_of, resolve_model  # noqa: E402
+from aisim.simulator.errors import AisimError  # noqa: E402
 
 TOTAL_KV = 10**7
 

@@ -76,10 +76,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection, wait as _wait
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as _wait
 from typing import Any
 
-from search.trial import TrialResult, run_dumped_trial
+from aisim.search.trial import TrialResult, run_dumped_trial
 
 __all__ = ["Fanout", "LocalFanout", "RayFanout", "fanout", "BACKENDS"]
 
@@ -153,7 +154,7 @@ class Fanout:
 
     def ship(self, plan) -> bytes:
         """``plan`` as bytes for a worker: by reference when its workload is registered there."""
-        from simulator.plan import dump_plan
+        from aisim.simulator.plan import dump_plan
 
         return dump_plan(plan, by_reference=plan.traffic.workload.digest in self._digests)
 
@@ -385,7 +386,7 @@ def _in_spawner_thread(fn, *args):
 # A worker is a fresh interpreter running this (not multiprocessing's spawn, which would re-run
 # the parent's __main__ script in every worker): the parent's sys.path, then _worker_main.
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from search.fanout import _worker_main; _worker_main(int(sys.argv[2]), int(sys.argv[3]))")
+         "from aisim.search.fanout import _worker_main; _worker_main(int(sys.argv[2]), int(sys.argv[3]))")
 
 
 def _interpreter_flags() -> list[str]:
@@ -449,7 +450,7 @@ def _worker_main(fd: int, parent_pid: int) -> None:
     init_error = None
     try:
         _register_workloads(pickle.loads(conn.recv_bytes()))
-        import simulator.run  # noqa: F401 - load the simulator once, not in the first trial
+        import aisim.simulator.run  # noqa: F401 - load the simulator once, not in the first trial
     except (EOFError, OSError):
         return
     except BaseException as exc:  # noqa: BLE001 - reported with every call instead
@@ -471,7 +472,7 @@ def _worker_main(fd: int, parent_pid: int) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from search.trial import one_line
+    from aisim.search.trial import one_line
 
     return one_line(exc)
 
@@ -497,7 +498,7 @@ _REGISTERED: set[str] = set()  # the workload digests registered in this process
 
 
 def _register_workloads(workloads) -> None:
-    from simulator.plan import register_workload
+    from aisim.simulator.plan import register_workload
 
     for w in workloads:
         _REGISTERED.add(register_workload(w))
@@ -540,7 +541,7 @@ class RayFanout(Fanout):
     def __init__(self, max_parallel: int | None = None, ray_address: str | None = None,
                  workloads: Iterable = ()) -> None:
         super().__init__(workloads)
-        from simulator.runtime.ray_runtime import start_ray
+        from aisim.simulator.runtime.ray_runtime import start_ray
 
         self._ray, self._started = start_ray(ray_address)
         try:

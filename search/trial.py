@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.metrics.summary import WALL_TIME_FIELDS
-from simulator.plan import ReplayPlan, load_plan, plan_from_config
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.simulator.plan import ReplayPlan, load_plan, plan_from_config
 
 __all__ = ["TrialResult", "run_trial", "run_dumped_trial", "plan_with_overrides", "one_line", "STATUSES"]
 
@@ -34,7 +34,7 @@ _MAX_MESSAGE = 1000  # characters of a failure's message (one line)
 def one_line(exc: BaseException) -> str:
     """The first non-empty line of an error's text, at most ``_MAX_MESSAGE`` characters. aisim's own
     errors are already user-facing one-liners; any other exception is prefixed with its type."""
-    from simulator.errors import AisimError
+    from aisim.simulator.errors import AisimError
 
     text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
     if not isinstance(exc, AisimError):
@@ -101,7 +101,7 @@ def run_trial(plan: ReplayPlan, metrics_keys: tuple[str, ...] | None = None) -> 
     """Run ``plan`` once (``simulator.run.run_plan``). Never raises an ``Exception``: a failure is a
     ``failed`` result carrying the error's category and one line. ``metrics_keys`` keeps only those
     summary keys (a key the summary lacks fails the trial, category ``runtime``)."""
-    from simulator.run import run_plan
+    from aisim.simulator.run import run_plan
 
     t0 = time.perf_counter()
     try:
@@ -130,8 +130,8 @@ def plan_with_overrides(cfg_mapping: Mapping, overrides: Mapping[str, Any], conf
     changed), validated once. ``config_dir`` resolves relative trace paths. ``plan_options`` go to
     ``plan_from_config`` (``capture_per_request``, ...). Raises ``InputError`` (with its category:
     ``invalid_config``, ``kv_capacity``, ``unsupported``, ...) for a candidate that cannot run."""
-    from simulator.config.loading import validate_config
-    from simulator.config.paths import with_paths
+    from aisim.simulator.config.loading import validate_config
+    from aisim.simulator.config.paths import with_paths
 
     data = with_paths(cfg_mapping, overrides)
     cfg = validate_config(data)

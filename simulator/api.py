@@ -1,6 +1,6 @@
 """Public Python API: replay a trace (or synthetic traffic) and get a ``ReplayReport``.
 
-    from simulator.api import run_trace_replay
+    from aisim.simulator.api import run_trace_replay
     report = run_trace_replay("trace.jsonl", extra_engine_args={"num_gpu_blocks": 29249}, num_workers=2)
     report.summary["mean_ttft_ms"]; report.to_dict()  # == prediction.json
 
@@ -17,19 +17,19 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from simulator.catalog.kv_capacity import kv_bytes_per_token
-from simulator.catalog.models import load_geometry
-from simulator.config import models as m
-from simulator.config.engine_args import EngineArgs
-from simulator.config.loading import format_validation_error
-from simulator.config.planner_config import parse_planner_config
-from simulator.config.retune import check_api_arguments, check_history
-from simulator.coordinator import KvTransferModel
-from simulator.errors import InputError, NotSupportedError
-from simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, retune_router, router_spec
-from simulator.run import ReplayReport, run_plan
-from simulator.traffic.build import TrafficPlan, build_traffic
-from simulator.traffic.traces import resolve_trace_paths
+from aisim.simulator.catalog.kv_capacity import kv_bytes_per_token
+from aisim.simulator.catalog.models import load_geometry
+from aisim.simulator.config import models as m
+from aisim.simulator.config.engine_args import EngineArgs
+from aisim.simulator.config.loading import format_validation_error
+from aisim.simulator.config.planner_config import parse_planner_config
+from aisim.simulator.config.retune import check_api_arguments, check_history
+from aisim.simulator.coordinator import KvTransferModel
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, retune_router, router_spec
+from aisim.simulator.run import ReplayReport, run_plan
+from aisim.simulator.traffic.build import TrafficPlan, build_traffic
+from aisim.simulator.traffic.traces import resolve_trace_paths
 
 __all__ = ["run_config", "run_trace_replay", "run_synthetic_trace_replay"]
 
@@ -91,14 +91,15 @@ def _execution(backend: str, router_sync_ms: float, ray_address: str | None, eng
 _DEPLOYMENT_ARGS = ("extra_engine_args", "prefill_engine_args", "decode_engine_args", "num_workers",
                     "num_prefill_workers", "num_decode_workers", "router_mode", "router_config", "planner_config",
                     "sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms", "capture_per_request", "capture_planner_details",
-                    "fast_forward", "seed", "backend", "router_sync_ms", "ray_address", "engine_actors")
+                    "fast_forward", "seed", "backend", "router_sync_ms", "ray_address", "engine_actors",
+                    "planner_report_dir")
 
 
 def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, decode_engine_args, num_workers: int,
               num_prefill_workers: int, num_decode_workers: int, router_mode: str, router_config, planner_config,
               sla_ttft_ms, sla_itl_ms, sla_e2e_ms, capture_per_request: bool, capture_planner_details: bool,
               fast_forward: bool, seed: int, backend: str, router_sync_ms: float, ray_address, engine_actors,
-              trace_format: str | None = None) -> ReplayPlan:
+              planner_report_dir, trace_format: str | None = None) -> ReplayPlan:
     """The plan the API's arguments describe (the same plan types a config gives); ``trace_format``:
     run_trace_replay's (None: synthetic traffic)."""
     extra_args, prefill_args, decode_args = extra_engine_args, prefill_engine_args, decode_engine_args
@@ -128,7 +129,8 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
             raise InputError("num_workers", f"must be >= 1, got {num_workers}")
         args = _engine_args(extra_args)
         pools = [PoolPlan(args.worker_type, num_workers, args)]
-    html = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
+    wants_page = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
+    html = str(planner_report_dir) if planner_report_dir is not None and wants_page else None
     if planner is not None and planner.retune is not None:
         check_history(planner, traffic.workload, "planner_config")  # the recorded history (throughput scaling)
         router = retune_router(router, planner.retune)
@@ -188,6 +190,7 @@ def run_trace_replay(
     router_sync_ms: float = 0.0,
     ray_address: str | None = None,
     engine_actors: int | None = None,
+    planner_report_dir: str | Path | None = None,
 ) -> ReplayReport:
     """Replay a mooncake or dynamo trace through ``num_workers`` aggregated workers, or through
     ``num_prefill_workers`` + ``num_decode_workers`` given ``prefill_engine_args`` and
@@ -201,6 +204,10 @@ def run_trace_replay(
     ``backend="ray"`` hosts the workers, router and Planner as Ray actors (``ray_address``:
     join a running cluster; ``engine_actors``: how many actors hold the workers);
     ``router_sync_ms`` lets the router see worker state up to that old (0: exact lockstep).
+
+    Nothing is written to disk unless asked: ``planner_report_dir`` writes the Planner's HTML
+    diagnostics page there (when the Planner config keeps ``report_interval_hours`` or
+    ``live_dashboard_port``) and ``planner["html_report_path"]`` names it.
     """
     paths = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
     resolved = resolve_trace_paths([str(p) for p in paths], "trace_files")
@@ -249,6 +256,7 @@ def run_synthetic_trace_replay(
     router_sync_ms: float = 0.0,
     ray_address: str | None = None,
     engine_actors: int | None = None,
+    planner_report_dir: str | Path | None = None,
 ) -> ReplayReport:
     """Fixed-length synthetic requests: exactly one of ``replay_concurrency`` (closed loop),
     ``request_rate`` (Poisson, first at t = 0, seeded by ``arrival_seed``) or ``arrival_interval_ms``."""

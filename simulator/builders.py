@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.engine.scheduler import RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
-from actors.engine.worker import EngineWorker
-from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
-from simulator.catalog.hardware import get_hardware
-from simulator.catalog.measured import measured_timing
-from simulator.catalog.models import load_geometry, resolve_model
-from simulator.config.engine_args import EngineArgs
-from simulator.errors import InputError
+from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
+from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
+from aisim.simulator.catalog.hardware import get_hardware
+from aisim.simulator.catalog.measured import measured_timing
+from aisim.simulator.catalog.models import load_geometry, resolve_model
+from aisim.simulator.config.engine_args import EngineArgs
+from aisim.simulator.errors import InputError
 
 
 class ScaledTiming(TimingModel):
@@ -48,8 +48,8 @@ class ScaledTiming(TimingModel):
 def build_timing(args: EngineArgs, field: str = "timing_model") -> TimingModel:
     t = args.timing_model
     if args.model and args.tensor_parallel_size > 1:  # a worker shape the engine cannot run, whatever the timing
-        from simulator.catalog.measured import tensor_field
-        from simulator.catalog.models import check_tensor_split
+        from aisim.simulator.catalog.measured import tensor_field
+        from aisim.simulator.catalog.models import check_tensor_split
 
         check_tensor_split(resolve_model(args.model), args.tensor_parallel_size, tensor_field(field))
     if t.type == "polynomial":

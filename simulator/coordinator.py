@@ -53,11 +53,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable
 
-from actors.engine.host import (
+from aisim.actors.engine.host import (
     EV_DRAINED,
     EV_FIRST_TOKEN,
     EV_HANDOFF,
@@ -67,16 +67,24 @@ from actors.engine.host import (
     PH_ARRIVAL,
     PH_TRANSFER,
 )
-from actors.engine.request import Request, apply_wire_progress, request_to_wire
-from actors.engine.scheduler import GapSink
-from actors.engine.worker import EngineWorker
-from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow, decision_from_wire, \
-    snapshot_to_wire, traffic_to_wire
-from actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_PARAMS, UP_RELEASE
-from simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
-from simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
-from simulator.metrics.timeline import WorkerTimeline
-from simulator.traffic.workload import BlockHashStore, Workload
+from aisim.actors.engine.request import Request, apply_wire_progress, request_to_wire
+from aisim.actors.engine.scheduler import GapSink
+from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.messages import (
+    Capabilities,
+    Fpm,
+    RoleState,
+    Snapshot,
+    TrafficWindow,
+    decision_from_wire,
+    snapshot_to_wire,
+    traffic_to_wire,
+)
+from aisim.actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_PARAMS, UP_RELEASE
+from aisim.simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
+from aisim.simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
+from aisim.simulator.metrics.timeline import WorkerTimeline
+from aisim.simulator.traffic.workload import BlockHashStore, Workload
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
 INF = math.inf

@@ -12,19 +12,19 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.builders import RouterSpec
-from simulator.catalog.hardware import get_hardware
-from simulator.catalog.kv_capacity import DEFAULT_MEMORY_FRACTION, default_capacity, kv_bytes_per_token
-from simulator.catalog.models import load_geometry
-from simulator.config import models as m
-from simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
-from simulator.config.planner_config import PlannerConfig, from_replay_section
-from simulator.config.retune import check_history, check_replay_sections
-from simulator.config.support import check_supported
-from simulator.coordinator import KvTransferModel
-from simulator.errors import InputError
-from simulator.traffic.build import TrafficPlan, build_traffic
-from simulator.traffic.workload import Workload
+from aisim.simulator.builders import RouterSpec
+from aisim.simulator.catalog.hardware import get_hardware
+from aisim.simulator.catalog.kv_capacity import DEFAULT_MEMORY_FRACTION, default_capacity, kv_bytes_per_token
+from aisim.simulator.catalog.models import load_geometry
+from aisim.simulator.config import models as m
+from aisim.simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
+from aisim.simulator.config.planner_config import PlannerConfig, from_replay_section
+from aisim.simulator.config.retune import check_history, check_replay_sections
+from aisim.simulator.config.support import check_supported
+from aisim.simulator.coordinator import KvTransferModel
+from aisim.simulator.errors import InputError
+from aisim.simulator.traffic.build import TrafficPlan, build_traffic
+from aisim.simulator.traffic.workload import Workload
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
@@ -65,7 +65,7 @@ class ReplayPlan:
     seed: int = 42  # root of the actors' random streams
     planner: PlannerConfig | None = None
     capture_planner_details: bool = True
-    write_html_report: bool = False  # the Python API's diagnostics page (never from aisim predict)
+    planner_html_dir: str | None = None  # write the Python API's Planner diagnostics page here (None: no file)
     planner_field: str = "planner"  # how errors name the Planner's configuration
     execution: ExecutionPlan = ExecutionPlan()
     capture_worker_timeline: bool = False  # per-worker queue depth and KV usage over time (ReplayReport.timelines)

@@ -15,18 +15,18 @@ import logging
 
 import numpy as np
 
-from actors.engine.timing import PassShape, TimingModel
-from actors.messages import Capabilities
-from actors.planner.perf_model import (
+from aisim.actors.engine.timing import PassShape, TimingModel
+from aisim.actors.messages import Capabilities
+from aisim.actors.planner.perf_model import (
     BENCHMARK_GRANULARITY,
     PerfModel,
     bootstrap_samples,
     install_bootstrap,
 )
-from actors.planner.planner import Planner, PlannerSettings
-from actors.planner.predictors import PredictorSpec, PredictorUnavailable, check_available
-from simulator.config.planner_config import IDENTITY_EXCLUSIONS, PlannerConfig, digest, effective_loops, tick_interval_s
-from simulator.errors import InputError
+from aisim.actors.planner.planner import Planner, PlannerSettings
+from aisim.actors.planner.predictors import PredictorSpec, PredictorUnavailable, check_available
+from aisim.simulator.config.planner_config import IDENTITY_EXCLUSIONS, PlannerConfig, digest, effective_loops, tick_interval_s
+from aisim.simulator.errors import InputError
 
 log = logging.getLogger("aisim.planner")
 
@@ -162,7 +162,7 @@ def _pass_ms(timing: TimingModel, caps: Capabilities):
 def warmup_windows(spec: str, interval_s: int, field: str) -> list[tuple[int, float, float]]:
     """Bucket a recorded trace into throughput-interval windows: (count, mean ISL, mean OSL);
     empty windows count 0. Paths resolve against the working directory."""
-    from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
+    from aisim.simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
 
     paths = resolve_trace_paths([spec], field)
     head = paths[0].read_text(encoding="utf-8", errors="replace")[:4096] if not paths[0].name.endswith(".gz") else ""

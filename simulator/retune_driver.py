@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from actors.planner.retune import Sweeper, SweepRequest
+from aisim.actors.planner.retune import Sweeper, SweepRequest
 
 __all__ = ["RetuneDriver", "decision_tick_ms"]
 

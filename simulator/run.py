@@ -10,18 +10,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from actors.engine.host import HostPool
-from simulator.builders import build_decode_router, build_router, build_timing, build_workers
-from simulator.catalog.models import resolve_model
-from simulator.coordinator import Coordinator, Pool
-from simulator.metrics.collector import RequestLog
-from simulator.metrics.planner_html import write_planner_html
-from simulator.metrics.timeline import WorkerTimeline
-from simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
-from simulator.plan import ExecutionPlan, ReplayPlan
-from simulator.planning import build_planner, capabilities, planner_report
-from simulator.runtime.local import LocalRuntime
-from simulator.traffic.workload import BlockHashStore
+from aisim.actors.engine.host import HostPool
+from aisim.simulator.builders import build_decode_router, build_router, build_timing, build_workers
+from aisim.simulator.catalog.models import resolve_model
+from aisim.simulator.coordinator import Coordinator, Pool
+from aisim.simulator.metrics.collector import RequestLog
+from aisim.simulator.metrics.planner_html import write_planner_html
+from aisim.simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
+from aisim.simulator.metrics.timeline import WorkerTimeline
+from aisim.simulator.plan import ExecutionPlan, ReplayPlan
+from aisim.simulator.planning import build_planner, capabilities, planner_report
+from aisim.simulator.runtime.local import LocalRuntime
+from aisim.simulator.traffic.workload import BlockHashStore
 
 __all__ = ["ReplayReport", "run_plan", "pool_provenance", "deployment_summary"]
 
@@ -90,7 +90,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
 def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
     """Warm start: worker id -> per rank the blocks its cache starts with; the router's prefix
     index learns them as it would from the workers' KV events."""
-    from actors.engine.kv_cache import STORED
+    from aisim.actors.engine.kv_cache import STORED
 
     given = (plan.initial_kv or {}).get(pool.role)
     if not given:
@@ -170,7 +170,7 @@ def load_sweeper(plan: ReplayPlan):
     sweeps through ``actors.planner.retune.Sweeper`` and never imports ``search`` itself."""
     from importlib.metadata import entry_points
 
-    from simulator.errors import NotSupportedError
+    from aisim.simulator.errors import NotSupportedError
 
     found = [ep for ep in entry_points(group=SWEEPER_ENTRY_POINTS) if ep.name == "retune"]
     if not found:
@@ -181,8 +181,8 @@ def load_sweeper(plan: ReplayPlan):
 
 
 def _retune_driver(plan: ReplayPlan, sweeper, on_sweep=None):
-    from simulator.config.planner_config import effective_loops, tick_interval_s
-    from simulator.retune_driver import RetuneDriver
+    from aisim.simulator.config.planner_config import effective_loops, tick_interval_s
+    from aisim.simulator.retune_driver import RetuneDriver
 
     pc = plan.planner
     rc = pc.retune
@@ -306,8 +306,8 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
             planner_obj["retune_events"] = retune.events
             if plan.capture_planner_details:
                 retune.annotate_ticks(planner_obj["ticks"])
-        if plan.write_html_report and plan.capture_planner_details:
-            planner_obj["html_report_path"] = write_planner_html(planner_obj, summary)
+        if plan.planner_html_dir is not None and plan.capture_planner_details:
+            planner_obj["html_report_path"] = write_planner_html(planner_obj, summary, plan.planner_html_dir)
     diagnostics = {
         "num_events": stats.num_events,
         "num_passes": counters.num_passes,
@@ -334,7 +334,7 @@ def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_ro
     if decode_router is not None:
         routers["decode"] = decode_router
     if ex.backend == "ray":
-        from simulator.runtime.ray_runtime import RayRuntime
+        from aisim.simulator.runtime.ray_runtime import RayRuntime
 
         return RayRuntime(host_pools, workload, roles, ex.engine_actors, routers, planner, ex.ray_address,
                           reserve_cpus=reserve_cpus)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simulator.replay import run_trace_replay
+from aisim import run_trace_replay
 
 WALL = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
 

@@ -37,7 +37,7 @@ def test_configs_run_from_a_copy_of_the_repository_elsewhere(tmp_path):
     shutil.copytree(ROOT / "configs", copy / "configs")
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    env = dict(ENV, PYTHONPATH=str(ROOT))
+    env = dict(ENV)
     for name in PREDICT_CONFIGS + SEARCH_CONFIGS:
         p = run(sys.executable, ["validate", "-c", str(copy / "configs" / name), "--format", "json"], elsewhere, env)
         assert p.returncode == 0, (name, p.stderr)
@@ -79,16 +79,44 @@ def test_a_wheel_in_a_fresh_venv_runs_the_bundled_configs(tmp_path):
     Path(site, "zz_borrowed_deps.pth").write_text("\n".join(_borrowed_site_packages()) + "\n")
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    where = subprocess.run([py, "-c", "import simulator, configs; print(simulator.__file__); print(configs.__path__[0])"],
-                           capture_output=True, text=True, cwd=elsewhere, env=ENV)
+    # one import namespace: the wheel adds aisim (and its metadata) to site-packages, nothing else
+    with zipfile.ZipFile(wheel) as z:
+        top = {name.split("/")[0] for name in z.namelist()}
+    assert top == {"aisim", "aisim-0.1.0.dist-info"}, top
+    probe = ("import importlib.util as u, aisim.simulator, aisim.actors, aisim.search, aisim.configs;"
+             "print(aisim.simulator.__file__); print(aisim.configs.__file__);"
+             "print(*[n for n in ('simulator', 'actors', 'search', 'configs') if u.find_spec(n)])")
+    where = subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=elsewhere, env=ENV)
     assert where.returncode == 0, where.stderr
-    assert all(line.startswith(site) for line in where.stdout.split()), where.stdout  # aisim from the wheel
+    lines = where.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith(site) and lines[1].startswith(site), lines  # from the wheel
+    assert lines[2] == "", f"importable outside the aisim namespace: {lines[2]}"
     p = run(py, ["predict", "--format", "json"], elsewhere)  # the bundled quickstart
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["completed_requests"] == 1000
-    installed = Path(site) / "configs"
+    installed = Path(site) / "aisim" / "configs"
     for name in PREDICT_CONFIGS + SEARCH_CONFIGS:
         p = run(py, ["validate", "-c", str(installed / name), "--format", "json"], elsewhere)
         assert p.returncode == 0, (name, p.stderr)
     p = run(py, ["predict", "-c", str(installed / "planner-aggregated.yaml"), *SHORT], elsewhere)
     assert p.returncode == 0, p.stderr
+
+
+def test_every_module_is_imported_under_the_aisim_namespace_only():
+    """Importing every module of the package leaves no second copy under a folder name
+    (``simulator.x`` beside ``aisim.simulator.x``), and the facade names resolve."""
+    import importlib
+    import pkgutil
+
+    import aisim
+
+    skip = {"aisim.__main__"}
+    for info in pkgutil.walk_packages(aisim.__path__, "aisim."):
+        if info.name not in skip:
+            importlib.import_module(info.name)
+    for sub in ("simulator", "actors", "search", "configs"):
+        for info in pkgutil.walk_packages(importlib.import_module(f"aisim.{sub}").__path__, f"aisim.{sub}."):
+            importlib.import_module(info.name)
+    stray = sorted(n for n in sys.modules if n.split(".")[0] in {"simulator", "actors", "search", "configs"})
+    assert stray == []
+    assert all(getattr(aisim, name) is not None for name in aisim.__all__)

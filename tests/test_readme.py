@@ -10,8 +10,8 @@ import shlex
 import pytest
 
 from aisim.cli import _build_parser
+from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 from aisim.validate import detect_kind
-from simulator.config.loading import apply_overrides, read_yaml_mapping
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
@@ -74,3 +74,42 @@ def test_a_readme_command_parses_and_names_a_bundled_config_of_its_kind(command)
     data = apply_overrides(read_yaml_mapping(path, "config"), list(getattr(args, "overrides", []) or []))
     if args.command != "validate":
         assert detect_kind(data) == args.command, f"{command}: {config} is a {detect_kind(data)} config"
+
+
+def python_blocks(text: str) -> list[str]:
+    blocks, body, lang = [], None, None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if body is None:
+                body, lang = [], line[3:].strip()
+            else:
+                if lang == "python":
+                    blocks.append("\n".join(body) + "\n")
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+def test_the_readme_python_examples_import_from_the_aisim_namespace():
+    """Every import of the README's Python examples names aisim (or the standard library) and
+    resolves: the names exist where the README says."""
+    import ast
+    import importlib
+    import sys
+
+    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    assert len(blocks) >= 4
+    for block in blocks:
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom):
+                root = node.module.split(".")[0]
+                assert root == "aisim" or root in sys.stdlib_module_names, node.module
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert getattr(module, alias.name, None) is not None, f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    root = alias.name.split(".")[0]
+                    assert root == "aisim" or root in sys.stdlib_module_names, alias.name
+                    importlib.import_module(alias.name)

@@ -26,12 +26,12 @@ settlements) at ``(t, PH_PASS_END, worker)``, release-triggered drain settlement
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from operator import itemgetter
-from typing import Callable
 
-from actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
-from actors.engine.worker import EngineWorker
-from actors.hashing import hash_view
+from aisim.actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
+from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.hashing import hash_view
 
 # phases (same numbers as the coordinator's event phases)
 PH_PASS_END = 0

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from actors.hashing import hash_view
+from aisim.actors.hashing import hash_view
 
 # KV event kinds (published to routers at pass end). A STORED event is blocks that were not
 # resident, consecutive in one chain (parent first); a REMOVED event is evicted blocks in

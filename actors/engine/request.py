@@ -1,7 +1,7 @@
 """Per-request engine state.
 
 One invariant drives the scheduler (as in vLLM v1): ``num_computed`` catches up with
-``num_known`` (prompt + generated tokens). While ``prefill_done`` is false the request is
+the known tokens (prompt + generated). While ``prefill_done`` is false the request is
 (re)computing its known tokens in chunks; the pass that computes the last of them emits a
 token. After that each pass computes the one token sampled last pass and emits another.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from actors.hashing import hash_view
+from aisim.actors.hashing import hash_view
 
 # lifecycle states
 WAITING = 0
@@ -120,10 +120,6 @@ class Request:
         self.handoff: dict | None = None  # disaggregated timestamps and placement
         self.reject_reason: str | None = None
         self.reject_detail: str | None = None
-
-    @property
-    def num_known(self) -> int:
-        return self.prompt_len + self.num_generated
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

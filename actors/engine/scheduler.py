@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from operator import mul
 
-from actors.engine.kv_cache import KVCache
-from actors.engine.request import (
+from aisim.actors.engine.kv_cache import KVCache
+from aisim.actors.engine.request import (
     COMPLETED,
     HANDED_OFF,
     REJECT_BATCH_TOKENS,
@@ -37,7 +37,7 @@ from actors.engine.request import (
     WAITING,
     Request,
 )
-from actors.engine.timing import PassShape, TimingModel
+from aisim.actors.engine.timing import PassShape, TimingModel
 
 
 @dataclass(frozen=True)

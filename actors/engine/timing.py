@@ -15,7 +15,6 @@ path uses it; it must equal calling ``pass_ms`` ``k`` times bit for bit.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -24,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actors.engine.geometry import HardwareSpec, ModelGeometry
+from aisim.actors.engine.geometry import HardwareSpec, ModelGeometry
 
 
 class PassShape(NamedTuple):
@@ -247,12 +246,6 @@ class RooflineTiming(TimingModel):
         d = super().describe()
         d["data_version"] = f"roofline:{self.hardware.name}"
         return d
-
-
-def check_duration(ms: float) -> float:
-    if not math.isfinite(ms) or ms < 0:
-        raise ValueError(f"timing model returned an invalid pass duration {ms!r} ms")
-    return ms
 
 
 # -- measured (table-driven) timing ---------------------------------------------------------

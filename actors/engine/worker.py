@@ -38,9 +38,9 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import NamedTuple
 
-from actors.engine.request import COMPLETED, Request
-from actors.engine.scheduler import GapSink, RankPass, RankScheduler
-from actors.engine.timing import PassShape
+from aisim.actors.engine.request import COMPLETED, Request
+from aisim.actors.engine.scheduler import GapSink, RankPass, RankScheduler
+from aisim.actors.engine.timing import PassShape
 
 MAX_RUN_PASSES = 4096
 
@@ -134,7 +134,6 @@ class EngineWorker:
         self.exits: list[Request] = []  # completed inside a run, not taken yet (take_exits)
         self.num_passes = 0
         self.num_runs = 0
-        self.busy_ms = 0.0
         cfg = ranks[0].config
         self._interval = cfg.prefill_schedule_interval if len(ranks) > 1 else 1
         # whether a pass may start a decode run (a prefill role never decodes)
@@ -389,7 +388,6 @@ class EngineWorker:
             if self.records_kv_events:
                 self._publish()
             self.num_passes += 1
-        self.busy_ms += now_ms - self.pass_start_ms
         self.busy = False
         self._queue_last = self._queue_now
         if self.timeline is not None:
@@ -624,7 +622,6 @@ class EngineWorker:
         else:
             shape = PassShape(1, 1, known, known - 1, n, decode_kv, rank.total_kv_tokens)
         self._close_run(run)
-        self.busy_ms += now_ms - self.pass_start_ms
         # the new run: the batch's counts from now, the request's as if it had been in it (one
         # token computed and one generated after the first pass)
         batch = batch + [req]

@@ -7,7 +7,7 @@ says whether it consumed it (the coordinator then starts a new window).
 
 from __future__ import annotations
 
-from actors.messages import decision_to_wire, snapshot_from_wire, traffic_from_wire
+from aisim.actors.messages import decision_to_wire, snapshot_from_wire, traffic_from_wire
 
 
 class PlannerHost:

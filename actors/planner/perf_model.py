@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from actors.messages import Capabilities
+from aisim.actors.messages import Capabilities
 
 BENCHMARK_GRANULARITY = 8
 AVERAGE_WINDOW = 64  # passes behind the running averages

@@ -14,10 +14,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot
-from actors.planner.perf_model import CROSS_RANK, MIXED, PURE_DECODE, PURE_PREFILL, PerfModel
-from actors.planner.policy import POLICIES, PolicyContext, pass_of
-from actors.planner.predictors import Predictor, PredictorSpec
+from aisim.actors.messages import Capabilities, Decision, Fpm, RoleState, Snapshot
+from aisim.actors.planner.perf_model import CROSS_RANK, MIXED, PURE_DECODE, PURE_PREFILL, PerfModel
+from aisim.actors.planner.policy import POLICIES, PolicyContext, pass_of
+from aisim.actors.planner.predictors import Predictor, PredictorSpec
 
 EPS = 1e-9
 

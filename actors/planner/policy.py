@@ -20,10 +20,9 @@ covering the ready workers) and then asks its policy for each role; a policy ret
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from actors.messages import Fpm, RoleState
-from actors.planner.perf_model import Pass, PerfModel
+from aisim.actors.messages import Fpm, RoleState
+from aisim.actors.planner.perf_model import Pass, PerfModel
 
 
 @dataclass(frozen=True)
@@ -31,13 +30,6 @@ class PolicyContext:
     settings: object  # PlannerSettings
     hit_rate: float | None  # the last traffic window's KV hit rate (None before the first)
     accept_length: float = 1.0
-
-
-class DecisionPolicy(Protocol):
-    name: str
-
-    def propose(self, role: str, st: RoleState, model: PerfModel,
-                ctx: PolicyContext) -> tuple[int | None, str, list[dict]]: ...
 
 
 def pass_of(f: Fpm) -> Pass:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from actors.planner.predictors import Predictor, PredictorSpec
+from aisim.actors.planner.predictors import Predictor, PredictorSpec
 
 DEFAULT_PRESET = "constant_last"
 

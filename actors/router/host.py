@@ -7,7 +7,7 @@ same class runs in process and inside a Ray actor.
 
 from __future__ import annotations
 
-from actors.hashing import hash_view
+from aisim.actors.hashing import hash_view
 
 # update kinds
 UP_KV = 0  # (pool, UP_KV, worker, rank, kind, hashes)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from actors.engine.kv_cache import REMOVED, STORED, agreeing
+from aisim.actors.engine.kv_cache import REMOVED, STORED, agreeing
 
 
 class RoundRobinRouter:

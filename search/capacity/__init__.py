@@ -5,11 +5,11 @@
 ``request_metrics.csv`` and ``worker_timeline.csv`` rows; ``config`` the strict config;
 ``runner`` the jobs, trials (replays through ``search.fanout``), the trial cache and the outputs.
 
-    from search.capacity import run_capacity_search
+    from aisim.search.capacity import run_capacity_search
     result = run_capacity_search("configs/capacity-search.yaml", "out/capacity")
     result.jobs[0].max_qps_under_sla
 """
 
-from search.capacity.runner import CapacityResult, JobResult, run_capacity_search
+from aisim.search.capacity.runner import CapacityResult, JobResult, run_capacity_search
 
 __all__ = ["run_capacity_search", "CapacityResult", "JobResult"]

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 __all__ = [
     "TrialOutcome",

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from simulator.config.models import NonNegFloat, PosFloat, PosInt, Strict
-from simulator.errors import InputError
+from aisim.simulator.config.models import NonNegFloat, PosFloat, PosInt, Strict
+from aisim.simulator.errors import InputError
 
 __all__ = ["CapacityConfig", "Job", "SlaRuleSpec", "SearchSettings", "load_capacity_config", "job_config",
            "job_qps_list", "trial_config", "deep_merge", "job_key", "DEFAULT_BENCHMARK_TIMEOUT_S"]
@@ -50,7 +50,7 @@ class SlaRuleSpec(Strict):
     @field_validator("metric")
     @classmethod
     def _known(cls, v):
-        from search.capacity.sla import QUEUE_METRICS, REQUEST_METRICS
+        from aisim.search.capacity.sla import QUEUE_METRICS, REQUEST_METRICS
 
         if v not in REQUEST_METRICS + QUEUE_METRICS:
             raise ValueError(f"unknown metric {v!r}; use one of {', '.join(REQUEST_METRICS + QUEUE_METRICS)}")
@@ -143,7 +143,7 @@ def job_key(mapping: dict) -> str:
 
 def _validate_predict(mapping: dict, where: str):
     """The predict config of ``mapping``; an error is reported under ``where``."""
-    from simulator.config.loading import validate_config
+    from aisim.simulator.config.loading import validate_config
 
     try:
         return validate_config(mapping)
@@ -157,7 +157,7 @@ def load_capacity_config(path: Path | None = None, data: dict | None = None,
     ``sla=[...]``), then ``overrides`` (search keys: max_iterations, min_search_granularity_pct,
     max_qps_cap), validate everything (every job's merged predict config included). Returns
     (config, the directory relative paths resolve in)."""
-    from simulator.config.loading import apply_overrides, format_validation_error, read_yaml_mapping
+    from aisim.simulator.config.loading import apply_overrides, format_validation_error, read_yaml_mapping
 
     config_dir = None
     if data is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from simulator.metrics.report_html import figure_html, page_html, pyplot, svg_of
+from aisim.simulator.metrics.report_html import figure_html, page_html, pyplot, svg_of
 
 __all__ = ["render_capacity_html"]
 

@@ -30,9 +30,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["CapacityResult", "JobResult", "run_capacity_search", "run_capacity_trial", "default_cache_dir",
            "REPORT_FILE"]
@@ -81,11 +81,11 @@ class CapacityResult:
 def run_capacity_trial(item: dict) -> dict:
     """Replay one trial (in a fan-out worker): {"config": predict mapping, "config_dir": str | None}
     -> {"files": {name: text}} or a failed ``TrialResult`` dict."""
-    from search.trial import TrialResult, plan_with_overrides
-    from simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_rows
-    from simulator.metrics.output import canonical_json, csv_lines
-    from simulator.metrics.timeline import CSV_COLUMNS, timeline_rows
-    from simulator.run import run_plan
+    from aisim.search.trial import TrialResult, plan_with_overrides
+    from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_rows
+    from aisim.simulator.metrics.output import canonical_json, csv_lines
+    from aisim.simulator.metrics.timeline import CSV_COLUMNS, timeline_rows
+    from aisim.simulator.run import run_plan
 
     t0 = time.perf_counter()
     try:
@@ -124,7 +124,7 @@ class _Lane:
     """One job at a time, its trials one after another, on its own one-worker Fanout."""
 
     def __init__(self, backend: str, ray_address: str | None) -> None:
-        from search.fanout import fanout
+        from aisim.search.fanout import fanout
 
         self.fan = fanout(backend, 1, ray_address)
 
@@ -134,7 +134,7 @@ class _Lane:
 
 class _Job:
     def __init__(self, search: "_Search", job, index: int) -> None:
-        from search.capacity.config import job_config, job_key, job_qps_list
+        from aisim.search.capacity.config import job_config, job_key, job_qps_list
 
         self.s = search
         self.job = job
@@ -148,9 +148,9 @@ class _Job:
     def trace_rps(self) -> float | None:
         """Requests per second of the job's trace (None for synthetic traffic)."""
         if self._trace_rps is False:
-            from simulator.config import models as m
-            from simulator.config.loading import validate_config
-            from simulator.traffic.build import build_traffic
+            from aisim.simulator.config import models as m
+            from aisim.simulator.config.loading import validate_config
+            from aisim.simulator.traffic.build import build_traffic
 
             cfg = validate_config(self.mapping)
             rps = None
@@ -163,10 +163,10 @@ class _Job:
 
     def evaluate(self, lane: _Lane, qps: float):
         """One trial at ``qps``: cached or replayed, then judged against the SLA."""
-        from search.capacity.algorithms import TrialOutcome
-        from search.capacity.config import trial_config
-        from search.capacity.sla import SlaRule, evaluate_rules
-        from simulator.metrics.output import atomic_write_text, canonical_json
+        from aisim.search.capacity.algorithms import TrialOutcome
+        from aisim.search.capacity.config import trial_config
+        from aisim.search.capacity.sla import SlaRule, evaluate_rules
+        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
         mapping = trial_config(self.mapping, qps, self.trace_rps())
@@ -214,8 +214,8 @@ class _Job:
                                                 **({"error": error} if error else {})})
 
     def run(self, lane: _Lane) -> JobResult:
-        from search.capacity.algorithms import adaptive_search, linear_search
-        from simulator.metrics.output import atomic_write_text, canonical_json
+        from aisim.search.capacity.algorithms import adaptive_search, linear_search
+        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
         job = self.job
@@ -232,7 +232,7 @@ class _Job:
             best = out.max_qps_under_sla if cfg.sla else None
             result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
         except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
-            from search.trial import one_line
+            from aisim.search.trial import one_line
 
             result = JobResult(job.name, self.key, job.mode, None, 0, one_line(exc))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +263,7 @@ class _Search:
     def cache_put(self, key: str, files: dict) -> None:
         if self.cache_dir is None:
             return
-        from simulator.metrics.output import atomic_write_text
+        from aisim.simulator.metrics.output import atomic_write_text
 
         d = self.cache_dir / key
         try:
@@ -289,15 +289,15 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
     into ``output_dir``. ``search_overrides``: max_iterations, min_search_granularity_pct,
     max_qps_cap (the CLI flags); ``overrides``: ``--set PATH=YAML`` over the config, applied first;
     ``report``: also write ``capacity_report.html`` (needs matplotlib)."""
-    from search.capacity.config import load_capacity_config
-    from simulator.metrics.output import lock_output_dir
+    from aisim.search.capacity.config import load_capacity_config
+    from aisim.simulator.metrics.output import lock_output_dir
 
     if isinstance(config, dict):
         cfg, config_dir = load_capacity_config(data=config, overrides=search_overrides, sets=overrides)
     else:
         cfg, config_dir = load_capacity_config(Path(config), overrides=search_overrides, sets=overrides)
     if report:
-        from simulator.metrics.report_html import require_matplotlib
+        from aisim.simulator.metrics.report_html import require_matplotlib
 
         require_matplotlib("--report")
     out = Path(output_dir)
@@ -311,7 +311,7 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
 
 def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, cache_dir, use_cache,
               progress, report: bool) -> CapacityResult:
-    from simulator.metrics.output import atomic_write_text, canonical_json
+    from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
@@ -360,7 +360,7 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
                     j.num_trials, j.error or ""])
     atomic_write_text(out / "capacity_search_results.csv", buf.getvalue())
     if report:
-        from search.capacity.report import render_capacity_html
+        from aisim.search.capacity.report import render_capacity_html
 
         atomic_write_text(out / REPORT_FILE, render_capacity_html(result.to_dict()))
     return result

@@ -24,12 +24,12 @@ in rule order; an empty rule list passes. A value may be ``inf`` (JSON writers m
 
 from __future__ import annotations
 
-from simulator.metrics.timeline import weighted_quantile  # the project's one duration-weighted quantile
-
 import math
 import operator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+
+from aisim.simulator.metrics.timeline import weighted_quantile  # the project's one duration-weighted quantile
 
 __all__ = [
     "REQUEST_METRICS",

@@ -7,6 +7,6 @@ domains, ``scoring`` the score and the keep rule, ``history`` the predictor pre-
 entry point (``make_sweeper``).
 """
 
-from search.retune.sweep import RetuneSweeper, make_sweeper
+from aisim.search.retune.sweep import RetuneSweeper, make_sweeper
 
 __all__ = ["RetuneSweeper", "make_sweeper"]

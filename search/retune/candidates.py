@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable
 
-from simulator.config.retune import Domain
+from aisim.simulator.config.retune import Domain
 
 Point = dict[str, object]
 

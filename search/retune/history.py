@@ -21,8 +21,8 @@ from functools import partial
 
 import numpy as np
 
-from actors.planner.presets import PRESETS, common_warmup, preset_loss
-from simulator.planning import interval_buckets
+from aisim.actors.planner.presets import PRESETS, common_warmup, preset_loss
+from aisim.simulator.planning import interval_buckets
 
 __all__ = ["interval_history", "presweep", "preset_fields", "preset_of"]
 

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actors.planner.retune import SweepAnswer, SweepRequest
-from search.retune.candidates import CandidateSearch, best, point_key
-from search.retune.history import interval_history, preset_fields, preset_of, presweep
-from search.retune.scoring import improvement_pct, score, should_switch
-from search.retune.windows import Window, window_requests
-from simulator.config import models as m
-from simulator.plan import ExecutionPlan, ReplayPlan
-from simulator.traffic.arrivals import ArrivalProcess
-from simulator.traffic.build import TrafficPlan
+from aisim.actors.planner.retune import SweepAnswer, SweepRequest
+from aisim.search.retune.candidates import CandidateSearch, best, point_key
+from aisim.search.retune.history import interval_history, preset_fields, preset_of, presweep
+from aisim.search.retune.scoring import improvement_pct, score, should_switch
+from aisim.search.retune.windows import Window, window_requests
+from aisim.simulator.config import models as m
+from aisim.simulator.plan import ExecutionPlan, ReplayPlan
+from aisim.simulator.traffic.arrivals import ArrivalProcess
+from aisim.simulator.traffic.build import TrafficPlan
 
 __all__ = ["SweepResult", "RetuneSweeper", "make_sweeper", "window_plan", "current_point", "candidate_plan", "sweep",
            "replay_starts_ms"]
@@ -88,7 +88,7 @@ def window_plan(plan: ReplayPlan, req: SweepRequest, sla: m.Sla, planner_on: boo
     router = dataclasses.replace(plan.router, **req.router) if req.router else plan.router
     execution = ExecutionPlan(router_sync_ms=plan.execution.router_sync_ms)
     return dataclasses.replace(plan, traffic=traffic, pools=pools, router=router, sla=sla, planner=planner,
-                               capture_per_request=False, capture_planner_details=False, write_html_report=False,
+                               capture_per_request=False, capture_planner_details=False, planner_html_dir=None,
                                capture_worker_timeline=False, execution=execution,
                                planner_warmup=warmup if planner is not None else None, initial_kv=req.kv_blocks)
 
@@ -171,7 +171,7 @@ class RetuneSweeper:
     (``execution.backend``, ``ray_address``) with ``retune.max_parallel`` workers, closed by ``close()``."""
 
     def __init__(self, plan: ReplayPlan, fan=None) -> None:
-        from simulator.config.planner_config import effective_loops
+        from aisim.simulator.config.planner_config import effective_loops
 
         pc = plan.planner
         self.plan = plan
@@ -195,7 +195,7 @@ class RetuneSweeper:
     @property
     def fan(self):
         if self._fan is None:
-            from search.fanout import fanout
+            from aisim.search.fanout import fanout
 
             ex = self.plan.execution
             self._fan = fanout(ex.backend, self.rc.parallel, ex.ray_address if ex.backend == "ray" else None)
@@ -212,7 +212,7 @@ class RetuneSweeper:
             self._history_read = True
             spec = self.plan.planner.load_predictor_warmup_trace
             if self.throughput and spec:
-                from simulator.traffic.traces import read_dynamo, resolve_trace_paths
+                from aisim.simulator.traffic.traces import read_dynamo, resolve_trace_paths
 
                 self._history = read_dynamo(resolve_trace_paths([spec], "planner.load_predictor_warmup_trace"))
         return self._history

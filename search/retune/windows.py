@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.retune_driver import decision_tick_ms
+from aisim.simulator.retune_driver import decision_tick_ms
 
 __all__ = ["Window", "window", "windows_launched_by", "decision_tick_ms", "window_requests"]
 

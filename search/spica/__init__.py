@@ -4,10 +4,15 @@
 override mechanisms, every rejection), ``presets`` the reference's tables and the composite
 expansions, ``shapes`` the parallel-shape checks and derived fields, and ``unroll`` the pure
 ``unroll_sample`` that turns one trial (selection, parallel shape, load-predictor winner) into the
-flat candidate config.
+flat candidate config. ``plan_branches`` says what each mode branch searches; ``run_search`` and
+``resume_search`` run a search (``aisim recommend``).
 """
 
-from search.spica.space import SearchSpace
-from search.spica.unroll import unroll_sample
+from aisim.search.spica.branches import BranchPlan, plan_branches
+from aisim.search.spica.config import load_search_config
+from aisim.search.spica.loop import SearchResult, resume_search, run_search
+from aisim.search.spica.space import SearchSpace
+from aisim.search.spica.unroll import unroll_sample
 
-__all__ = ["SearchSpace", "unroll_sample"]
+__all__ = ["SearchSpace", "unroll_sample", "load_search_config", "plan_branches", "BranchPlan", "run_search",
+           "resume_search", "SearchResult"]

@@ -67,9 +67,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic import Strict as StrictType
 
-from search.spica.presets import scaling_fields
-from search.spica.space import SearchSpace
-from simulator.config.models import (
+from aisim.search.spica.presets import scaling_fields
+from aisim.search.spica.space import SearchSpace
+from aisim.simulator.config.models import (
     Evaluation,
     Execution,
     Int,
@@ -83,7 +83,7 @@ from simulator.config.models import (
     TraceSource,
     Traffic,
 )
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 __all__ = ["SearchConfig", "load_search_config", "TARGETS", "GOODPUT_TARGETS", "PLANNER_TARGET"]
 
@@ -281,7 +281,7 @@ class SearchConfig(Strict):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            from simulator.config.loading import format_validation_error
+            from aisim.simulator.config.loading import format_validation_error
 
             raise format_validation_error(exc) from None
 
@@ -312,7 +312,7 @@ class SearchConfig(Strict):
             if not isinstance(value, str) or not value:
                 raise InputError(where, f"must be a {what} name (text), got {value!r}")
             if key == "hardware":
-                from simulator.catalog.hardware import get_hardware
+                from aisim.simulator.catalog.hardware import get_hardware
 
                 get_hardware(value, where)
             space[knob] = value
@@ -481,7 +481,7 @@ def _check_dgd(cfg: SearchConfig) -> None:
 def load_search_config(path: Path, overrides: list[str] | None = None) -> tuple[SearchConfig, Path]:
     """Read a search YAML, apply ``--set`` overrides (``search_space.gpu_budget=16``), validate.
     Returns the config and its directory (relative trace paths are looked up next to it)."""
-    from simulator.config.loading import apply_overrides, read_yaml_mapping
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 
     path = Path(path)
     data = read_yaml_mapping(path, "search config")

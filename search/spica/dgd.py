@@ -135,11 +135,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from search.spica.config import Dgd
-from search.spica.materialize import PLANNER_FIELDS
-from search.spica.space import CACHE_HIT_WEIGHTS, ROUTER_ADMISSION
-from simulator.errors import InputError, NotSupportedError
-from simulator.metrics.output import atomic_write_text, canonical_json
+from aisim.search.spica.config import Dgd
+from aisim.search.spica.materialize import PLANNER_FIELDS
+from aisim.search.spica.space import CACHE_HIT_WEIGHTS, ROUTER_ADMISSION
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
 __all__ = ["render_manifest", "manifest_yaml", "write_dgd", "DEFAULT_RUNTIME_VERSION", "DEFAULT_RUNTIME_IMAGE_REPO",
            "WORKER_WORKDIR", "API_VERSION", "KIND"]
@@ -196,7 +196,7 @@ def _dgd(dgd: Dgd | Mapping[str, Any]) -> Dgd:
     try:
         return Dgd.model_validate(dict(dgd))
     except ValidationError as exc:
-        from simulator.config.loading import format_validation_error
+        from aisim.simulator.config.loading import format_validation_error
 
         err = format_validation_error(exc)
         raise InputError(f"dgd.{err.where}", err.message) from None

@@ -34,14 +34,15 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from search.spica.study import STUDY_FILE
-from simulator.errors import InputError
+from aisim.search.spica.study import STUDY_FILE
+from aisim.simulator.errors import InputError
 
 __all__ = ["SearchResult", "run_search", "resume_search", "STUDY_FILE", "REPORT_FILE"]
 
@@ -162,7 +163,7 @@ class SearchResult:
         if not self.recommendation["candidates"]:
             why = "; ".join(f"{m}: {r}" for m, r in self.skipped.items()) or "the search space holds no point"
             return f"no candidate to evaluate: {why}"
-        from search.spica.summary import reason_parts
+        from aisim.search.spica.summary import reason_parts
 
         return f"no feasible candidate among {len(self.recommendation['candidates'])}: {reason_parts(self.reasons)}"
 
@@ -177,7 +178,7 @@ class SearchResult:
 class _Search:
     def __init__(self, cfg, config_dir: Path | None, output_dir: Path, *, resume: bool, storage: str | None,
                  fan, progress: Callable[[dict], None] | None, overwrite: bool = False, report: bool = False) -> None:
-        from search.spica.study import locate
+        from aisim.search.spica.study import locate
 
         self.cfg = cfg
         self.config_dir = config_dir
@@ -201,7 +202,7 @@ class _Search:
     def open_study(self):
         """Claim the search, check what the storage already holds (refuse a second run of an existing
         search unless resuming or overwriting; refuse resuming another config), and open the storage."""
-        from search.spica.study import Claim, differing_keys, find_search, identity, identity_view
+        from aisim.search.spica.study import Claim, differing_keys, find_search, identity, identity_view
 
         cfg = self.cfg
         name = cfg.study.name
@@ -235,7 +236,7 @@ class _Search:
     @property
     def extra_metrics(self) -> tuple[str, ...]:
         """The summary fields a percentile SLA reads, kept with each candidate's metrics."""
-        from search.spica.objectives import sla_fields, sla_statistic
+        from aisim.search.spica.objectives import sla_fields, sla_statistic
 
         stat = sla_statistic(self.cfg.evaluation.sla.model_dump())
         return () if stat == "mean" else (*(f for _, f in sla_fields(stat)), "sla_percentile", "sla_met")
@@ -247,7 +248,7 @@ class _Search:
     def search_attr(self, mode: str) -> dict:
         """The ``aisim_search`` attribute of the branch study of ``mode``."""
         from aisim import __version__
-        from search.spica.study import identity
+        from aisim.search.spica.study import identity
 
         cfg_json = self.config_json
         return {"search": self.cfg.study.name, "mode": mode, "config": cfg_json, "identity": identity(cfg_json),
@@ -269,69 +270,26 @@ class _Search:
     def branches(self, storage) -> list[_Branch]:
         import optuna
 
-        from search.spica.objectives import directions
-        from search.spica.presets import scaling_fields
-        from search.spica.shapes import shape_key, shape_pool, worker_shapes
-        from search.spica.study import SEARCH_ATTR
+        from aisim.search.spica.branches import plan_branches
+        from aisim.search.spica.objectives import directions
+        from aisim.search.spica.shapes import shape_key
+        from aisim.search.spica.study import SEARCH_ATTR
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         cfg = self.cfg
-        space = cfg.search_space
         out = []
-        for i, mode in enumerate(cfg.branches):
-            choices = dict(space.branch_choices(mode))
-            if cfg.planner_target != "sla":  # throughput scaling needs the SLA target: drop those policies
-                kept = tuple(p for p in choices["planner_scaling_policy"]
-                             if not scaling_fields(p)["enable_throughput_scaling"])
-                if not kept:
-                    self.skipped[mode] = (f"every planner_scaling_policy needs throughput scaling, which only the "
-                                          f"goodput targets run (target {cfg.optimization.target})")
-                    continue
-                choices["planner_scaling_policy"] = kept
-            labels = {k: {_label(v): v for v in vs} for k, vs in choices.items()}
-            shapes = [s for s in space.parallel_configs] if space.parallel_configs else self._pool(
-                mode, worker_shapes, shape_pool)
-            if not shapes:
-                continue  # (self._pool said why)
-            name = f"{cfg.study.name}-{mode}"
-            study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(i),
+        for b in plan_branches(cfg):
+            if b.skipped is not None:
+                self.skipped[b.mode] = b.skipped
+                continue
+            labels = {k: {_label(v): v for v in vs} for k, vs in b.choices.items()}
+            name = f"{cfg.study.name}-{b.mode}"
+            study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(b.index),
                                         directions=directions(cfg.optimization.target), load_if_exists=True)
-            study.set_user_attr(SEARCH_ATTR, self.search_attr(mode))
-            out.append(_Branch(mode, study, choices, labels, shapes, [shape_key(s) for s in shapes],
-                               cfg.kv_load_ratio_range, index=i))
+            study.set_user_attr(SEARCH_ATTR, self.search_attr(b.mode))
+            out.append(_Branch(b.mode, study, b.choices, labels, b.shapes, [shape_key(s) for s in b.shapes],
+                               cfg.kv_load_ratio_range, index=b.index))
         return out
-
-    def _pool(self, mode, worker_shapes, shape_pool) -> list[dict]:
-        cfg = self.cfg
-        space = cfg.search_space
-        model, hardware = cfg.model_name, cfg.hardware_sku
-        roles = ("agg",) if mode == "agg" else ("prefill", "decode")
-        by_role = {}
-        for role in roles:
-            tokens = max(getattr(space, f"{role}_max_num_batched_tokens"))
-            by_role[role] = worker_shapes(model, hardware, tokens, getattr(space, f"{role}_gpu_memory_utilization"),
-                                          getattr(space, f"{role}_block_size"))
-        lo = space.min_gpu_budget or 1
-        c = cfg.optimization.constraints
-        if c is not None and getattr(c, "min_candidate_gpus", None):
-            lo = max(lo, c.min_candidate_gpus)
-        hi = space.gpu_budget
-        if c is not None and getattr(c, "max_candidate_gpus", None):
-            hi = min(hi, c.max_candidate_gpus)
-        pool = shape_pool(mode, by_role, lo, hi)
-        if not pool:
-            empty = [r for r in roles if not by_role[r]]
-            if empty:
-                self.skipped[mode] = (f"no {empty[0]} worker of {model} on {hardware} holds its weights and a KV "
-                                      "cache (at any tensor/data split up to 16 GPUs)")
-            else:
-                from search.spica.shapes import num_gpus_per_worker
-
-                least = sum(min(num_gpus_per_worker(s) for s in by_role[r]) for r in roles)
-                band = f"the GPU budget of {hi}" if lo <= 1 else f"the GPU band {lo}-{hi}"
-                self.skipped[mode] = (f"no {mode} worker shape fits {band} (the smallest {mode} deployment needs "
-                                      f"{least} GPUs)")
-        return pool
 
     # -- resume ----------------------------------------------------------------------------------
     def restore(self, branches: list[_Branch]) -> None:
@@ -448,7 +406,7 @@ class _Search:
         """The load predictor's winner per throughput interval of the space's scaling policies (the
         pre-sweep over ``load_predictor_candidates``), or None without throughput scaling."""
         if self._predictors is None:
-            from search.spica.presweep import predictor_winners
+            from aisim.search.spica.presweep import predictor_winners
 
             self._predictors = {"best_by_interval": predictor_winners(self.cfg, self.config_dir)}
         return self._predictors
@@ -456,10 +414,10 @@ class _Search:
     def materialize(self, b: _Branch, params: dict) -> dict:
         """The ledger record of one suggestion before its replay (``prediction_config`` None when
         it cannot run: status and reason set)."""
-        from search.spica.materialize import prediction_config, resolve_load
-        from search.spica.shapes import shape_from_key
-        from search.spica.unroll import unroll_sample
-        from simulator.errors import AisimError
+        from aisim.search.spica.materialize import prediction_config, resolve_load
+        from aisim.search.spica.shapes import shape_from_key
+        from aisim.search.spica.unroll import unroll_sample
+        from aisim.simulator.errors import AisimError
 
         selection = {k: (b.labels[k][params[k]] if k in params else vs[0]) for k, vs in b.choices.items()}
         shape = shape_from_key(params["parallel_config"]) if "parallel_config" in params else b.shapes[0]
@@ -480,7 +438,7 @@ class _Search:
 
     def finish(self, rec: dict, result: dict) -> None:
         """Fill a record from its replay's ``TrialResult`` dict and score it."""
-        from search.spica.objectives import score
+        from aisim.search.spica.objectives import score
 
         cfg = self.cfg
         if result["status"] != "ok":
@@ -521,7 +479,7 @@ class _Search:
     def _loop(self, branches: list[_Branch]) -> SearchResult:
         from optuna.trial import TrialState
 
-        from search.spica.trial import replay_candidate
+        from aisim.search.spica.trial import replay_candidate
 
         opt = self.cfg.optimizer
         budget = opt.max_trials
@@ -624,12 +582,12 @@ class _Search:
                 "trials_per_s": self.counts["evaluated"] / wall if wall > 0 else 0.0, "counts": dict(self.counts)}
 
     def result(self, names: list[str], exhausted: bool) -> SearchResult:
-        from search.spica.outputs import build_recommendation, candidate_record, write_outputs
+        from aisim.search.spica.outputs import build_recommendation, candidate_record, write_outputs
 
         cfg = self.cfg
         provenance = {"model": cfg.model_name, "hardware": cfg.hardware_sku, "objective": cfg.optimization.target}
         candidates = []
-        from search.spica.objectives import Score
+        from aisim.search.spica.objectives import Score
 
         for rec in self.ledger:
             s = None
@@ -649,22 +607,22 @@ class _Search:
         write_outputs(self.output_dir, rec)
         dgd_paths = []
         if cfg.dgd is not None:  # the winner's (pareto: every front member's) DynamoGraphDeployment
-            from search.spica.dgd import write_dgd
+            from aisim.search.spica.dgd import write_dgd
 
             dgd_paths = write_dgd(self.output_dir, rec["candidates"], cfg.dgd, cfg.optimization.target,
                                   rec["views"]["pareto_front"])
         result = SearchResult(rec, dict(self.counts), self.output_dir, names, self.resumed, dgd_paths,
                               self.location.label, dict(self.skipped))
         if self.report:
-            from search.spica.report import render_search_html
-            from simulator.metrics.output import atomic_write_text
+            from aisim.search.spica.report import render_search_html
+            from aisim.simulator.metrics.output import atomic_write_text
 
             atomic_write_text(self.output_dir / REPORT_FILE, render_search_html(rec, result.reasons, result.decided))
         return result
 
 
 def _throughput(policy) -> bool:
-    from search.spica.presets import scaling_fields
+    from aisim.search.spica.presets import scaling_fields
 
     return bool(scaling_fields(policy)["enable_throughput_scaling"])
 
@@ -681,14 +639,14 @@ def run_search(config, output_dir: Path | str, *, resume: bool = False, overwrit
     exists in the storage is continued only with ``resume`` (else InputError, exit 2), or started over
     with ``overwrite``; the output directory is locked and the search claimed while it runs
     (``search.spica.study``). ``report``: also write ``recommendation.html`` (needs matplotlib)."""
-    from search.fanout import fanout
-    from search.spica.config import SearchConfig, load_search_config
-    from simulator.metrics.output import lock_output_dir
+    from aisim.search.fanout import fanout
+    from aisim.search.spica.config import SearchConfig, load_search_config
+    from aisim.simulator.metrics.output import lock_output_dir
 
     if resume and overwrite:
         raise InputError("--overwrite", "cannot be combined with --resume: continue the study or start over")
     if report:
-        from simulator.metrics.report_html import require_matplotlib
+        from aisim.simulator.metrics.report_html import require_matplotlib
 
         require_matplotlib("--report")
     if isinstance(config, SearchConfig):
@@ -717,8 +675,8 @@ def resume_search(name: str, storage: str | None = None, output_dir: Path | str 
     with its studies (``storage``: a URL or a journal file path; None: ``output_dir/study.journal``).
     The outputs go to ``output_dir`` (default: the directory the search was started with);
     ``max_trials`` raises (or lowers) the total to stop at."""
-    from search.spica.config import SearchConfig
-    from search.spica.study import find_search, locate
+    from aisim.search.spica.config import SearchConfig
+    from aisim.search.spica.study import find_search, locate
 
     if storage is None and output_dir is None:
         raise InputError("storage", "give the storage URL (or journal file) or the output directory of the search")

@@ -72,13 +72,14 @@ that lacks a key its mode needs, or a throughput-scaling Planner under a non-sla
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from numbers import Real
-from typing import Any, Mapping
+from typing import Any
 
-from search.spica.config import SearchConfig
-from search.spica.space import CACHE_HIT_WEIGHTS, ROUTER_ADMISSION
-from simulator.config import models as m
-from simulator.errors import InputError
+from aisim.search.spica.config import SearchConfig
+from aisim.search.spica.space import CACHE_HIT_WEIGHTS, ROUTER_ADMISSION
+from aisim.simulator.config import models as m
+from aisim.simulator.errors import InputError
 
 __all__ = ["resolve_load", "prediction_config", "kv_capacity_tokens", "ENGINE_MODE", "PLANNER_FIELDS"]
 
@@ -121,9 +122,9 @@ def kv_capacity_tokens(flat: Mapping[str, Any]) -> dict[str, int]:
     """KV tokens per pool of the candidate, ``{"agg": n}`` or ``{"prefill": n, "decode": n}``:
     blocks per rank (sized as the replay sizes them) x block size x attention-data ranks x replicas.
     A pool whose weights leave no KV block raises ``InputError`` (category ``kv_capacity``)."""
-    from simulator.catalog.hardware import get_hardware
-    from simulator.catalog.kv_capacity import default_capacity
-    from simulator.catalog.models import load_geometry
+    from aisim.simulator.catalog.hardware import get_hardware
+    from aisim.simulator.catalog.kv_capacity import default_capacity
+    from aisim.simulator.catalog.models import load_geometry
 
     geometry = load_geometry(_need(flat, "model_name"), "model_name")
     hardware = get_hardware(_need(flat, "hardware_sku"), "hardware_sku")

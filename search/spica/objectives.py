@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Mapping, Sequence
 
 TARGETS = ("throughput", "throughput_per_gpu", "throughput_per_user", "goodput", "goodput_per_gpu", "ttft",
            "e2e_latency", "min_gpus", "pareto")

@@ -29,16 +29,16 @@ import io
 import json
 import math
 import re
-from datetime import datetime, timezone
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import yaml
 
 from aisim import __version__
-from search.spica.objectives import TARGETS, Score, pareto_front, rank_key
-from simulator.metrics.output import atomic_write_text, canonical_json, discard
-from simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.search.spica.objectives import TARGETS, Score, pareto_front, rank_key
+from aisim.simulator.metrics.output import atomic_write_text, canonical_json, discard
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
 
 SCHEMA_VERSION = "1.1"
 IMPLEMENTATION = "aisim"
@@ -140,7 +140,7 @@ def build_recommendation(candidates: Sequence[dict], *, target: str, counts: Map
     else:
         kept = ranked
     if created_at is None:
-        created_at = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        created_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     return {
         "schema_version": SCHEMA_VERSION,
         "candidate_retention": retention,

@@ -16,7 +16,8 @@ never emitted. The functions trust their input: ``search.spica.space`` validates
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Every knob's default, in the reference's field order. ``model_name`` and ``hardware_sku`` have no
 # default (the dump shows them as its ``input``): the search fills them from the engine section,

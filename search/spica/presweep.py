@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from actors.planner.predictors import PredictorSpec
-from actors.planner.presets import PRESETS, spec_loss
-from simulator.planning import interval_buckets
+from aisim.actors.planner.predictors import PredictorSpec
+from aisim.actors.planner.presets import PRESETS, spec_loss
+from aisim.simulator.planning import interval_buckets
 
 __all__ = ["predictor_winners", "candidate_spec", "arrival_history"]
 
@@ -50,13 +50,13 @@ def _arrivals(cfg, config_dir):
         rate = getattr(w, "request_rate", None)
         if rate is None or isinstance(rate, (list, tuple)):
             return None
-        from simulator.traffic.arrivals import poisson_times
+        from aisim.simulator.traffic.arrivals import poisson_times
 
         n = w.request_count or 1000
         t = poisson_times(int(n), float(rate), int(w.arrival_seed))
         return t, np.full(len(t), float(w.isl)), np.full(len(t), float(w.osl))
-    from simulator.config import models as m
-    from simulator.traffic.build import build_traffic
+    from aisim.simulator.config import models as m
+    from aisim.simulator.traffic.build import build_traffic
 
     if isinstance(cfg.traffic.load, m.ConcurrencyLoad):
         return None
@@ -70,7 +70,7 @@ def _arrivals(cfg, config_dir):
 
 def predictor_winners(cfg, config_dir=None) -> dict[str, dict]:
     """``best_by_interval``: str(throughput interval) -> the winner's predictor fields."""
-    from search.spica.presets import predictor_fields, scaling_fields
+    from aisim.search.spica.presets import predictor_fields, scaling_fields
 
     space = cfg.search_space
     intervals = sorted({int(f["throughput_adjustment_interval_seconds"])

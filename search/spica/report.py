@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import html
 
-from search.spica.summary import UNITS, describe_shape, reason_parts, sla_margins
-from simulator.metrics.report_html import figure_html, page_html, pyplot, svg_of
+from aisim.search.spica.summary import UNITS, describe_shape, reason_parts, sla_margins
+from aisim.simulator.metrics.report_html import figure_html, page_html, pyplot, svg_of
 
 __all__ = ["render_search_html", "score_chart_data"]
 

@@ -53,11 +53,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from numbers import Integral
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 SHAPE_DIMS: tuple[str, ...] = ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")
 SHAPE_KEYS: tuple[str, ...] = (*SHAPE_DIMS, "replicas")
@@ -162,7 +163,7 @@ def _worker(tp: int = 1, attention_dp: int = 1, moe_tp: int = 1, moe_ep: int = 1
 
 def _candidates(num_experts: int, config: Mapping[str, Any], size: int) -> list[tuple[int, ...]]:
     """The shapes of ``size`` GPUs the model allows, in strategy order (tp, tep, dep, dtp)."""
-    from simulator.catalog.models import tensor_split_ok
+    from aisim.simulator.catalog.models import tensor_split_ok
 
     heads_split = size == 1 or tensor_split_ok(dict(config), size) is not False  # None: heads unknown, allowed
     if size == 1:
@@ -183,9 +184,9 @@ def _candidates(num_experts: int, config: Mapping[str, Any], size: int) -> list[
 @lru_cache(maxsize=256)
 def _worker_shapes(model: str, hardware: str, max_batched_tokens: int, memory_fraction: float, block_size: int,
                    sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    from simulator.catalog.hardware import get_hardware
-    from simulator.catalog.kv_capacity import default_capacity
-    from simulator.catalog.models import geometry_of, resolve_model
+    from aisim.simulator.catalog.hardware import get_hardware
+    from aisim.simulator.catalog.kv_capacity import default_capacity
+    from aisim.simulator.catalog.models import geometry_of, resolve_model
 
     src = resolve_model(model, "search_space.model_name")
     geometry = geometry_of(src, "search_space.model_name")

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Mapping
 from functools import cache
 from numbers import Real
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic import Strict as StrictType
 
-from search.spica.presets import (
+from aisim.search.spica.presets import (
     ALLOWED_CHOICES,
     COMPOSITE_DICT_KEYS,
     COMPOSITE_FIELDS,
@@ -63,9 +64,9 @@ from search.spica.presets import (
     PRESET_EXPANSIONS,
     scaling_is_on,
 )
-from search.spica.shapes import ROLES, check_parallel_config
-from simulator.config.models import Fraction01, Int, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
-from simulator.errors import InputError
+from aisim.search.spica.shapes import ROLES, check_parallel_config
+from aisim.simulator.config.models import Fraction01, Int, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
+from aisim.simulator.errors import InputError
 
 __all__ = ["SearchSpace", "MODES", "BATCHING_KNOBS", "ENGINE_PINNED", "DEPLOYMENT_PINNED", "KV_MANAGER",
            "KV_ROUTER_KNOBS", "CACHE_HIT_WEIGHTS", "ROUTER_ADMISSION", "PLANNER_TUNING", "COMPOSITE_FIELD_TYPES",
@@ -141,7 +142,7 @@ def _adapter(key: str) -> TypeAdapter:
 def check_field_value(key: str, value: Any, where: str) -> Any:
     """``value`` of the unrolled field ``key``, checked with the Planner's type. Plain JSON values are
     kept as given (a dict equal to a preset unrolls exactly like it); others (numpy) are converted."""
-    from simulator.config.loading import format_validation_error  # (loading imports the config models)
+    from aisim.simulator.config.loading import format_validation_error  # (loading imports the config models)
 
     try:
         checked = _adapter(key).validate_python(value)
@@ -357,7 +358,7 @@ class SearchSpace(Strict):
         try:
             return cls.model_validate(dict(mapping))
         except ValidationError as exc:
-            from simulator.config.loading import format_validation_error
+            from aisim.simulator.config.loading import format_validation_error
 
             err = format_validation_error(exc)
             raise InputError(f"{SECTION}.{err.where}", err.message, category=err.category) from None

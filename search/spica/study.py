@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 __all__ = ["STUDY_FILE", "SEARCH_ATTR", "CLAIM_ATTR", "Location", "locate", "identity", "identity_view", "differing_keys", "SearchStudies",
            "find_search", "Claim"]
@@ -168,7 +168,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, start: str | None) -> bool:
-    from simulator.metrics.output import pid_alive
+    from aisim.simulator.metrics.output import pid_alive
 
     if not pid_alive(pid):
         return False
@@ -201,7 +201,7 @@ class Claim:
         file = self.location.file
         if file is None:
             return
-        from simulator.metrics.output import ProcessLock
+        from aisim.simulator.metrics.output import ProcessLock
 
         parent = file.parent if str(file.parent) else Path(".")
         if not parent.is_dir():

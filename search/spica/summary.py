@@ -4,7 +4,7 @@ the candidates that did not make it failed, with counts."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["UNITS", "describe_shape", "sla_margins", "winner_lines", "front_table", "reason_parts", "reason_line"]
 
@@ -44,7 +44,7 @@ def _fmt(v: float) -> str:
 
 def sla_margins(metrics: Mapping | None, sla: Mapping | None) -> list[str]:
     """``mean TTFT 812 ms vs 2000 (59% margin)`` per SLA limit set (the statistic the SLA names)."""
-    from search.spica.objectives import sla_fields, sla_statistic
+    from aisim.search.spica.objectives import sla_fields, sla_statistic
 
     if not metrics or not sla:
         return []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from search.trial import TrialResult, plan_with_overrides, run_trial
+from aisim.search.trial import TrialResult, plan_with_overrides, run_trial
 
 __all__ = ["replay_candidate", "CANDIDATE_METRICS"]
 

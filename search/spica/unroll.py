@@ -39,17 +39,18 @@ Pure: plain JSON in and out, no I/O; the same arguments give the same dict.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from search.spica.presets import (
+from aisim.search.spica.presets import (
     PREDICTOR_FAMILY_KEYS,
     fpm_fields,
     load_sensitivity_fields,
     predictor_fields,
     scaling_fields,
 )
-from search.spica.shapes import check_parallel_config, parallel_fields
-from search.spica.space import (
+from aisim.search.spica.shapes import check_parallel_config, parallel_fields
+from aisim.search.spica.space import (
     BATCHING_KNOBS,
     CACHE_HIT_WEIGHTS,
     DEPLOYMENT_PINNED,
@@ -64,7 +65,7 @@ from search.spica.space import (
     same_value,
     show,
 )
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 __all__ = ["unroll_sample", "resolve_selection"]
 

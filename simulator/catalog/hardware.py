@@ -8,8 +8,8 @@ list their BF16 peak as ``fp8_tflops``.
 
 from __future__ import annotations
 
-from actors.engine.geometry import HardwareSpec
-from simulator.errors import InputError
+from aisim.actors.engine.geometry import HardwareSpec
+from aisim.simulator.errors import InputError
 
 GIB = 1 << 30
 

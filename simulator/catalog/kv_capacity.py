@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.engine.geometry import HardwareSpec, ModelGeometry
+from aisim.actors.engine.geometry import HardwareSpec, ModelGeometry
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.engine.timing import MeasuredTables, MeasuredTiming
-from simulator.catalog.models import ModelSource, check_tensor_split
-from simulator.errors import InputError, NotSupportedError
+from aisim.actors.engine.timing import MeasuredTables, MeasuredTiming
+from aisim.simulator.catalog.models import ModelSource, check_tensor_split
+from aisim.simulator.errors import InputError, NotSupportedError
 
 GRID_VERSION = 1
 _NPZ_FIELDS = ("tokens", "shared_ms", "batch", "seq_len", "decode_attn_ms", "prefill_n", "prefill_new",

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from actors.engine.geometry import ModelGeometry
-from simulator.errors import InputError
+from aisim.actors.engine.geometry import ModelGeometry
+from aisim.simulator.errors import InputError
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_models"
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from simulator.config.models import Float, Fraction01, NonNegFloat, PosFloat, PosInt, Strict
+from aisim.simulator.config.models import Float, Fraction01, NonNegFloat, PosFloat, PosInt, Strict
 
 BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 
 def env_float(name: str, default: float, *, minimum: float = 0.0, inclusive: bool = False,

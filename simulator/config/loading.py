@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from simulator.config.models import PredictConfig
-from simulator.config.paths import deep_copy, set_path
-from simulator.errors import InputError
+from aisim.simulator.config.models import PredictConfig
+from aisim.simulator.config.paths import deep_copy, set_path
+from aisim.simulator.errors import InputError
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_YAML_NODES = 100_000  # nodes of a YAML document once its aliases are expanded
@@ -160,7 +159,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise InputError(f"--set {text}", "the path must be dot-separated keys, e.g. router.policy")
     for p in parts:
         if p.lstrip("-").isdigit():
-            raise InputError(f"--set {text}", "list indexes are not supported; replace the whole list, e.g. --set traffic.source.paths='[a.jsonl]'")
+            raise InputError(f"--set {text}", "list indexes are not supported; replace the whole list, "
+                             "e.g. --set traffic.source.paths='[a.jsonl]'")
     try:
         value = load_yaml(raw) if raw.strip() else None
     except DuplicateKeyError as exc:

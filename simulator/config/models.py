@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
@@ -91,7 +91,7 @@ class TraceSource(Strict):
         return [v] if isinstance(v, str) else v
 
 
-Source = Annotated[Union[SyntheticSource, SyntheticSessionSource, TraceSource], Field(discriminator="type")]
+Source = Annotated[SyntheticSource | SyntheticSessionSource | TraceSource, Field(discriminator="type")]
 
 
 class ConcurrencyLoad(Strict):
@@ -134,7 +134,7 @@ class KvCapacityFractionLoad(Strict):
 
 
 Load = Annotated[
-    Union[ConcurrencyLoad, PoissonLoad, ConstantRateLoad, TraceTimestampsLoad, KvCapacityFractionLoad],
+    ConcurrencyLoad | PoissonLoad | ConstantRateLoad | TraceTimestampsLoad | KvCapacityFractionLoad,
     Field(discriminator="type"),
 ]
 
@@ -428,7 +428,7 @@ def _retune_section(v):
     """``planner.retune`` as a ``RetuneConfig`` (its errors keep their location under planner.retune)."""
     if v is None:
         return None
-    from simulator.config.retune import RetuneConfig  # (retune.py builds on this module's number types)
+    from aisim.simulator.config.retune import RetuneConfig  # (retune.py builds on this module's number types)
 
     return RetuneConfig.model_validate(v)
 

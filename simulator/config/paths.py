@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 KeyPath = str | Sequence[str]  # "a.b.c" or ("a", "b", "c")
 

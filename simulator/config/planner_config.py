@@ -23,11 +23,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 
-from simulator.config.loading import format_validation_error, read_yaml_mapping
-from simulator.config.models import Float, Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
-from simulator.config.retune import RetuneConfig
-from simulator.config.retune import resolve as resolve_retune
-from simulator.errors import InputError
+from aisim.simulator.config.loading import format_validation_error, read_yaml_mapping
+from aisim.simulator.config.models import Float, Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
+from aisim.simulator.config.retune import RetuneConfig
+from aisim.simulator.config.retune import resolve as resolve_retune
+from aisim.simulator.errors import InputError
 
 
 class Scheduling(Strict):

@@ -76,7 +76,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field
 from pydantic import Strict as StrictType
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from simulator.config.models import (
+from aisim.simulator.config.models import (
     ROUTER_RESERVED,
     Float,
     Int,
@@ -86,7 +86,7 @@ from simulator.config.models import (
     PosInt,
     Strict,
 )
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 __all__ = ["Domain", "RouterDomains", "PlannerDomains", "RetuneConfig", "ROUTER_KNOBS", "ROUTER_DEFAULT_DOMAINS",
            "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve",
@@ -143,7 +143,7 @@ def _adapter(tp) -> TypeAdapter:
 
 def _check_value(tp, value, what: str = "") -> Any:
     """``value`` validated as ``tp``; a bad one raises ValueError with the config's wording."""
-    from simulator.config.loading import format_validation_error  # (loading imports the models)
+    from aisim.simulator.config.loading import format_validation_error  # (loading imports the models)
 
     if value is None:
         raise ValueError(f"{what}null is not a value; give one")
@@ -456,7 +456,7 @@ def resolve(rc: RetuneConfig, *, field: str, tick_s: float, throughput: bool, lo
 # -- rules that need the traffic and the router -----------------------------------------------
 def check_replay_sections(cfg) -> None:
     """The ``predict`` config's traffic and router sections, as retune needs them."""
-    from simulator.config import models as m
+    from aisim.simulator.config import models as m
 
     rc = cfg.planner.retune
     src, load, stop = cfg.traffic.source, cfg.traffic.load, cfg.traffic.stop
@@ -484,7 +484,7 @@ def check_replay_sections(cfg) -> None:
 
 def check_api_arguments(rc: RetuneConfig, *, trace_format: str | None, traffic, router_mode: str) -> None:
     """The Python API's arguments, as retune needs them (``trace_format`` None: synthetic traffic)."""
-    from simulator.traffic.arrivals import ClosedLoop
+    from aisim.simulator.traffic.arrivals import ClosedLoop
 
     if trace_format is None:
         raise InputError("planner_config.retune", "run_synthetic_trace_replay does not take retune: it replays windows "
@@ -526,7 +526,7 @@ def history_end_ms(spec: str, where: str) -> float:
     """When the recorded history ``spec`` ends, in its absolute milliseconds: the latest request end
     (start + ``total_time_ms``; the start where no total time is recorded). It must be a Dynamo
     request trace (its first row's ``schema``); paths resolve against the working directory."""
-    from simulator.traffic.traces import DYNAMO_SCHEMA, read_dynamo, resolve_trace_paths
+    from aisim.simulator.traffic.traces import DYNAMO_SCHEMA, read_dynamo, resolve_trace_paths
 
     paths = resolve_trace_paths([spec], where)
     for p in paths:

@@ -5,9 +5,9 @@ Each rule names the key and what to use instead. Rules are removed as features l
 
 from __future__ import annotations
 
-from simulator.config import models as m
-from simulator.config.models import ROUTER_RESERVED
-from simulator.errors import NotSupportedError
+from aisim.simulator.config import models as m
+from aisim.simulator.config.models import ROUTER_RESERVED
+from aisim.simulator.errors import NotSupportedError
 
 
 def _no(path: str, what: str, instead: str) -> NotSupportedError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 
-from actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
+from aisim.actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
 
 NAN = float("nan")
 

@@ -41,11 +41,11 @@ are formatted one at a time as the file is written.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
-from simulator.metrics.output import atomic_write_csv
-from simulator.metrics.timeline import write_csv as write_timeline_csv
+from aisim.simulator.metrics.output import atomic_write_csv
+from aisim.simulator.metrics.timeline import write_csv as write_timeline_csv
 
 REQUEST_CSV = "request_metrics.csv"
 TIMELINE_CSV = "worker_timeline.csv"

@@ -44,10 +44,10 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 #: every file aisim writes into an output directory (``--overwrite`` replaces only these)
 KNOWN_OUTPUTS = ("prediction.json", "requests.jsonl", "worker_timeline.csv", "request_metrics.csv", "report.html",

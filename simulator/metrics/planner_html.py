@@ -2,7 +2,8 @@
 
 One self-contained HTML file (inline SVG, no scripts, no network): replicas over time per
 role, observed vs predicted requests per throughput interval, and the scaling events. It is
-written under ``./planner_reports/`` and its path returned in ``planner.html_report_path``.
+written only when the API is given ``planner_report_dir`` (into that directory) and its path
+returned in ``planner.html_report_path``; otherwise no file is written.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from simulator.metrics.output import atomic_write_text
+from aisim.simulator.metrics.output import atomic_write_text
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
@@ -91,7 +92,7 @@ def planner_section(planner: dict, summary: dict) -> str:
     return "".join(body)
 
 
-def write_planner_html(planner: dict, summary: dict, directory: str | Path = "planner_reports") -> str:
+def write_planner_html(planner: dict, summary: dict, directory: str | Path) -> str:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"planner-{planner['metadata']['planner_config_digest'][:12]}.html"

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from simulator.errors import InputError
-from simulator.metrics.planner_summary import replica_steps
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.planner_summary import replica_steps
 
 MAX_POINTS = 2000  # per plotted series: timelines are sampled on an even grid beyond this
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f")
@@ -204,8 +204,8 @@ def render_report_html(summary: dict, per_request: list[dict], timelines, planne
     its ``WorkerTimeline``s, ``config``: the resolved config as plain data."""
     import yaml
 
-    from simulator.metrics.planner_html import planner_section
-    from simulator.metrics.table import render_table
+    from aisim.simulator.metrics.planner_html import planner_section
+    from aisim.simulator.metrics.table import render_table
 
     duration = float(summary.get("duration_ms") or 0.0)
     lat = latency_data(per_request, sla)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_REJECTED, RequestLog
-from simulator.metrics.stats import STAT_NAMES, distinct_sorted, plain_stats, weighted_stats
+from aisim.simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_REJECTED, RequestLog
+from aisim.simulator.metrics.stats import STAT_NAMES, distinct_sorted, plain_stats, weighted_stats
 
 #: fields that depend on the host's wall clock (excluded from determinism checks)
 WALL_TIME_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 
-from simulator.metrics.planner_summary import planner_counts, replica_steps
+from aisim.simulator.metrics.planner_summary import planner_counts, replica_steps
 
 ROWS = (
     ("Time to First Token (ms)", "TTFT (ms)", "ttft_ms"),

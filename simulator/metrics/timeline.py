@@ -27,13 +27,14 @@ seconds from the first arrival), ``duration_s``, ``queue_depth_waiting``, ``queu
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from simulator.metrics.output import atomic_write_csv, csv_lines
-from simulator.metrics.stats import weighted_sum
+from aisim.simulator.metrics.output import atomic_write_csv, csv_lines
+from aisim.simulator.metrics.stats import weighted_sum
 
 METRICS = ("waiting", "running", "kv_blocks_used", "kv_usage")
 CSV_COLUMNS = ("worker_id", "role", "start_s", "duration_s", "queue_depth_waiting", "queue_depth_running",

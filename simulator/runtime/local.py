@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import msgpack
 
-from actors.engine.host import HostPool, WorkerHost
-from actors.planner.host import PlannerHost
-from actors.router.host import RouterHost
+from aisim.actors.engine.host import HostPool, WorkerHost
+from aisim.actors.planner.host import PlannerHost
+from aisim.actors.router.host import RouterHost
 
 
 def pack(obj) -> bytes:

@@ -22,9 +22,9 @@ import re
 import socket
 import threading
 
-from simulator.config.env import env_float
-from simulator.errors import AisimError, InputError, RuntimeFailure
-from simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
+from aisim.simulator.config.env import env_float
+from aisim.simulator.errors import AisimError, InputError, RuntimeFailure
+from aisim.simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
 
 # environment settings, read (and validated) when a Ray runtime starts, never at import
 _TIMEOUT_SETTINGS = {"CALL_TIMEOUT_S": ("AISIM_RAY_CALL_TIMEOUT_S", 600.0),
@@ -58,11 +58,11 @@ def _actor_classes():
 
     class EngineHostActor:
         def __init__(self, pools, workload, workers) -> None:
-            from actors.engine.host import WorkerHost
-            from simulator.traffic.workload import BlockHashStore
+            from aisim.actors.engine.host import WorkerHost
+            from aisim.simulator.traffic.workload import BlockHashStore
 
             self.host = WorkerHost(pools, BlockHashStore(workload), workers)
-            from simulator.run import tune_gc_for_replay
+            from aisim.simulator.run import tune_gc_for_replay
 
             tune_gc_for_replay()  # the actor's process only replays
 
@@ -86,7 +86,7 @@ def _actor_classes():
 
     class RouterHostActor:
         def __init__(self, routers) -> None:
-            from actors.router.host import RouterHost
+            from aisim.actors.router.host import RouterHost
 
             self.host = RouterHost(routers)
 
@@ -98,7 +98,7 @@ def _actor_classes():
 
     class PlannerHostActor:
         def __init__(self, planner) -> None:
-            from actors.planner.host import PlannerHost
+            from aisim.actors.planner.host import PlannerHost
 
             self.host = PlannerHost(planner)
 
@@ -137,7 +137,7 @@ def start_ray(address: str | None, start_timeout: float | None = None):
     _driver_output_to_stderr(ray)
     if ray.is_initialized():
         return ray, False
-    from simulator.runtime.resources import set_phase
+    from aisim.simulator.runtime.resources import set_phase
 
     if address is None:
         set_phase("starting a local Ray")
@@ -191,7 +191,7 @@ def start_ray(address: str | None, start_timeout: float | None = None):
 def _start_local(ray) -> None:
     """A fresh local Ray (``address="local"``, RAY_ADDRESS set aside meanwhile); on any failure, or an
     interruption (a watchdog, Ctrl-C), what it started is shut down."""
-    from simulator.runtime.resources import descendants
+    from aisim.simulator.runtime.resources import descendants
 
     saved = os.environ.pop("RAY_ADDRESS", None)
     before = descendants()
@@ -217,7 +217,7 @@ def _abandon(ray, before: set[int]) -> None:
     """A local start that failed or was interrupted: shut Ray down, and end every process it started
     (an interrupted ``ray.init`` may not have handed its node to ``ray.shutdown``; the raylet's agents
     would outlive this process)."""
-    from simulator.runtime.resources import descendants, end_processes
+    from aisim.simulator.runtime.resources import descendants, end_processes
 
     try:
         ray.shutdown()

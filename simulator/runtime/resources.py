@@ -35,8 +35,8 @@ import sys
 import threading
 import time
 
-from simulator.config.models import Resources
-from simulator.errors import AisimError, InitTimeoutError, ResourceLimitError
+from aisim.simulator.config.models import Resources
+from aisim.simulator.errors import AisimError, InitTimeoutError, ResourceLimitError
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

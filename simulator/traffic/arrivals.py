@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.traffic.workload import Workload
+from aisim.simulator.traffic.workload import Workload
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from actors import hashing
-from simulator.config import models as m
-from simulator.errors import InputError
-from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
-from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
-from simulator.traffic.workload import OUTPUT_TAG, UNIQUE_PROMPT_TAG, Workload
+from aisim.actors import hashing
+from aisim.simulator.config import models as m
+from aisim.simulator.errors import InputError
+from aisim.simulator.traffic.arrivals import ArrivalProcess, ClosedLoop, constant_times, poisson_times, trace_times
+from aisim.simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
+from aisim.simulator.traffic.workload import OUTPUT_TAG, UNIQUE_PROMPT_TAG, Workload
 
 SHARED_PREFIX_TAG = 0x0_0999
 

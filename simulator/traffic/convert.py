@@ -51,12 +51,12 @@ import os
 import re
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from simulator.errors import InputError, NotSupportedError
-from simulator.metrics.output import discard, fsync_dir, write_temp
-from simulator.traffic.traces import DYNAMO_SCHEMA, MASK64, _rows, read_mooncake, resolve_trace_paths
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.metrics.output import discard, fsync_dir, write_temp
+from aisim.simulator.traffic.traces import DYNAMO_SCHEMA, MASK64, _rows, read_mooncake, resolve_trace_paths
 
 #: ``model`` of a converted record (a mooncake trace names none)
 MODEL_PLACEHOLDER = "mooncake"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from actors import hashing
-from simulator.errors import InputError, NotSupportedError
-from simulator.traffic.workload import Workload
+from aisim.actors import hashing
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.traffic.workload import Workload
 
 MASK64 = (1 << 64) - 1
 DYNAMO_SCHEMA = "dynamo.request.trace.v1"

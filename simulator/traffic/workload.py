@@ -8,14 +8,14 @@ requests at a time, for each engine block size in use.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 import numpy as np
 
-from actors import hashing
+from aisim.actors import hashing
 
 OUTPUT_TAG = 0x0_0777  # generated-output pieces
 UNIQUE_PROMPT_TAG = 0x0_0888  # prompt tokens private to one request (synthetic traffic)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors import hashing
+from aisim.actors import hashing
 
 
 def seq(sources, lengths, bs, n):

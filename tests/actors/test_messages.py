@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgpack
 
-from actors.engine.request import Request, apply_wire_progress, request_from_wire, request_to_wire
-from actors.messages import (
+from aisim.actors.engine.request import Request, apply_wire_progress, request_from_wire, request_to_wire
+from aisim.actors.messages import (
     Capabilities,
     Decision,
     Fpm,

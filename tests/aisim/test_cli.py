@@ -140,11 +140,12 @@ def test_slow_initialisation_still_times_out(tmp_path, monkeypatch, capsys):
 def test_the_setup_runs_without_garbage_collection_and_the_replay_with_it(tmp_path, monkeypatch, capsys):
     import gc
 
-    import simulator.replay
+    import aisim.simulator.plan
+    import aisim.simulator.run
     from aisim import cli
 
     seen = {}
-    plan_from_config, run_plan = simulator.replay.plan_from_config, simulator.replay.run_plan
+    plan_from_config, run_plan = aisim.simulator.plan.plan_from_config, aisim.simulator.run.run_plan
 
     def plan(*a, **k):
         seen["plan"] = gc.isenabled()
@@ -154,8 +155,8 @@ def test_the_setup_runs_without_garbage_collection_and_the_replay_with_it(tmp_pa
         seen["run"] = gc.isenabled()
         return run_plan(*a, **k)
 
-    monkeypatch.setattr(simulator.replay, "plan_from_config", plan)
-    monkeypatch.setattr(simulator.replay, "run_plan", run)
+    monkeypatch.setattr(aisim.simulator.plan, "plan_from_config", plan)
+    monkeypatch.setattr(aisim.simulator.run, "run_plan", run)
     assert gc.isenabled()
     assert cli.main(_small_predict(tmp_path, 30)) == 0, capsys.readouterr().err
     assert seen == {"plan": False, "run": True} and gc.isenabled()

@@ -22,7 +22,7 @@ from aisim.compare import (
     to_csv,
     to_json,
 )
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 from tests.conftest import ROOT
 
 SUMMARY_A = {

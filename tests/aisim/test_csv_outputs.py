@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_row
-from simulator.metrics.timeline import CSV_COLUMNS
+from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_row
+from aisim.simulator.metrics.timeline import CSV_COLUMNS
 from tests.conftest import ROOT
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -131,11 +131,11 @@ def test_rows_follow_the_records_and_unfinished_requests_have_empty_latencies(tm
 
 def test_the_python_functions_write_the_same_files(tmp_path):
     """A capacity search writes the two files from a ReplayReport with the same functions."""
+    from aisim import plan_from_config, run_plan
     from aisim.cli import QUICKSTART
-    from simulator.config.loading import load_config
-    from simulator.metrics.csv_out import write_request_csv
-    from simulator.metrics.timeline import write_csv
-    from simulator.replay import plan_from_config, run_plan
+    from aisim.simulator.config.loading import load_config
+    from aisim.simulator.metrics.csv_out import write_request_csv
+    from aisim.simulator.metrics.timeline import write_csv
 
     sets = [s for s in SOME_NOT_COMPLETED if s != "--set"]
     out = tmp_path / "cli"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.errors import InputError
-from simulator.metrics import output
-from simulator.metrics.output import OutputTransaction
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics import output
+from aisim.simulator.metrics.output import OutputTransaction
 from tests.conftest import ROOT, SLICE
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -15,10 +15,10 @@ import termios
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.metrics.output import canonical_json
-from simulator.plan import ExecutionPlan
-from simulator.replay import plan_from_config, run_plan
+from aisim import plan_from_config, run_plan
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.output import canonical_json
+from aisim.simulator.plan import ExecutionPlan
 from tests.conftest import ROOT
 from tests.simulator.test_coordinator import CASES, CONFIGS, without_wall
 

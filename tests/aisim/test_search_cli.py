@@ -40,7 +40,7 @@ def test_a_config_of_another_kind_names_the_command_that_runs_it(tmp_path, comma
 
 
 def test_capacity_takes_set_and_an_sla_change_reuses_the_cache(tmp_path):
-    from search.capacity import run_capacity_search
+    from aisim.search.capacity import run_capacity_search
 
     cache = tmp_path / "cache"
     first = run_capacity_search(CONFIGS / "capacity-search.yaml", tmp_path / "a", cache_dir=cache,

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.errors import InputError
+from aisim.simulator.plan import plan_from_config
+from aisim.simulator.run import run_plan
 from aisim.validate import detect_kind, render, validate_config_file
-from simulator.config.loading import load_config
-from simulator.errors import InputError
-from simulator.plan import plan_from_config
-from simulator.run import run_plan
 from tests.conftest import ROOT
 
 CONFIGS = ROOT / "configs"
@@ -99,8 +99,8 @@ def test_spica_example(tmp_path):
     assert report["sampler"] == "random" and report["max_trials"] == 32 and report["target"] == "goodput_per_gpu"
     assert [b["mode"] for b in report["branches"]] == ["agg", "disagg"]
     # the grid the search itself builds (its Optuna studies in a journal under tmp_path)
-    from search.spica.config import load_search_config
-    from search.spica.loop import _Search
+    from aisim.search.spica.config import load_search_config
+    from aisim.search.spica.loop import _Search
 
     cfg, config_dir = load_search_config(path)
     search = _Search(cfg, config_dir, tmp_path, resume=False, storage=None, fan=None, progress=None)

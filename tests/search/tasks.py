@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from simulator.errors import InputError
+from aisim.simulator.errors import InputError
 
 
 def square(x: int) -> int:

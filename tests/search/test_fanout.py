@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from search.fanout import fanout
-from search.trial import TrialResult, run_dumped_trial, run_trial
-from simulator.config.loading import load_config
-from simulator.plan import dump_plan, plan_from_config
-from simulator.runtime.resources import descendants
+from aisim.search.fanout import fanout
+from aisim.search.trial import TrialResult, run_dumped_trial, run_trial
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.plan import dump_plan, plan_from_config
+from aisim.simulator.runtime.resources import descendants
 from tests.conftest import ROOT
 from tests.search import tasks
 
@@ -185,7 +185,7 @@ def test_a_ray_timeout_cancels_the_task_and_its_worker_process(ray_session, tmp_
 CHILD = textwrap.dedent("""
     import sys, threading, time
     sys.path.insert(0, {root!r})
-    from search.fanout import fanout
+    from aisim.search.fanout import fanout
     from tests.search import tasks
     fo = fanout("local", 2)
     threading.Thread(target=fo.map, args=(tasks.record_pid_and_sleep, {files!r}), daemon=True).start()
@@ -224,7 +224,7 @@ def test_workers_outlive_the_thread_that_first_used_them():
 
 
 def test_importing_the_fanout_does_not_import_ray():
-    code = "import sys; import search.fanout; assert 'ray' not in sys.modules, 'ray imported'"
+    code = "import sys; import aisim.search.fanout; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

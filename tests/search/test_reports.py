@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from search.capacity import run_capacity_search
-from search.capacity.report import job_chart_data, rule_label
-from search.spica.loop import REPORT_FILE, run_search
-from search.spica.report import score_chart_data
+from aisim.search.capacity import run_capacity_search
+from aisim.search.capacity.report import job_chart_data, rule_label
+from aisim.search.spica.loop import REPORT_FILE, run_search
+from aisim.search.spica.report import score_chart_data
 from tests.conftest import ROOT
 from tests.search.spica.test_loop import config
 
@@ -83,7 +83,7 @@ def test_report_needs_matplotlib_named_by_the_flag(tmp_path, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    from simulator.errors import InputError
+    from aisim.simulator.errors import InputError
 
     with pytest.raises(InputError, match="--report: needs matplotlib"):
         run_search(config(optimizer__max_trials=1), tmp_path / "s", report=True)

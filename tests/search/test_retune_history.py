@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from actors.planner.presets import PRESETS, select_preset
-from search.retune.history import interval_history, preset_fields, preset_of, presweep
-from simulator.traffic.workload import Workload
+from aisim.actors.planner.presets import PRESETS, select_preset
+from aisim.search.retune.history import interval_history, preset_fields, preset_of, presweep
+from aisim.simulator.traffic.workload import Workload
 
 
 def workload(times_ms, origin_ms: float, isl: int = 100, osl: int = 10) -> Workload:

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from search.retune.sweep import RetuneSweeper
-from simulator.config.loading import load_config
-from simulator.metrics.summary import WALL_TIME_FIELDS
-from simulator.plan import plan_from_config
-from simulator.run import run_plan
+from aisim.search.retune.sweep import RetuneSweeper
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.simulator.plan import plan_from_config
+from aisim.simulator.run import run_plan
 from tests.conftest import ROOT
 
 QUICK = ROOT / "configs" / "quickstart.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from search.retune.scoring import improvement_pct, score, should_switch
+from aisim.search.retune.scoring import improvement_pct, score, should_switch
 
 
 def test_the_score_is_goodput_output_tokens_per_gpu_hour():
@@ -23,7 +23,7 @@ def test_the_keep_rule_switches_only_above_the_threshold():
 
 
 def test_a_replay_summary_carries_its_goodput_output_tokens():
-    from simulator.replay import run_synthetic_trace_replay
+    from aisim import run_synthetic_trace_replay
 
     r = run_synthetic_trace_replay(512, 8, 20, replay_concurrency=4, sla_ttft_ms=10_000, sla_itl_ms=1_000,
                                    extra_engine_args={"num_gpu_blocks": 2000})

@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from actors.planner.retune import SweepRequest
-from search.fanout import fanout
-from search.retune.sweep import candidate_plan, sweep, window_plan
-from search.trial import TrialResult
-from simulator.builders import RouterSpec
-from simulator.config import models as m
-from simulator.config.loading import load_config
-from simulator.config.retune import Domain
-from simulator.plan import plan_from_config
+from aisim.actors.planner.retune import SweepRequest
+from aisim.search.fanout import fanout
+from aisim.search.retune.sweep import candidate_plan, sweep, window_plan
+from aisim.search.trial import TrialResult
+from aisim.simulator.builders import RouterSpec
+from aisim.simulator.config import models as m
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.config.retune import Domain
+from aisim.simulator.plan import plan_from_config
 from tests.conftest import ROOT
 
 SLA = m.Sla(ttft_ms=600, itl_ms=30)
@@ -64,7 +64,7 @@ def test_the_keep_rule_holds_at_the_threshold(base):
 
 
 def test_a_candidate_that_fails_is_recorded_and_never_wins(base, monkeypatch):
-    import search.retune.sweep as sweep_module
+    import aisim.search.retune.sweep as sweep_module
 
     real = sweep_module.candidate_plan
 

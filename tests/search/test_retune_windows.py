@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from search.retune.windows import decision_tick_ms, window, window_requests, windows_launched_by
-from simulator.traffic.traces import read_dynamo
+from aisim.search.retune.windows import decision_tick_ms, window, window_requests, windows_launched_by
+from aisim.simulator.traffic.traces import read_dynamo
 from tests.conftest import ROOT
 
 

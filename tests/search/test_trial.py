@@ -7,12 +7,12 @@ import pickle
 import msgpack
 import pytest
 
-from search.trial import TrialResult, plan_with_overrides, run_dumped_trial, run_trial
-from simulator.config.loading import load_config, read_yaml_mapping
-from simulator.errors import InputError
-from simulator.metrics.summary import WALL_TIME_FIELDS
-from simulator.plan import dump_plan, plan_from_config
-from simulator.run import run_plan
+from aisim.search.trial import TrialResult, plan_with_overrides, run_dumped_trial, run_trial
+from aisim.simulator.config.loading import load_config, read_yaml_mapping
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.simulator.plan import dump_plan, plan_from_config
+from aisim.simulator.run import run_plan
 from tests.conftest import ROOT
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -70,12 +70,12 @@ def test_a_failing_run_is_a_failed_result_with_its_category_and_one_line(plan):
 
 
 def test_any_exception_is_a_failed_result_of_category_runtime(plan, monkeypatch):
-    import simulator.run
+    import aisim.simulator.run
 
     def broken(_plan):
         raise ValueError("first line\n  Traceback-looking second line")
 
-    monkeypatch.setattr(simulator.run, "run_plan", broken)
+    monkeypatch.setattr(aisim.simulator.run, "run_plan", broken)
     result = run_trial(plan)
     assert result == TrialResult("failed", "runtime", "ValueError: first line", None)
 
@@ -90,7 +90,7 @@ def test_results_are_plain_data_for_pickle_and_msgpack(plan):
 
 
 def test_a_dumped_plan_runs_by_reference_only_where_its_workload_is_registered(plan, monkeypatch):
-    from simulator import plan as plan_module
+    from aisim.simulator import plan as plan_module
 
     data = dump_plan(plan, by_reference=True)
     monkeypatch.setattr(plan_module, "_WORKLOADS", {})  # a process that never registered it

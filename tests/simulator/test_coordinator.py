@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.metrics.output import canonical_json
-from simulator.replay import ExecutionPlan, plan_from_config, run_plan, run_synthetic_trace_replay, run_trace_replay
+from aisim import ExecutionPlan, plan_from_config, run_plan, run_synthetic_trace_replay, run_trace_replay
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT, SLICE
 from tests.helpers import by_uuid, without_wall, write_trace
 

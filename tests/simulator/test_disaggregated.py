@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config.loading import validate_config
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_config, run_trace_replay
+from aisim import run_config, run_trace_replay
+from aisim.simulator.config.loading import validate_config
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import SLICE
 from tests.helpers import by_uuid, without_wall, write_trace
 

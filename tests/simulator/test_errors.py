@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.errors import (
+from aisim import plan_from_config, run_trace_replay
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.errors import (
     CATEGORIES,
     AisimError,
     InitTimeoutError,
@@ -19,7 +20,6 @@ from simulator.errors import (
     ResourceLimitError,
     RuntimeFailure,
 )
-from simulator.replay import plan_from_config, run_trace_replay
 from tests.conftest import SLICE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_invalid_config(overrides, where):
 
 
 def test_resource_limit():
-    from simulator.runtime.resources import ResourceGuard
+    from aisim.simulator.runtime.resources import ResourceGuard
 
     with pytest.raises(ResourceLimitError) as info:
         ResourceGuard(1).check()  # one byte of memory
@@ -154,7 +154,7 @@ class _TaskFailed(Exception):
 
 def _ray_runtime(raise_exc):
     """A RayRuntime whose ray.get raises ``raise_exc`` (no Ray started)."""
-    from simulator.runtime.ray_runtime import RayRuntime
+    from aisim.simulator.runtime.ray_runtime import RayRuntime
 
     def get(refs, timeout=None):
         raise raise_exc

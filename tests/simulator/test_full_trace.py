@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_config
+from aisim import run_config
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT, SHARED_TRACES
 from tests.helpers import without_wall
 

@@ -8,9 +8,9 @@ import pickle
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.metrics.output import canonical_json
-from simulator.replay import plan_from_config, run_plan
+from aisim import plan_from_config, run_plan
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT
 from tests.helpers import without_wall
 
@@ -67,8 +67,8 @@ def test_a_run_of_a_shipped_copy_matches_the_original():
 def test_plans_ship_by_reference_to_a_process_holding_the_workload(monkeypatch):
     import dataclasses
 
-    from simulator import plan as plan_module
-    from simulator.builders import RouterSpec
+    from aisim.simulator import plan as plan_module
+    from aisim.simulator.builders import RouterSpec
 
     plan = plan_of("trace_timestamps")
     full = plan_module.dump_plan(plan)

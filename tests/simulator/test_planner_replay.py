@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from simulator.config.loading import load_config, validate_config
-from simulator.errors import InputError
-from simulator.metrics.output import canonical_json
-from simulator.replay import plan_from_config, run_config, run_trace_replay
+from aisim import plan_from_config, run_config, run_trace_replay
+from aisim.simulator.config.loading import load_config, validate_config
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT, SLICE
 from tests.helpers import WALL, without_wall
 
@@ -145,7 +145,7 @@ def _raw(planner, extra):
 def test_target_rules_set_the_loops_and_thresholds():
     thr = plan_from_config(cfg({"policy": "enabled", "target": "throughput", "enable_throughput_scaling": True,
                                 "enable_load_scaling": False})).planner
-    from simulator.config.planner_config import effective_loops, tick_interval_s
+    from aisim.simulator.config.planner_config import effective_loops, tick_interval_s
 
     assert effective_loops(thr) == (False, True)  # non-sla targets ignore the two flags
     load = plan_from_config(cfg({"policy": "enabled", "target": "load"})).planner
@@ -162,13 +162,16 @@ def test_python_api_planner_config_forms_and_html_report(tmp_path, monkeypatch):
     pc = {"mode": "agg", "optimization_target": "load", "decode_scale_up_kv_rate": 90, "decode_scale_down_kv_rate": 70,
           "max_gpu_budget": 4}
     kw = dict(extra_engine_args={"num_gpu_blocks": 3000}, num_workers=1, max_sim_time_ms=120_000)
-    a = run_trace_replay(str(SLICE), planner_config=pc, **kw)
+    quiet = run_trace_replay(str(SLICE), planner_config=pc, **kw)  # nothing written unless asked
+    assert quiet.planner["html_report_path"] is None and list(tmp_path.iterdir()) == []
+    a = run_trace_replay(str(SLICE), planner_config=pc, planner_report_dir=tmp_path / "pages", **kw)
     assert a.planner["html_report_path"] and os.path.isfile(a.planner["html_report_path"])
-    assert a.planner["html_report_path"].startswith("planner_reports")
+    assert a.planner["html_report_path"].startswith(str(tmp_path / "pages"))
+    assert quiet.planner["scaling_events"] == a.planner["scaling_events"]
     html = open(a.planner["html_report_path"]).read()
     assert "Replicas over time" in html and "Scaling events" in html
     (tmp_path / "pc.yaml").write_text(json.dumps({**pc, "report_interval_hours": None, "live_dashboard_port": 0}))
-    b = run_trace_replay(str(SLICE), planner_config=str(tmp_path / "pc.yaml"), **kw)
+    b = run_trace_replay(str(SLICE), planner_config=str(tmp_path / "pc.yaml"), planner_report_dir=tmp_path / "b", **kw)
     assert b.planner["html_report_path"] is None
     c = run_trace_replay(str(SLICE), planner_config=json.dumps(pc), capture_planner_details=False, **kw)
     assert "ticks" not in c.planner and "lifecycle_operations" not in c.planner
@@ -204,7 +207,7 @@ def test_disaggregated_planner_scales_each_role():
 
 
 def test_warmup_trace_windows_feed_the_predictor(tmp_path, monkeypatch):
-    from simulator.planning import warmup_windows
+    from aisim.simulator.planning import warmup_windows
 
     wins = warmup_windows(str(SLICE), 60, "planner.load_predictor_warmup_trace")
     assert sum(n for n, _, _ in wins) == 1000 and len(wins) == 6

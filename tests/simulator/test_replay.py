@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.errors import InputError
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_config, run_synthetic_trace_replay, run_trace_replay
+from aisim import run_config, run_synthetic_trace_replay, run_trace_replay
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT, SLICE
 from tests.helpers import WALL, without_wall
 

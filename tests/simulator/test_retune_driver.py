@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-from actors.planner.retune import SweepAnswer
-from simulator.config.loading import load_config
-from simulator.metrics.summary import WALL_TIME_FIELDS
-from simulator.plan import plan_from_config
-from simulator.retune_driver import decision_tick_ms
-from simulator.run import run_plan
+from aisim.actors.planner.retune import SweepAnswer
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.simulator.plan import plan_from_config
+from aisim.simulator.retune_driver import decision_tick_ms
+from aisim.simulator.run import run_plan
 from tests.conftest import ROOT
 
 QUICK = ROOT / "configs" / "quickstart.yaml"
@@ -150,7 +150,7 @@ def test_planner_fields_reach_the_planner_at_the_decision_tick():
 
 
 def test_no_retune_records_null_and_a_short_replay_records_no_decision():
-    from simulator.run import run_plan as plain_run
+    from aisim.simulator.run import run_plan as plain_run
 
     assert plain_run(make_plan(None)).to_dict()["planner"]["retune_events"] is None
     d = run(make_plan({"interval_seconds": 600}), Scripted())

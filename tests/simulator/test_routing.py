@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_trace_replay
+from aisim import run_trace_replay
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import SLICE
 from tests.helpers import without_wall
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.replay import run_trace_replay
+from aisim import run_trace_replay
 from tests.helpers import by_uuid, replay_rows, write_trace
 
 FIXED = {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}

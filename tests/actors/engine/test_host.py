@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
-from actors.engine.request import Request
-from actors.engine.scheduler import RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming
-from actors.engine.worker import EngineWorker
+from aisim.actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
+from aisim.actors.engine.request import Request
+from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming
+from aisim.actors.engine.worker import EngineWorker
 
 # budget 512, 16-token blocks, 400 blocks, no prefix caching (no hashes needed)
 CFG = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=400, enable_prefix_caching=False)

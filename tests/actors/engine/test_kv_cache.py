@@ -9,9 +9,9 @@ from itertools import takewhile
 
 import pytest
 
-from actors.engine.kv_cache import REMOVED, STORED, KVCache
-from actors.hashing import hash_view
-from actors.router.policies import _CachedBlocks
+from aisim.actors.engine.kv_cache import REMOVED, STORED, KVCache
+from aisim.actors.hashing import hash_view
+from aisim.actors.router.policies import _CachedBlocks
 
 
 class Req:

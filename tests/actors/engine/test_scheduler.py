@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from actors.engine.request import Request
-from actors.engine.scheduler import GapSink, RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming
+from aisim.actors.engine.request import Request
+from aisim.actors.engine.scheduler import GapSink, RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming
 from tests.helpers import by_uuid, replay_rows
 
 FIXED = {"timing_model": {"type": "fixed", "prefill_ms": 100, "decode_ms": 10}}

@@ -8,15 +8,15 @@ import json
 import msgpack
 import pytest
 
-import simulator.builders as builders
-from actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
-from actors.engine.request import Request, request_to_wire
-from actors.engine.scheduler import RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming
-from actors.engine.worker import EngineWorker
-from simulator.metrics.output import canonical_json
-from simulator.metrics.timeline import Interval, WorkerTimeline
-from simulator.replay import run_trace_replay
+import aisim.simulator.builders as builders
+from aisim import run_trace_replay
+from aisim.actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
+from aisim.actors.engine.request import Request, request_to_wire
+from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming
+from aisim.actors.engine.worker import EngineWorker
+from aisim.simulator.metrics.output import canonical_json
+from aisim.simulator.metrics.timeline import Interval, WorkerTimeline
 from tests.conftest import SLICE
 from tests.helpers import without_wall, write_trace
 

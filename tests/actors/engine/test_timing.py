@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineTiming
-from simulator.catalog.hardware import get_hardware
-from simulator.catalog.models import load_geometry
+from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineTiming
+from aisim.simulator.catalog.hardware import get_hardware
+from aisim.simulator.catalog.models import load_geometry
 
 
 def prefill(t: int) -> PassShape:

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from actors.engine.request import Request
-from actors.engine.scheduler import RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming
-from actors.engine.worker import EngineWorker
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_trace_replay
+from aisim import run_trace_replay
+from aisim.actors.engine.request import Request
+from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming
+from aisim.actors.engine.worker import EngineWorker
+from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import SLICE
 from tests.helpers import without_wall, write_trace
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from actors.engine.scheduler import RankScheduler, SchedulerConfig
-from actors.engine.timing import FixedTiming
-from actors.engine.request import Request
-from actors.engine.worker import EngineWorker
-from actors.messages import Capabilities, Fpm, RoleState, Snapshot
-from actors.planner.perf_model import (
+from aisim.actors.engine.request import Request
+from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.timing import FixedTiming
+from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.messages import Capabilities, Fpm, RoleState, Snapshot
+from aisim.actors.planner.perf_model import (
     CROSS_RANK,
     MIXED,
     PURE_DECODE,
@@ -22,7 +22,7 @@ from actors.planner.perf_model import (
     bootstrap_samples,
     install_bootstrap,
 )
-from actors.planner.planner import Planner, PlannerSettings
+from aisim.actors.planner.planner import Planner, PlannerSettings
 
 CAPS = Capabilities(max_batched_tokens=8192, max_sequences=256, context_length=131072, max_kv_tokens=2_000_000)
 
@@ -133,7 +133,7 @@ def test_a_stores_fit_is_numpys_standardisation_bit_for_bit():
 
     import numpy as np
 
-    from actors.planner.perf_model import nnls
+    from aisim.actors.planner.perf_model import nnls
 
     rnd = random.Random(11)
     for _ in range(200):
@@ -162,7 +162,7 @@ def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy():
     import numpy as np
     from scipy.optimize import nnls as scipy_nnls
 
-    from actors.planner.perf_model import nnls
+    from aisim.actors.planner.perf_model import nnls
 
     rng = np.random.default_rng(7)
     for m, n in ((5, 3), (40, 3), (64, 3), (64, 6), (3, 3)):
@@ -176,7 +176,7 @@ def test_the_planners_nnls_is_scipys_bit_for_bit_without_importing_scipy():
             x_ref, rnorm_ref = scipy_nnls(a, b)
             assert x.tolist() == x_ref.tolist() and rnorm == rnorm_ref
     # and where scipy keeps the compiled routine in scipy.optimize._slsqplib, without the package's imports
-    code = ("import sys, numpy as np; from actors.planner.perf_model import nnls, _load_nnls;"
+    code = ("import sys, numpy as np; from aisim.actors.planner.perf_model import nnls, _load_nnls;"
             "x, _ = nnls(np.eye(3), np.array([1.0, -2.0, 3.0])); assert x.tolist() == [1.0, 0.0, 3.0], x;"
             "loaded = sorted(k for k in sys.modules if k == 'scipy' or k.startswith('scipy.'));"
             "import scipy, os, importlib.machinery as m;"

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow
-from actors.planner.perf_model import Pass, PerfModel
-from actors.planner.planner import Planner, PlannerSettings
-from actors.planner.predictors import PredictorSpec
+from aisim.actors.messages import Capabilities, Fpm, RoleState, Snapshot, TrafficWindow
+from aisim.actors.planner.perf_model import Pass, PerfModel
+from aisim.actors.planner.planner import Planner, PlannerSettings
+from aisim.actors.planner.predictors import PredictorSpec
 
 CAPS = Capabilities(max_batched_tokens=8192, max_sequences=256, context_length=32768, max_kv_tokens=100_000)
 

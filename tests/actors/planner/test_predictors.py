@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from actors.messages import Capabilities
-from actors.planner.perf_model import PURE_DECODE, PURE_PREFILL, Pass, PerfModel, bootstrap_samples
-from actors.planner.predictors import Predictor, PredictorSpec, PredictorUnavailable, check_available
+from aisim.actors.messages import Capabilities
+from aisim.actors.planner.perf_model import PURE_DECODE, PURE_PREFILL, Pass, PerfModel, bootstrap_samples
+from aisim.actors.planner.predictors import Predictor, PredictorSpec, PredictorUnavailable, check_available
 
 
 def run(spec, values):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from actors.planner.presets import DEFAULT_PRESET, PRESETS, preset_losses, select_preset, step_loss
+from aisim.actors.planner.presets import DEFAULT_PRESET, PRESETS, preset_losses, select_preset, step_loss
 
 
 def test_the_eleven_presets_and_their_parameters():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.engine.kv_cache import REMOVED, STORED
-from actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedBlocks
+from aisim.actors.engine.kv_cache import REMOVED, STORED
+from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedBlocks
 
 
 class Req:
@@ -193,7 +193,7 @@ def test_temperature_samples_cheaper_workers_more_often():
 
 
 def test_kv_router_knobs_change_from_a_retune_update_on():
-    from actors.router.host import UP_PARAMS, RouterHost
+    from aisim.actors.router.host import UP_PARAMS, RouterHost
 
     router = KvRouter(4, rng(), prefill_load_scale=1.0, overlap_score_credit=1.0, track_active_blocks=False)
     router.on_kv_events(0, 0, STORED, [1, 2, 3, 4])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.capacity.algorithms import (
+from aisim.search.capacity.algorithms import (
     SearchOutcome,
     TrialOutcome,
     adaptive_plan,

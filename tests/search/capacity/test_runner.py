@@ -14,8 +14,8 @@ import sys
 import pytest
 import yaml
 
-from search.capacity.runner import run_capacity_search
-from search.capacity.sla import SlaRule, evaluate_rules
+from aisim.search.capacity.runner import run_capacity_search
+from aisim.search.capacity.sla import SlaRule, evaluate_rules
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "configs" / "capacity-search.yaml"
@@ -94,7 +94,7 @@ def test_a_changed_sla_is_re_decided_from_the_cache_without_replaying(first, tmp
     cfg = example()
     cfg["sla"][0]["threshold"] = 150  # p90 TTFT <= 150 ms: 20 QPS (~111 ms) passes, 30 (~165 ms) does not
     cfg["benchmark_base"]["traffic"]["source"]["type"] = "synthetic"
-    import search.capacity.runner as runner
+    import aisim.search.capacity.runner as runner
 
     def no_replay(item):  # pragma: no cover - the cache must answer
         raise AssertionError("replayed")
@@ -172,7 +172,7 @@ def test_bad_configs_fail_in_one_line_naming_the_key(change, where, needle, tmp_
 
 
 def test_a_base_may_be_a_predict_config_file_with_overrides(tmp_path):
-    from search.capacity.config import job_config, load_capacity_config
+    from aisim.search.capacity.config import job_config, load_capacity_config
 
     cfg = {"benchmark_base": {"config": str(ROOT / "configs" / "quickstart.yaml"),
                               "set": {"engine.workers.aggregated.parallelism.replicas": 3}},
@@ -185,8 +185,8 @@ def test_a_base_may_be_a_predict_config_file_with_overrides(tmp_path):
 
 
 def test_every_shipped_search_config_loads():
-    from search.capacity.config import load_capacity_config
-    from search.spica.config import load_search_config
+    from aisim.search.capacity.config import load_capacity_config
+    from aisim.search.spica.config import load_search_config
 
     for path in sorted((ROOT / "configs").glob("capacity-*.yaml")):
         load_capacity_config(path)

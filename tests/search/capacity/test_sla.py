@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from search.capacity.sla import (
+from aisim.search.capacity.sla import (
     KNOWN_METRICS,
     OPS,
     QUEUE_METRICS,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from search.spica import SearchSpace
-from search.spica.config import PLANNER_TARGET, TARGETS, SearchConfig, load_search_config
-from simulator.errors import InputError
+from aisim.search.spica import SearchSpace
+from aisim.search.spica.config import PLANNER_TARGET, TARGETS, SearchConfig, load_search_config
+from aisim.simulator.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "configs" / "spica-agg-vs-disagg.yaml"

@@ -13,12 +13,12 @@ import sys
 import pytest
 import yaml
 
-from search.spica.loop import run_search
-from search.spica.objectives import score
-from search.spica.summary import describe_shape, front_table, sla_margins
-from simulator.config.loading import load_config
-from simulator.errors import InputError
-from simulator.replay import run_config
+from aisim import run_config
+from aisim.search.spica.loop import run_search
+from aisim.search.spica.objectives import score
+from aisim.search.spica.summary import describe_shape, front_table, sla_margins
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.errors import InputError
 from tests.conftest import ROOT
 from tests.search.spica.test_loop import SEARCH, config
 
@@ -145,8 +145,8 @@ def test_a_spica_search_under_a_percentile_sla(tmp_path):
 
 
 def test_retune_scores_under_the_evaluation_percentile():
-    from search.retune.sweep import RetuneSweeper
-    from simulator.replay import plan_from_config
+    from aisim import plan_from_config
+    from aisim.search.retune.sweep import RetuneSweeper
 
     for sets, want in (([], "mean"), (["evaluation.sla.percentile=95"], 95)):
         cfg, cdir = load_config(ROOT / "configs" / "retune-router.yaml", sets)

@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from search.spica import SearchSpace, unroll_sample
-from search.spica.config import Dgd
-from search.spica.dgd import DEFAULT_RUNTIME_VERSION, manifest_yaml, render_manifest, write_dgd
-from simulator.errors import InputError, NotSupportedError
+from aisim.search.spica import SearchSpace, unroll_sample
+from aisim.search.spica.config import Dgd
+from aisim.search.spica.dgd import DEFAULT_RUNTIME_VERSION, manifest_yaml, render_manifest, write_dgd
+from aisim.simulator.errors import InputError, NotSupportedError
 
 MODEL = "Qwen/Qwen3-32B-FP8"
 BASE = {"model_name": MODEL, "hardware_sku": "h200_sxm"}

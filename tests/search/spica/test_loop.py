@@ -15,8 +15,8 @@ import time
 import pytest
 import yaml
 
-from search.spica.config import SearchConfig
-from search.spica.loop import STUDY_FILE, run_search
+from aisim.search.spica.config import SearchConfig
+from aisim.search.spica.loop import STUDY_FILE, run_search
 from tests.conftest import ROOT
 
 SEARCH = {
@@ -196,7 +196,7 @@ def test_a_dgd_section_writes_the_winners_deployment(tmp_path):
 
 def test_a_signal_whose_handler_runs_during_storage_writes_waits_for_them():
     # a SIGINT that arrived just before the writes: Python runs its handler at a later bytecode
-    from search.spica.loop import _storage_writes
+    from aisim.search.spica.loop import _storage_writes
 
     done = []
     with pytest.raises(KeyboardInterrupt):

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.spica import unroll_sample
-from search.spica.config import SearchConfig, load_search_config
-from search.spica.materialize import kv_capacity_tokens, prediction_config, resolve_load
-from simulator.config.loading import validate_config
-from simulator.errors import InputError
-from simulator.plan import plan_from_config
+from aisim.search.spica import unroll_sample
+from aisim.search.spica.config import SearchConfig, load_search_config
+from aisim.search.spica.materialize import kv_capacity_tokens, prediction_config, resolve_load
+from aisim.simulator.config.loading import validate_config
+from aisim.simulator.errors import InputError
+from aisim.simulator.plan import plan_from_config
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "configs" / "spica-agg-vs-disagg.yaml"
@@ -133,7 +133,7 @@ def test_example_disagg_candidate_plans():
 
 
 def test_an_example_candidate_replays():
-    from simulator.run import run_plan
+    from aisim.simulator.run import run_plan
 
     cfg, config_dir = load_search_config(EXAMPLE, ["workload.request_count=40"])
     _, plan = _plan(cfg, _flat(cfg, AGG_SELECTION, ONE), config_dir)

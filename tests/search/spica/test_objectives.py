@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from search.spica.objectives import TARGETS, Score, directions, pareto_front, rank_key, score
+from aisim.search.spica.objectives import TARGETS, Score, directions, pareto_front, rank_key, score
 
 # avg GPUs = gpu_hours / (duration_ms / 3.6e6) = 16 / 2 = 8
 METRICS = {

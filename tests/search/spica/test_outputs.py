@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from aisim import __version__
-from search.spica.objectives import Score
-from search.spica.outputs import (COUNT_KEYS, SCHEMA_VERSION, build_recommendation, candidate_record,
-                                  write_outputs)
+from aisim.search.spica.objectives import Score
+from aisim.search.spica.outputs import COUNT_KEYS, SCHEMA_VERSION, build_recommendation, candidate_record, write_outputs
 
 PROV = {"model": "m", "hardware": "h200_sxm"}
 PA = {"model": {"name": "m"}, "engine": {"tp": 2, "backend": "vllm"}}

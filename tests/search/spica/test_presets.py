@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from search.spica.presets import (
+from aisim.search.spica.presets import (
     ALLOWED_CHOICES,
     COMPOSITE_DICT_KEYS,
     COMPOSITE_KNOBS,

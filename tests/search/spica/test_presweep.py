@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from actors.planner.presets import PRESETS, preset_losses
-from search.spica.config import load_search_config
-from search.spica.presets import predictor_fields
-from search.spica.presweep import arrival_history, candidate_spec, predictor_winners
+from aisim.actors.planner.presets import PRESETS, preset_losses
+from aisim.search.spica.config import load_search_config
+from aisim.search.spica.presets import predictor_fields
+from aisim.search.spica.presweep import arrival_history, candidate_spec, predictor_winners
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "configs" / "spica-agg-vs-disagg.yaml"
@@ -16,7 +16,7 @@ def test_winners_per_throughput_interval_are_the_lowest_loss_candidates():
                                              "hybrid_600_5]", "workload.request_rate=1", "workload.request_count=5000"])
     winners = predictor_winners(cfg, cdir)
     assert sorted(winners) == ["180", "600"]
-    from search.spica.presweep import _arrivals
+    from aisim.search.spica.presweep import _arrivals
 
     times, isl, osl = _arrivals(cfg, cdir)
     hist = arrival_history(times, isl, osl, 180.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from search.spica import SearchSpace, unroll_sample
-from search.spica.presets import ALLOWED_CHOICES
-from simulator.errors import InputError
+from aisim.search.spica import SearchSpace, unroll_sample
+from aisim.search.spica.presets import ALLOWED_CHOICES
+from aisim.simulator.errors import InputError
 
 BASE = {"model_name": "meta-llama/Llama-3.1-8B-Instruct", "hardware_sku": "h200_sxm", "deployment_mode": ["agg"],
         "router_mode": ["kv_router"]}

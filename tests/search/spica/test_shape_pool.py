@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from search.spica.shapes import (
+from aisim.search.spica.shapes import (
     ShapeProjectionError,
     _worker_shapes,
     project,
@@ -19,8 +19,8 @@ from search.spica.shapes import (
     used_gpus,
     worker_shapes,
 )
-from simulator.catalog.models import BUNDLED_DIR
-from simulator.errors import InputError
+from aisim.simulator.catalog.models import BUNDLED_DIR
+from aisim.simulator.errors import InputError
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN_MOE = "Qwen/Qwen3-30B-A3B"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.spica.shapes import check_parallel_config, parallel_fields, strategy, used_gpus
-from simulator.errors import InputError
+from aisim.search.spica.shapes import check_parallel_config, parallel_fields, strategy, used_gpus
+from aisim.simulator.errors import InputError
 
 
 def _shape(tp=1, pp=1, attention_dp=1, moe_tp=1, moe_ep=1, replicas=1) -> dict:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from search.spica import SearchSpace
-from search.spica.presets import DEFAULTS
-from simulator.errors import InputError
+from aisim.search.spica import SearchSpace
+from aisim.search.spica.presets import DEFAULTS
+from aisim.simulator.errors import InputError
 
 KV_KNOBS = ["overlap_score_credit", "prefill_load_scale", "router_temperature"]
 
@@ -328,7 +328,7 @@ def test_branch_choices_of_a_mode_outside_the_space():
 
 
 def test_same_value():
-    from search.spica.space import same_value
+    from aisim.search.spica.space import same_value
 
     assert same_value(1, 1.0) and same_value("a", "a") and same_value(None, None)
     assert not same_value(True, 1) and not same_value(1, True) and not same_value("1", 1)

@@ -16,10 +16,10 @@ import optuna
 import pytest
 import yaml
 
-from search.spica.loop import STUDY_FILE, resume_search, run_search
-from search.spica.study import CLAIM_ATTR, Claim, Location, find_search, locate
-from simulator.errors import InputError
-from simulator.metrics.output import lock_output_dir
+from aisim.search.spica.loop import STUDY_FILE, resume_search, run_search
+from aisim.search.spica.study import CLAIM_ATTR, Claim, Location, find_search, locate
+from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.output import lock_output_dir
 from tests.conftest import ROOT
 from tests.search.spica.test_loop import SEARCH, config
 
@@ -90,7 +90,7 @@ def test_an_output_directory_in_use_is_refused(tmp_path):
     try:
         with pytest.raises(InputError, match=f"in use by another aisim process \\(pid {os.getpid()}\\)"):
             run_search(config(optimizer__max_trials=1), tmp_path / "d", parallelism=1)
-        from search.capacity import run_capacity_search
+        from aisim.search.capacity import run_capacity_search
 
         with pytest.raises(InputError, match="in use by another aisim process"):
             run_capacity_search(ROOT / "configs" / "capacity-search.yaml", tmp_path / "d")
@@ -161,7 +161,7 @@ def test_a_claim_in_the_storage_is_refused_while_its_process_lives_and_taken_ove
     try:
         import socket
 
-        from search.spica.study import _start_time
+        from aisim.search.spica.study import _start_time
 
         storage.set_study_system_attr(sid, CLAIM_ATTR, {"host": socket.gethostname(), "pid": live.pid,
                                                         "start": _start_time(live.pid), "token": "x",
@@ -193,7 +193,7 @@ def test_a_claim_in_the_storage_is_refused_while_its_process_lives_and_taken_ove
 
 
 def test_a_claim_taken_over_mid_run_stops_the_run():
-    from search.spica.study import Claim
+    from aisim.search.spica.study import Claim
 
     class Store:
         attrs = {}
@@ -276,7 +276,7 @@ def test_resuming_with_another_config_is_refused_naming_the_difference(tmp_path)
 
 
 def test_branches_are_asked_by_fewest_candidates_so_far():
-    from search.spica.loop import _Branch, _Search
+    from aisim.search.spica.loop import _Branch, _Search
 
     bs = [_Branch("agg", None, {}, {}, [], [], None, index=0), _Branch("disagg", None, {}, {}, [], [], None, index=1)]
     order = []

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from search.spica import SearchSpace, unroll_sample
-from simulator.errors import InputError
+from aisim.search.spica import SearchSpace, unroll_sample
+from aisim.simulator.errors import InputError
 
 BASE = {"model_name": "Qwen/Qwen3-32B-FP8", "hardware_sku": "h200_sxm"}
 PINNED = [  # deployment-pinned scalars, then the KV-manager offload fields (defaults)

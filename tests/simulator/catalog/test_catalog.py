@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.catalog.hardware import get_hardware
-from simulator.catalog.models import BUNDLED_DIR, load_geometry, resolve_model
-from simulator.errors import InputError
+from aisim.simulator.catalog.hardware import get_hardware
+from aisim.simulator.catalog.models import BUNDLED_DIR, load_geometry, resolve_model
+from aisim.simulator.errors import InputError
 from tests.conftest import ROOT
 
 TINY = {
@@ -70,7 +70,8 @@ def test_local_directory_model(tmp_path):
 def test_bundled_geometry_and_fp8_kv_bytes_per_token():
     g = load_geometry("meta-llama/Llama-3.1-8B-Instruct")
     assert (g.num_layers, g.num_kv_heads, g.head_dim, g.max_position_embeddings) == (32, 8, 128, 131072)
-    assert g.kv_bytes_per_token() == 131_072 and g.kv_bytes_per_token(2) == 65_536 and g.kv_bytes_per_token(16) == 16_384  # one head per shard, replicated
+    assert g.kv_bytes_per_token() == 131_072 and g.kv_bytes_per_token(2) == 65_536
+    assert g.kv_bytes_per_token(16) == 16_384  # one head per shard, replicated
     assert 7.9e9 < g.total_params < 8.1e9
     assert load_geometry("nvidia/Llama-3.1-8B-Instruct-FP8").kv_bytes_per_token() == 65_536  # hf_quant_config.json
     qwen = load_geometry("Qwen/Qwen3-32B-FP8")  # quantization_config: fp8

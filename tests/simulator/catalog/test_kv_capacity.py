@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.catalog.hardware import get_hardware
-from simulator.catalog.kv_capacity import GIB, RUNTIME_OVERHEAD_BYTES, default_capacity, weights_per_gpu
-from simulator.catalog.models import load_geometry
-from simulator.config.loading import validate_config
-from simulator.replay import plan_from_config
+from aisim import plan_from_config
+from aisim.simulator.catalog.hardware import get_hardware
+from aisim.simulator.catalog.kv_capacity import GIB, RUNTIME_OVERHEAD_BYTES, default_capacity, weights_per_gpu
+from aisim.simulator.catalog.models import load_geometry
+from aisim.simulator.config.loading import validate_config
 
 H200 = get_hardware("h200_sxm")
 
@@ -69,7 +69,7 @@ def test_config_default_capacity_is_reported(tmp_path):
 
 
 def test_model_too_big_for_the_gpu_says_what_to_do():
-    from simulator.errors import InputError
+    from aisim.simulator.errors import InputError
 
     cfg = validate_config({"engine": {"model": "Qwen/Qwen3-32B", "hardware": "l40s",
                                       "workers": {"aggregated": {"timing": {"type": "polynomial"}}}}})

@@ -7,13 +7,13 @@ import random
 import numpy as np
 import pytest
 
-from actors.engine.timing import PassShape
-from simulator.catalog.models import resolve_model
-from simulator.errors import NotSupportedError
+from aisim.actors.engine.timing import PassShape
+from aisim.simulator.catalog.models import resolve_model
+from aisim.simulator.errors import NotSupportedError
 
 aic = pytest.importorskip("aiconfigurator_core")
-from simulator.catalog import measured  # noqa: E402
-from simulator.catalog.measured import measured_timing  # noqa: E402
+from aisim.simulator.catalog import measured  # noqa: E402
+from aisim.simulator.catalog.measured import measured_timing  # noqa: E402
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -61,7 +61,7 @@ def test_interpolation_stays_close_to_direct_library_calls(llama):
 
 
 def _model_dir():
-    from simulator.catalog.models import BUNDLED_DIR
+    from aisim.simulator.catalog.models import BUNDLED_DIR
 
     return str(BUNDLED_DIR / "meta-llama__Llama-3.1-8B-Instruct")
 
@@ -178,7 +178,7 @@ def test_unsupported_combination_fails_clearly_and_suggests_roofline():
 
 
 def test_unknown_backend_version_lists_the_available_ones():
-    from simulator.errors import InputError
+    from aisim.simulator.errors import InputError
 
     with pytest.raises(InputError) as info:
         measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", "0.1.0")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.catalog.models import ModelSource, check_tensor_split, resolve_model, tensor_split_ok
-from simulator.errors import InputError
+from aisim.simulator.catalog.models import ModelSource, check_tensor_split, resolve_model, tensor_split_ok
+from aisim.simulator.errors import InputError
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,10 +42,10 @@ def test_kv_heads_are_checked_and_unknown_geometry_passes():
 
 def test_measured_timing_says_so_for_the_quickstart_with_tensor_3():
     pytest.importorskip("aiconfigurator_core")
-    from simulator.builders import build_timing
-    from simulator.catalog.measured import measured_timing
-    from simulator.config.loading import load_config
-    from simulator.replay import plan_from_config
+    from aisim import plan_from_config
+    from aisim.simulator.builders import build_timing
+    from aisim.simulator.catalog.measured import measured_timing
+    from aisim.simulator.config.loading import load_config
 
     with pytest.raises(InputError) as info:
         measured_timing(resolve_model(LLAMA), "h200_sxm", "vllm", None, tensor=3, field="engine.workers.decode.timing")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator.config.loading import apply_overrides, load_config, parse_override, validate_config
-from simulator.config.support import check_supported
-from simulator.errors import InputError, NotSupportedError
-from simulator.replay import plan_from_config
+from aisim import plan_from_config
+from aisim.simulator.config.loading import apply_overrides, load_config, parse_override, validate_config
+from aisim.simulator.config.support import check_supported
+from aisim.simulator.errors import InputError, NotSupportedError
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = ROOT / "configs" / "quickstart.yaml"

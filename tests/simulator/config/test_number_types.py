@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Strict
 
-from simulator.config import engine_args as ea
-from simulator.config import models as m
-from simulator.config import planner_config as pcfg
-from simulator.config.loading import load_config, validate_config
-from simulator.config.planner_config import parse_planner_config
-from simulator.errors import InputError
+from aisim.simulator.config import engine_args as ea
+from aisim.simulator.config import models as m
+from aisim.simulator.config import planner_config as pcfg
+from aisim.simulator.config.loading import load_config, validate_config
+from aisim.simulator.config.planner_config import parse_planner_config
+from aisim.simulator.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[3]
 

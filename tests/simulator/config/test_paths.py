@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config import get_path, set_path, with_paths
-from simulator.config.loading import apply_overrides
-from simulator.errors import InputError
+from aisim.simulator.config import get_path, set_path, with_paths
+from aisim.simulator.config.loading import apply_overrides
+from aisim.simulator.errors import InputError
 
 
 def test_set_path_creates_missing_and_null_intermediates_in_place():

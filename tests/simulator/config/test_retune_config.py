@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from simulator.api import run_synthetic_trace_replay, run_trace_replay
-from simulator.config.loading import load_config
-from simulator.config.models import ROUTER_RESERVED, PlannerKnobs
-from simulator.config.planner_config import (
+from aisim.simulator.api import run_synthetic_trace_replay, run_trace_replay
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.config.models import ROUTER_RESERVED, PlannerKnobs
+from aisim.simulator.config.planner_config import (
     PlannerConfig,
     effective_loops,
     from_replay_section,
     parse_planner_config,
     tick_interval_s,
 )
-from simulator.config.retune import (
+from aisim.simulator.config.retune import (
     DEFAULT_SENSITIVITY_DOMAIN,
     PLANNER_KNOBS,
     ROUTER_DEFAULT_DOMAINS,
@@ -28,8 +28,8 @@ from simulator.config.retune import (
     RetuneConfig,
     history_end_ms,
 )
-from simulator.errors import InputError, NotSupportedError
-from simulator.plan import plan_from_config
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.plan import plan_from_config
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = ROOT / "configs" / "quickstart.yaml"

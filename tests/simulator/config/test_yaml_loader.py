@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.config.loading import MAX_YAML_NODES, apply_overrides, load_config, load_yaml, parse_override, read_yaml_mapping
-from simulator.config.planner_config import parse_planner_config
-from simulator.errors import InputError
+from aisim.simulator.config.loading import MAX_YAML_NODES, apply_overrides, load_config, load_yaml, parse_override, read_yaml_mapping
+from aisim.simulator.config.planner_config import parse_planner_config
+from aisim.simulator.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = ROOT / "configs" / "quickstart.yaml"

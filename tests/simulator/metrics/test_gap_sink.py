@@ -4,9 +4,9 @@ import random
 
 import numpy as np
 
-from actors.engine.scheduler import GapSink
-from simulator.metrics.stats import distinct_sorted
-from simulator.metrics.summary import _pooled_gaps
+from aisim.actors.engine.scheduler import GapSink
+from aisim.simulator.metrics.stats import distinct_sorted
+from aisim.simulator.metrics.summary import _pooled_gaps
 
 
 def _plain(sinks_spec):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.config.loading import load_config
-from simulator.metrics.table import render_table
-from simulator.replay import run_config
+from aisim import run_config
+from aisim.simulator.config.loading import load_config
+from aisim.simulator.metrics.table import render_table
 from tests.conftest import ROOT
 from tests.helpers import by_uuid, replay_rows
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="report.html needs the report extra (matplotlib)")
 
-from simulator.config.loading import load_config  # noqa: E402
-from simulator.metrics.report_html import MAX_POINTS, render_report_html  # noqa: E402
-from simulator.replay import plan_from_config, run_plan  # noqa: E402
+from aisim import plan_from_config, run_plan  # noqa: E402
+from aisim.simulator.config.loading import load_config  # noqa: E402
+from aisim.simulator.metrics.report_html import MAX_POINTS, render_report_html  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.simulator.test_coordinator import CASES, CONFIGS  # noqa: E402
 

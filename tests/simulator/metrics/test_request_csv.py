@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 
-from simulator.metrics.csv_out import (
+from aisim.simulator.metrics.csv_out import (
     REQUEST_CSV_COLUMNS,
     request_row,
     write_csv_outputs,
     write_request_csv,
 )
-from simulator.metrics.output import KNOWN_OUTPUTS, csv_lines
-from simulator.metrics.timeline import CSV_COLUMNS, WorkerTimeline
+from aisim.simulator.metrics.output import KNOWN_OUTPUTS, csv_lines
+from aisim.simulator.metrics.timeline import CSV_COLUMNS, WorkerTimeline
 
 HEADER = ("request_id,status,worker_id,arrival_time_s,first_admit_time_s,first_token_time_s,last_token_time_s,"
           "input_tokens,output_tokens,reused_input_tokens,request_scheduling_delay,ttft_ms,tpot_ms,itl_ms,"
@@ -90,7 +90,7 @@ def test_missing_and_non_finite_values_are_empty_cells():
 
 
 def test_rows_are_formatted_as_they_are_consumed(monkeypatch):
-    import simulator.metrics.output as output
+    import aisim.simulator.metrics.output as output
 
     monkeypatch.setattr(output, "_CSV_BATCH_ROWS", 2)  # header + one row per chunk
     consumed = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.metrics.stats import distinct_sorted, plain_stats, weighted_stats
+from aisim.simulator.metrics.stats import distinct_sorted, plain_stats, weighted_stats
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -56,7 +56,7 @@ def test_distinct_sorted_is_the_expanded_sample_counted(max_weight):
 
 _STATS_IN_CHILD = """
 import numpy as np
-from simulator.metrics.stats import weighted_stats
+from aisim.simulator.metrics.stats import weighted_stats
 rng = np.random.default_rng(7)
 values = rng.uniform(1.0, 200.0, size=60_000)
 weights = rng.integers(1, 40, size=60_000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.metrics.table import render_table, replicas_over_time
+from aisim.simulator.metrics.table import render_table, replicas_over_time
 
 STATS = {"mean": 949.34, "min": 35.72, "max": 5201.7, "p99": 3967.07, "p95": 2618.43, "p90": 2155.36,
          "p75": 1245.54, "median": 711.58, "std": 852.31}

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from simulator.metrics.timeline import (
+from aisim.simulator.metrics.timeline import (
     CSV_COLUMNS,
     Interval,
     WorkerTimeline,

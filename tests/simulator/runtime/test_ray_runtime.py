@@ -12,8 +12,8 @@ import time
 import pytest
 
 from aisim.cli import main
-from simulator.errors import RuntimeFailure
-from simulator.metrics.summary import WALL_TIME_FIELDS
+from aisim.simulator.errors import RuntimeFailure
+from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
 from tests.conftest import ROOT
 from tests.simulator.test_coordinator import replay, same
 
@@ -47,8 +47,8 @@ def test_a_window_on_ray_equals_the_same_window_in_process():
 
 
 def test_a_dead_actor_is_one_clear_error_not_a_hang(ray_session):
-    from simulator.runtime.ray_runtime import RayRuntime
-    from simulator.traffic.build import synthetic_workload
+    from aisim.simulator.runtime.ray_runtime import RayRuntime
+    from aisim.simulator.traffic.build import synthetic_workload
 
     rt = RayRuntime({}, synthetic_workload(1, 16, 1, 0), [], 1, {})
     try:
@@ -86,9 +86,9 @@ def test_what_ray_prints_for_a_dead_actor_never_reaches_stdout():
                     self.stream.flush()
 
             sys.stderr = tee = Tee(sys.stderr)
-            from simulator.errors import RuntimeFailure
-            from simulator.runtime.ray_runtime import RayRuntime
-            from simulator.traffic.build import synthetic_workload
+            from aisim.simulator.errors import RuntimeFailure
+            from aisim.simulator.runtime.ray_runtime import RayRuntime
+            from aisim.simulator.traffic.build import synthetic_workload
 
             def actor_pids():
                 mark = ("AISIM_TEST_RAY=" + os.environ["AISIM_TEST_RAY"]).encode()

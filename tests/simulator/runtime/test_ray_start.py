@@ -113,7 +113,7 @@ def test_a_local_start_ignores_a_stale_address_file_and_RAY_ADDRESS(ray_env):
     env = dict(ray_env.env, RAY_ADDRESS=f"127.0.0.1:{dead}")
     p = ray_env.run("""
         import json, os
-        from simulator.runtime.ray_runtime import start_ray
+        from aisim.simulator.runtime.ray_runtime import start_ray
         ray, started = start_ray(None)
         info = {"started": started, "gcs": ray.get_runtime_context().gcs_address,
                 "cpus": ray.cluster_resources().get("CPU"), "RAY_ADDRESS": os.environ.get("RAY_ADDRESS")}
@@ -165,9 +165,9 @@ def test_a_hung_local_start_ends_at_the_init_timeout_with_nothing_left(ray_env, 
             time.sleep(600)
         node.Node.__init__ = hangs
 
-        from simulator.errors import InitTimeoutError
-        from simulator.runtime.ray_runtime import start_ray
-        from simulator.runtime.resources import InitWatchdog
+        from aisim.simulator.errors import InitTimeoutError
+        from aisim.simulator.runtime.ray_runtime import start_ray
+        from aisim.simulator.runtime.resources import InitWatchdog
         try:
             with InitWatchdog(5.0 if os.environ["AISIM_TEST_ARG"] == "responsive" else 20.0, label="aisim predict"):
                 start_ray(None)
@@ -234,7 +234,7 @@ def test_joining_a_token_cluster_without_a_token_names_token_authentication(toke
 
     right = dict(ray_env.env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     p = ray_env.run(f"""
-        from simulator.runtime.ray_runtime import start_ray
+        from aisim.simulator.runtime.ray_runtime import start_ray
         ray, started = start_ray({address!r})
         print(int(ray.cluster_resources().get("CPU", 0)))
         ray.shutdown()
@@ -244,7 +244,7 @@ def test_joining_a_token_cluster_without_a_token_names_token_authentication(toke
 
 
 def test_an_auth_refusal_is_found_in_rays_chained_errors():
-    from simulator.runtime.ray_runtime import _is_auth_error
+    from aisim.simulator.runtime.ray_runtime import _is_auth_error
 
     class AuthenticationError(Exception):
         pass

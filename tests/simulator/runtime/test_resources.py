@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from simulator.errors import InitTimeoutError, ResourceLimitError
-from simulator.runtime.resources import (
+from aisim.simulator.errors import InitTimeoutError, ResourceLimitError
+from aisim.simulator.runtime.resources import (
     InitWatchdog,
     LimitSignal,
     ResourceGuard,
@@ -98,7 +98,7 @@ def test_the_peak_is_this_process_not_an_inherited_high_water_mark():
     parent_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     p = child("""
         import resource
-        from simulator.runtime.resources import peak_rss_bytes
+        from aisim.simulator.runtime.resources import peak_rss_bytes
         print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     """)
     hold.clear()
@@ -122,7 +122,7 @@ def test_an_unresponsive_main_thread_still_ends_with_exit_code_3_and_the_record(
     record = tmp_path / "record.json"
     p = child(f"""
         import json, signal, time
-        from simulator.runtime.resources import ResourceGuard, current_rss_bytes
+        from aisim.simulator.runtime.resources import ResourceGuard, current_rss_bytes
         signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM}})  # as a C library might
         def record(err):
             with open({str(record)!r}, "w") as fh:
@@ -190,7 +190,7 @@ def test_a_limit_signal_unwraps_to_its_error():
 def test_an_unresponsive_main_thread_still_exits_124_in_one_line():
     p = child("""
         import signal, time
-        from simulator.runtime.resources import InitWatchdog
+        from aisim.simulator.runtime.resources import InitWatchdog
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         wd = InitWatchdog(1.0, label="aisim predict").start()
         wd.phase = "starting a local Ray"

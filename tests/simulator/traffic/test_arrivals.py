@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from simulator.traffic.arrivals import ArrivalProcess, ClosedLoop
-from simulator.traffic.build import session_workload, synthetic_workload
-from simulator.config import models as m
+from aisim.simulator.config import models as m
+from aisim.simulator.traffic.arrivals import ArrivalProcess, ClosedLoop
+from aisim.simulator.traffic.build import session_workload, synthetic_workload
 
 
 def sessions(n: int, turns: int = 3, delay_ms: float = 5.0):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.config import models as m
-from simulator.errors import InputError
-from simulator.replay import run_config, run_synthetic_trace_replay
-from simulator.config.loading import validate_config
-from simulator.traffic.build import build_traffic
+from aisim import run_config, run_synthetic_trace_replay
+from aisim.simulator.config import models as m
+from aisim.simulator.config.loading import validate_config
+from aisim.simulator.errors import InputError
+from aisim.simulator.traffic.build import build_traffic
 
 ENGINE = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -64,8 +64,8 @@ def test_sessions_carry_prompts_and_outputs_into_later_turns():
                "load": {"type": "concurrency", "concurrency": 1}, "stop": {"sessions": 1}}
     p = plan(traffic)
     assert p.workload.input_len.tolist() == [100, 210, 320]
-    cfg = validate_config({"engine": {**ENGINE, "workers": {"aggregated": {**ENGINE["workers"]["aggregated"],
-                                                                            "kv_cache": {"block_size": 10, "capacity": {"type": "fixed", "blocks": 500}}}}},
+    kv = {"block_size": 10, "capacity": {"type": "fixed", "blocks": 500}}
+    cfg = validate_config({"engine": {**ENGINE, "workers": {"aggregated": {**ENGINE["workers"]["aggregated"], "kv_cache": kv}}},
                            "traffic": traffic})
     rep = run_config(cfg, capture_per_request=True)
     turns = sorted(rep.per_request, key=lambda r: r["turn_index"])
@@ -94,8 +94,8 @@ def test_traffic_rules(traffic, where):
 
 
 def test_a_subset_keeps_each_requests_tokens_and_identity():
-    from simulator.traffic.traces import read_mooncake
-    from simulator.traffic.workload import BlockHashStore
+    from aisim.simulator.traffic.traces import read_mooncake
+    from aisim.simulator.traffic.workload import BlockHashStore
     from tests.conftest import SLICE
 
     w = read_mooncake([SLICE], 512)
@@ -116,9 +116,9 @@ def test_chunked_block_hashes_equal_each_requests_own_sequence(bs):
     request's hashes equal those of its own pieces hashed alone (found by a search)."""
     import numpy as np
 
-    from actors import hashing
-    from simulator.traffic.traces import read_mooncake
-    from simulator.traffic.workload import BlockHashStore
+    from aisim.actors import hashing
+    from aisim.simulator.traffic.traces import read_mooncake
+    from aisim.simulator.traffic.workload import BlockHashStore
     from tests.conftest import SLICE
 
     w = read_mooncake([SLICE], 512)

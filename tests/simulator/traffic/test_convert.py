@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError, NotSupportedError
-from simulator.metrics.output import canonical_json
-from simulator.replay import run_trace_replay
-from simulator.traffic.convert import mooncake_to_dynamo
-from simulator.traffic.traces import read_dynamo, read_mooncake
+from aisim import run_trace_replay
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.metrics.output import canonical_json
+from aisim.simulator.traffic.convert import mooncake_to_dynamo
+from aisim.simulator.traffic.traces import read_dynamo, read_mooncake
 from tests.conftest import ROOT, SLICE
 from tests.helpers import without_wall
 

@@ -10,8 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from simulator.errors import InputError, NotSupportedError
-from simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
+from aisim.simulator.errors import InputError, NotSupportedError
+from aisim.simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
 from tests.conftest import SHARED_TRACES, SLICE
 
 
@@ -30,7 +30,7 @@ def test_mooncake_slice_columns():
 
 @pytest.mark.parametrize("block_size", [512, 1024])
 def test_plain_mooncake_rows_read_by_column_equal_the_row_by_row_reading(monkeypatch, tmp_path, block_size):
-    from simulator.traffic import traces
+    from aisim.simulator.traffic import traces
 
     rows = [json.loads(line) for line in SLICE.read_text().splitlines()[:200]]
     rows[3]["input_length"] = 0  # no prompt blocks
@@ -56,7 +56,7 @@ def test_plain_mooncake_rows_read_by_column_equal_the_row_by_row_reading(monkeyp
     {"input_length": 10 ** 9},  # longer than its hash ids hold
 ])
 def test_rows_other_than_plain_mooncake_go_row_by_row(change):
-    from simulator.traffic import traces
+    from aisim.simulator.traffic import traces
 
     rows = [{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]} for _ in range(3)]
     rows[1] = {**rows[1], **change}

@@ -1,0 +1,1 @@
+"""The bundled configs and the data they read (``aisim.configs``; see README "Bundled configs")."""
