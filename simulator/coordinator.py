@@ -4,14 +4,14 @@ through a runtime.
 The engine workers live in *hosts* (``actors.engine.host``), the routers in a router host
 (``actors.router.host``) and the Planner in a planner host (``actors.planner.host``); a
 runtime (``simulator.runtime``) keeps them in process, called directly (the default), or in
-Ray actors, and carries the same plain-data messages either way. The coordinator picks the
+Ray actors, and carries the same messages (the NamedTuples of ``actors.messages``) either way. The coordinator picks the
 next *edge*, sends each host its timed inputs, and the hosts run their workers to the edge;
 their events come back stamped ``(time, phase, id, seq)`` and are applied in that order.
 
-Same-time order (one written policy; docs and code agree):
+Same-time order (one written policy: ``actors.messages.Phase``, listed in docs/architecture.md):
 
     pass completion -> handoff placement -> worker ready -> transfer completion
-    -> arrivals/admission -> planner tick
+    -> arrivals/admission -> planner tick -> settle (idle workers start passes)
 
 ties inside a phase broken by stable identity (worker id, handoff ordinal, request index),
 never by insertion order. After every event at a time has settled, each idle worker with work
@@ -57,30 +57,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from aisim.actors.engine.host import (
-    EV_DRAINED,
-    EV_FIRST_TOKEN,
-    EV_HANDOFF,
-    EV_TERMINAL,
-    OP_ENQUEUE,
-    OP_RELEASE,
-    PH_ARRIVAL,
-    PH_TRANSFER,
-)
 from aisim.actors.engine.request import Request, apply_wire_progress, request_to_wire
 from aisim.actors.engine.scheduler import GapSink
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.messages import (
     Capabilities,
+    Control,
+    Enqueue,
+    EventKind,
     Fpm,
+    HostInput,
+    KvUpdate,
+    Op,
+    ParamsUpdate,
+    Phase,
+    PrefixQuery,
+    RequestUpdate,
     RoleState,
+    RouteCall,
     Snapshot,
     TrafficWindow,
+    UpdateKind,
+    WorkerStatus,
     decision_from_wire,
     snapshot_to_wire,
     traffic_to_wire,
 )
-from aisim.actors.router.host import UP_FIRST_TOKEN, UP_KV, UP_PARAMS, UP_RELEASE
 from aisim.simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from aisim.simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog
 from aisim.simulator.metrics.timeline import WorkerTimeline
@@ -274,7 +276,7 @@ class Coordinator:
         # requests cross to the hosts as objects (one in-process host) or in their wire form
         self._direct = runtime.direct
         self._wire = _same if self._direct else request_to_wire
-        self._status: list[tuple] = [IDLE] * num_workers  # busy, has_work, end, held, pending
+        self._status: list[WorkerStatus] = [idle_status(w) for w in range(num_workers)]
         self._active_on: list[set[int]] = [set() for _ in range(runtime.num_hosts)]  # workers with work, per host
         self.requests: dict[int, Request] = {}  # in flight, by index
         self._gen: list = []  # follow-up arrivals (time, index)
@@ -411,14 +413,14 @@ class Coordinator:
         if not calls:
             return until
         outs = self.rt.step(calls, start, until, stop_at_handoff)
-        reached = min(out["reached"] for out in outs)
+        reached = min(out.reached for out in outs)
         if reached == INF:  # running the workers out: their last events lie past the loop's clock
-            self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out["events"]])
+            self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out.events])
         self._complete_transfers(reached)  # before the completions they precede are logged
         self._absorb(outs)
         return reached
 
-    def _absorb(self, outs: list[dict]) -> None:
+    def _absorb(self, outs: list) -> None:
         """Merge the hosts' events into lockstep order and apply them."""
         events = []
         updates = self._updates
@@ -426,26 +428,27 @@ class Coordinator:
         status = self._status
         active_on = self._active_on
         n = self.rt.num_hosts
-        for out in outs:
-            for wid, rank, kind, hashes in out["kv"]:
-                updates.append((pool_of[wid].role, UP_KV, wid, rank, kind, hashes))
-            for wid, busy, has_work, end, held, pending in out["status"]:
-                status[wid] = (busy, has_work, end, held, pending)
-                if busy or has_work or pending:
+        for out in outs:  # HostOutput
+            for wid, rank, kind, hashes in out.kv:  # KvEvent
+                updates.append(KvUpdate(pool_of[wid].role, _UP_KV, wid, rank, kind, hashes))
+            for st in out.status:  # WorkerStatus
+                wid = st[0]
+                status[wid] = st
+                if st[1] or st[2] or st[5]:  # busy, has work or inputs pending
                     active_on[wid % n].add(wid)
                 else:
                     active_on[wid % n].discard(wid)
-            events.extend(out["events"])
+            events.extend(out.events)
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
-        for t, _phase, sid, _seq, kind, payload in events:
-            if kind == EV_TERMINAL:
+        for t, _phase, sid, _seq, kind, payload in events:  # HostEvent
+            if kind == _TERMINAL:
                 self._terminal(payload, t)
-            elif kind == EV_FIRST_TOKEN:
-                updates.append((self.entry.role, UP_FIRST_TOKEN, payload))
-            elif kind == EV_HANDOFF:
+            elif kind == _FIRST_TOKEN:
+                updates.append(RequestUpdate(self.entry.role, _UP_FIRST_TOKEN, payload))
+            elif kind == _HANDOFF:
                 self._handoffs.append((t, sid, self._local(payload)))
-            elif kind == EV_DRAINED:
+            elif kind == _DRAINED:
                 self._drained(payload, t)
         self.stats.num_events += len(events)
 
@@ -461,7 +464,7 @@ class Coordinator:
     def _terminal(self, payload, t: float) -> None:
         req = self._local(payload)
         del self.requests[req.index]
-        self._updates.append((self._pool_of[req.worker].role, UP_RELEASE, req.index))
+        self._updates.append(RequestUpdate(self._pool_of[req.worker].role, _UP_RELEASE, req.index))
         self.log.add(req)
         if self.has_planner:
             self._traffic.complete(req)
@@ -474,21 +477,21 @@ class Coordinator:
 
     # -- the lifecycle hooks ---------------------------------------------------------------------
     def _spawn(self, pool: Pool, wid: int) -> None:
-        self._control[self._host(wid)].append(("spawn", wid, pool.role))
+        self._control[self._host(wid)].append(Control("spawn", wid, pool.role))
         self._ranks_of.append(pool.num_ranks)
-        self._status.append(IDLE)
+        self._status.append(idle_status(wid))
 
     def _on_ready(self, wid: int, at_ms: float) -> None:
         heapq.heappush(self._ready, (at_ms, wid))
 
     def _drain_blocked(self, wid: int) -> bool:
-        busy, has_work, _end, held, pending = self._status[wid]
-        if busy or has_work or held or pending:
+        st = self._status[wid]
+        if st.busy or st.has_work or st.held or st.pending:
             return True
         return any(src == wid or dst == wid for _, src, dst, _, _ in self._transfers.values())
 
     def _drain_later(self, wid: int) -> None:
-        self._control[self._host(wid)].append(("drain", wid))
+        self._control[self._host(wid)].append(Control("drain", wid))
 
     def _work_remains(self) -> bool:
         if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
@@ -510,10 +513,10 @@ class Coordinator:
             placing = self._handoffs
             self._handoffs = []
             for t_h, src, req in placing:
-                self._updates.append((self.entry.role, UP_FIRST_TOKEN, req.index))
-                self._updates.append((self.entry.role, UP_RELEASE, req.index))
-                requests.append(("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req), now,
-                                 len(eligible) - 1))
+                self._updates.append(RequestUpdate(self.entry.role, _UP_FIRST_TOKEN, req.index))
+                self._updates.append(RequestUpdate(self.entry.role, _UP_RELEASE, req.index))
+                requests.append(RouteCall("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
+                                          now, len(eligible) - 1))
         while self._ready and self._ready[0][0] <= now:
             _, wid = heapq.heappop(self._ready)
             self._worker_ready(wid, now)
@@ -553,8 +556,8 @@ class Coordinator:
             req = make_request(self.workload, self.hash_store, idx, t)
             self.requests[idx] = req
             arriving.append(req)
-            requests.append((self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
-                             max(t, now), ref))
+            requests.append(RouteCall(self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
+                                      max(t, now), ref))
 
     def _route(self, requests: list, eligible: list) -> list:
         if not requests:
@@ -565,7 +568,7 @@ class Coordinator:
     def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
         """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
         wire = self._wire
-        for req, (wid, rank, info) in zip(arriving, decisions):
+        for req, (wid, rank, info) in zip(arriving, decisions):  # RouteDecision
             at = max(req.arrival_ms, now)
             self.num_offered += 1
             if self.log.capture:
@@ -578,7 +581,7 @@ class Coordinator:
                     self._traffic.arrive(req)
                 else:
                     self._late.append(req)
-            self._send(wid, (at, PH_ARRIVAL, req.index, OP_ENQUEUE, wid, (rank, wire(req), False)))
+            self._send(wid, HostInput(at, _ARRIVAL, req.index, _ENQUEUE, wid, Enqueue(rank, wire(req), False)))
 
     def _route_hashes(self, pool: Pool, req: Request):
         return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
@@ -591,7 +594,7 @@ class Coordinator:
             bs = pool.block_size
             by_host: dict[int, list] = {}
             for k, ((_, _, req), (wid, rank, _)) in enumerate(zip(placing, decisions)):
-                q = (wid, rank, req.block_hashes(bs), (req.prompt_len - 1) // bs)
+                q = PrefixQuery(wid, rank, req.block_hashes(bs), (req.prompt_len - 1) // bs)
                 by_host.setdefault(self._host(wid), []).append((k, q))
             hits = self.rt.match_prefix({h: [q for _, q in qs] for h, qs in by_host.items()})
             for h, qs in by_host.items():
@@ -610,8 +613,8 @@ class Coordinator:
             heapq.heappush(self._transfer_times, (done, seq))
             self.stats.num_transfers += 1
             # the source releases the KV, then the decode worker admits the prompt as computed
-            self._send(src, (done, PH_TRANSFER, seq, OP_RELEASE, src, req.index))
-            self._send(wid, (done, PH_TRANSFER, seq, OP_ENQUEUE, wid, (rank, wire(req), True)))
+            self._send(src, HostInput(done, _TRANSFER, seq, _RELEASE, src, req.index))
+            self._send(wid, HostInput(done, _TRANSFER, seq, _ENQUEUE, wid, Enqueue(rank, wire(req), True)))
 
     def _tick(self, now: float) -> None:
         self._tick_ms = None
@@ -634,11 +637,11 @@ class Coordinator:
                 replicas[pool.role] = counts[STARTING] + counts[ACTIVE]
             changes, knobs = self.retune.at_tick(now, replicas, self.kv_contents)
             if knobs:  # the router's knobs from the arrivals after this tick on
-                self._updates.append((self.entry.role, UP_PARAMS, knobs))
+                self._updates.append(ParamsUpdate(self.entry.role, UpdateKind.PARAMS, knobs))
         self.planner_hook(True)
         fpm = {}
         for out in outs:
-            for wid, metrics in out["fpm"]:
+            for wid, metrics in out.fpm:
                 fpm[wid] = metrics
         roles = {}
         lc = self.lifecycle
@@ -672,7 +675,7 @@ class Coordinator:
     def _next_pass_end(self, wids: list[int] | None = None) -> float | None:
         """The earliest pass end of ``wids`` (of every worker when None)."""
         status = self._status
-        ends = [st[2] for st in (status if wids is None else [status[w] for w in wids]) if st[2] is not None]
+        ends = [st[3] for st in (status if wids is None else [status[w] for w in wids]) if st[3] is not None]
         return min(ends) if ends else None
 
     def _fixed_edges(self, now: float) -> list[float]:
@@ -806,7 +809,7 @@ class Coordinator:
 
     def _finish(self, end_ms: float) -> None:
         outs = self.rt.finish(end_ms)
-        leftover = sorted((item for out in outs for item in out["leftover"]), key=itemgetter(0))
+        leftover = sorted((item for out in outs for item in out.leftover), key=itemgetter(0))
         for _, payloads in leftover:
             for payload in payloads:
                 req = self._local(payload)
@@ -814,10 +817,10 @@ class Coordinator:
                 self.log.add(req, STATUS_INCOMPLETE)
         for seq in sorted(self._transfers):
             self.log.add(self._transfers[seq][0], STATUS_INCOMPLETE)
-        totals = sorted((t for out in outs for t in out["totals"]), key=itemgetter(0))
-        self.worker_totals = [t[1:6] for t in totals]
+        totals = sorted((t for out in outs for t in out.totals), key=itemgetter(0))
+        self.worker_totals = [t[1:6] for t in totals]  # WorkerTotals without the id and gaps
         self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else GapSink.from_wire(t[6]) for t in totals]
-        recorded = sorted((d for out in outs for d in out["timelines"] if d is not None), key=itemgetter("worker_id"))
+        recorded = sorted((d for out in outs for d in out.timelines if d is not None), key=itemgetter("worker_id"))
         provisioned = self.lifecycle.provisioned  # a worker's timeline covers the time it was provisioned
         self.timelines = [WorkerTimeline.from_plain(d, start_ms=provisioned[d["worker_id"]][0],
                                                     end_ms=min(end_ms, provisioned[d["worker_id"]][1] or end_ms))
@@ -849,7 +852,17 @@ def fpms_of(wid: int, metrics) -> list[Fpm]:
     return out
 
 
-IDLE = (False, False, None, 0, 0)  # a worker status: busy, has_work, pass end, held, pending
+def idle_status(wid: int) -> WorkerStatus:
+    """A new worker's status until its host reports one."""
+    return WorkerStatus(wid, False, False, None, 0, 0)
+
+
+# the protocol's numbers as plain ints in the hot loops
+_ARRIVAL, _TRANSFER = int(Phase.ARRIVAL), int(Phase.TRANSFER)
+_ENQUEUE, _RELEASE = int(Op.ENQUEUE), int(Op.RELEASE)
+_FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
+                                                                  EventKind.HANDOFF, EventKind.DRAINED))
+_UP_KV, _UP_FIRST_TOKEN, _UP_RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
 
 
 def _same(req):

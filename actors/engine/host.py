@@ -17,10 +17,12 @@ next step, after the coordinator has routed what arrives at ``until``. Asked to,
 early in the same way at the first instant at which a worker hands a request off (the output's
 ``reached`` says where it ended).
 
-Output events carry ``(time, phase, id, seq)`` so the coordinator can merge every host's
-events into the same-time order: pass-end events (completions, first tokens, handoffs, drain
-settlements) at ``(t, PH_PASS_END, worker)``, release-triggered drain settlements at
-``(t, PH_TRANSFER, transfer)``, admission rejections at ``(t, PH_SETTLE, worker)``.
+The messages in and out are the NamedTuples of ``actors.messages`` (``HostInput``, ``Control``,
+``HostEvent``, ``KvEvent``, ``WorkerStatus``, ``HostOutput``, ``HostFinish``). Output events carry
+``(time, phase, id, seq)`` so the coordinator can merge every host's events into the same-time
+order (``actors.messages.Phase``): pass-end events (completions, first tokens, handoffs, drain
+settlements) at ``(t, PASS_END, worker)``, release-triggered drain settlements at
+``(t, TRANSFER, transfer)``, admission rejections at ``(t, SETTLE, worker)``.
 """
 
 from __future__ import annotations
@@ -32,25 +34,26 @@ from operator import itemgetter
 from aisim.actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.hashing import hash_view
+from aisim.actors.messages import (
+    EventKind,
+    HostEvent,
+    HostFinish,
+    HostOutput,
+    KvEvent,
+    Op,
+    Phase,
+    WorkerStatus,
+    WorkerTotals,
+)
 
-# phases (same numbers as the coordinator's event phases)
-PH_PASS_END = 0
-PH_TRANSFER = 3
-PH_ARRIVAL = 4
-PH_SETTLE = 99
-
-# input operations (sort after (time, phase, id): a release precedes the matching enqueue)
-OP_RELEASE = 0
-OP_ENQUEUE = 1
+# the protocol's numbers as plain ints in the hot loops
+_PASS_END, _SETTLE = int(Phase.PASS_END), int(Phase.SETTLE)
+_ENQUEUE = int(Op.ENQUEUE)
+_FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
+                                                                  EventKind.HANDOFF, EventKind.DRAINED))
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
 INF = float("inf")
-
-# output event kinds
-EV_FIRST_TOKEN = 0
-EV_TERMINAL = 1
-EV_HANDOFF = 2
-EV_DRAINED = 3
 
 
 class HostPool:
@@ -120,9 +123,9 @@ class WorkerHost:
             self._publishing.append(wid)
 
     def _control(self, control) -> None:
-        for op, wid, *rest in control:
+        for op, wid, pool in control:  # Control
             if op == "spawn":
-                self._add(wid, rest[0])
+                self._add(wid, pool)
             elif op == "drain":
                 self._draining.add(wid)
             else:  # pragma: no cover - a coordinator bug
@@ -130,7 +133,7 @@ class WorkerHost:
 
     # -- events out ---------------------------------------------------------------------
     def _emit(self, t: float, phase: int, sid: int, kind: int, payload) -> None:
-        self._events.append((t, phase, sid, self._seq, kind, payload))
+        self._events.append(HostEvent(t, phase, sid, self._seq, kind, payload))
         self._seq += 1
         self._last = (t, phase, sid)
 
@@ -140,9 +143,9 @@ class WorkerHost:
         encode = self._encode
         for req in reqs:
             t = req.terminal_ms
-            if (t, PH_PASS_END, wid) < self._last:
+            if (t, _PASS_END, wid) < self._last:
                 self._unsorted = True
-            self._emit(t, PH_PASS_END, wid, EV_TERMINAL, encode(req))
+            self._emit(t, _PASS_END, wid, _TERMINAL, encode(req))
 
     def _take_exits(self, wid: int, worker: EngineWorker) -> None:
         if worker.exits:
@@ -152,14 +155,14 @@ class WorkerHost:
     def _take_kv(self, wid: int, worker: EngineWorker) -> None:
         if worker.kv_events:
             for rank, kind, hashes in worker.take_kv_events():
-                self._kv.append((wid, rank, kind, hashes))
+                self._kv.append(KvEvent(wid, rank, kind, hashes))
 
     def _check_drain(self, wid: int, t: float, phase: int, sid: int) -> None:
         w = self.workers[wid]
         if w.busy or w.has_work or self._held_by[wid] or self._pending_for[wid]:
             return
         self._draining.discard(wid)
-        self._emit(t, phase, sid, EV_DRAINED, wid)
+        self._emit(t, phase, sid, _DRAINED, wid)
 
     # -- the worker-local event loop ----------------------------------------------------------
     def _schedule_end(self, wid: int, end: float) -> None:
@@ -176,7 +179,7 @@ class WorkerHost:
             self._schedule_end(wid, worker.pass_end_ms)
         if pool.track_first_tokens:
             for req in worker.take_first_tokens():
-                self._emit(t, PH_PASS_END, wid, EV_FIRST_TOKEN, req.index)
+                self._emit(t, _PASS_END, wid, _FIRST_TOKEN, req.index)
         if completed:
             self._emit_terminals(wid, completed)
         if pool.hands_off:
@@ -184,7 +187,7 @@ class WorkerHost:
             for req in worker.take_handoffs():
                 self._held[req.index] = (wid, req)
                 self._held_by[wid] += 1
-                self._emit(t, PH_PASS_END, wid, EV_HANDOFF, encode(req))
+                self._emit(t, _PASS_END, wid, _HANDOFF, encode(req))
                 self._handed_off = True
         if worker.kv_events:
             self._take_kv(wid, worker)
@@ -192,16 +195,16 @@ class WorkerHost:
             self._dirty.add(wid)
         self._touched.add(wid)
         if wid in self._draining:
-            self._check_drain(wid, t, PH_PASS_END, wid)
+            self._check_drain(wid, t, _PASS_END, wid)
 
     def _apply_input(self, item) -> None:
-        t, phase, sid, op, wid, payload = item
+        t, phase, sid, op, wid, payload = item  # HostInput
         self._pending_for[wid] -= 1
         heapq.heappop(self._inputs_of[wid])
         self._touched.add(wid)
         worker = self.workers[wid]
-        if op == OP_ENQUEUE:
-            rank, state, transferred = payload
+        if op == _ENQUEUE:
+            rank, state, transferred = payload  # Enqueue
             req = self._decode(state, self.source)
             if transferred:  # the prompt's KV arrived: admitted as computed (after the source let go)
                 req.materialized = True
@@ -214,7 +217,7 @@ class WorkerHost:
                 self._take_kv(wid, worker)
             if not worker.busy:
                 self._dirty.add(wid)
-        else:  # OP_RELEASE: the transfer of a handed-off request completed
+        else:  # Op.RELEASE: the transfer of a handed-off request completed
             src, req = self._held.pop(payload)
             worker.release_source(req, t)
             self._held_by[src] -= 1
@@ -243,7 +246,7 @@ class WorkerHost:
             if end is not None:
                 self._schedule_end(wid, end)
             for req in rejected:
-                self._emit(t, PH_SETTLE, wid, EV_TERMINAL, self._encode(req))
+                self._emit(t, _SETTLE, wid, _TERMINAL, self._encode(req))
 
     def _ends_at(self, t: float) -> None:
         ends = self._ends
@@ -265,7 +268,7 @@ class WorkerHost:
         if control:
             self._control(control)
         for item in inputs:
-            item = tuple(item)
+            item = tuple(item)  # (a HostInput, or its list form over msgpack)
             heapq.heappush(self._pending, item)
             self._pending_for[item[4]] += 1
             heapq.heappush(self._inputs_of[item[4]], item[0])
@@ -294,22 +297,22 @@ class WorkerHost:
                 if not worker.records_kv_events and worker.exit_due(t):
                     self._sync(wid, worker, t)
 
-    def _output(self, with_fpm: bool = False) -> dict:
+    def _output(self, reached: float | None, with_fpm: bool = False) -> HostOutput:
         """Events and KV events since the last report, and the status (busy, has_work, pass
         end, held, pending) of every worker whose status may have changed."""
         status = []
         workers = self.workers
         for wid in sorted(self._touched):
             w = workers[wid]
-            status.append((wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid], self._pending_for[wid]))
+            status.append(WorkerStatus(wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid],
+                                       self._pending_for[wid]))
         self._touched.clear()
         if self._unsorted:
             self._events.sort(key=_EVENT_ORDER)
             self._unsorted = False
         self._last = (float("-inf"), 0, 0)
-        out = {"events": self._events, "kv": self._kv, "status": status}
-        if with_fpm:
-            out["fpm"] = [(wid, w.forward_pass_metrics()) for wid, w in workers.items()]
+        fpm = [(wid, w.forward_pass_metrics()) for wid, w in workers.items()] if with_fpm else None
+        out = HostOutput(self._events, self._kv, status, reached, fpm)
         self._events = []
         self._kv = []
         return out
@@ -321,7 +324,7 @@ class WorkerHost:
                 raise AssertionError(f"host skipped from {self.now} ms to {start} ms with work due")  # pragma: no cover
             self.now = start
 
-    def step(self, control, inputs, start: float, until: float, stop_at_handoff: bool = False) -> dict:
+    def step(self, control, inputs, start: float, until: float, stop_at_handoff: bool = False) -> HostOutput:
         """From the edge ``start``: apply the inputs then, start passes, run to ``until`` (see the
         module doc). ``stop_at_handoff``: end the step early, after the pass ends of the first
         instant at which a worker hands a request off (the coordinator places it then, as if that
@@ -365,21 +368,19 @@ class WorkerHost:
                 self._settle(t)
         self.now = until
         self._publish(until)
-        out = self._output()
-        out["reached"] = until
-        return out
+        return self._output(until)
 
-    def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> dict:
+    def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> HostOutput:
         """Apply the inputs at the edge ``now`` without starting passes (the Planner's tick sees
         them queued) and report forward-pass metrics."""
         self._catch_up(now)
         self._receive(control, inputs)
         self._inputs_at(self.now)
         self._sync_all(self.now)
-        return self._output(with_fpm)
+        return self._output(None, with_fpm)
 
     def match_prefix(self, queries) -> list[int]:
-        """Blocks each (worker, rank, hashes, limit) would reuse now (destination_missing)."""
+        """Blocks each ``PrefixQuery`` (worker, rank, hashes, limit) would reuse now (destination_missing)."""
         out = []
         for wid, rank, hashes, limit in queries:
             worker = self.workers[wid]
@@ -403,7 +404,7 @@ class WorkerHost:
             out.append((wid, [rank.kv.contents() for rank in worker.ranks]))
         return out
 
-    def finish(self, end_ms: float) -> dict:
+    def finish(self, end_ms: float) -> HostFinish:
         """End of the run: requests still in the workers (incomplete), then the totals."""
         leftover = []
         for wid in sorted(self.workers):
@@ -421,11 +422,11 @@ class WorkerHost:
             g = w.gaps
             if not self.direct:
                 g = g.to_wire()
-            totals.append((wid, sum(r.committed_prefill_tokens for r in w.ranks),
-                           sum(r.num_generated_tokens for r in w.ranks), sum(r.num_preemptions for r in w.ranks),
-                           w.num_passes, w.num_runs, g))
+            totals.append(WorkerTotals(wid, sum(r.committed_prefill_tokens for r in w.ranks),
+                                       sum(r.num_generated_tokens for r in w.ranks),
+                                       sum(r.num_preemptions for r in w.ranks), w.num_passes, w.num_runs, g))
         # per worker (by id): its recorded timeline as plain data (``WorkerTimeline.from_plain``),
         # None when not recorded; the columns are bytes, or the arrays themselves for a direct host
         timelines = [self.workers[wid].export_timeline(self.pool_of[wid], end_ms, as_bytes=not self.direct)
                      for wid in sorted(self.workers)]
-        return {"leftover": leftover, "totals": totals, "timelines": timelines}
+        return HostFinish(leftover, totals, timelines)

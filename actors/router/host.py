@@ -8,12 +8,9 @@ same class runs in process and inside a Ray actor.
 from __future__ import annotations
 
 from aisim.actors.hashing import hash_view
+from aisim.actors.messages import RouteDecision, UpdateKind
 
-# update kinds
-UP_KV = 0  # (pool, UP_KV, worker, rank, kind, hashes)
-UP_FIRST_TOKEN = 1  # (pool, UP_FIRST_TOKEN, index)
-UP_RELEASE = 2  # (pool, UP_RELEASE, index)
-UP_PARAMS = 3  # (pool, UP_PARAMS, {knob: value}): the router's knobs from now on (retune)
+_KV, _FIRST_TOKEN, _RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
 
 
 class RouteRequest:
@@ -35,25 +32,25 @@ class RouterHost:
         self.routers = routers  # pool key -> routing policy
 
     def step(self, updates, requests, eligible, ranks_of) -> list:
-        """Apply ``updates`` in order, then route each ``(pool, index, prompt_len, hashes, now_ms,
-        eligible_ref)`` in order; returns ``(worker, rank, info)`` per request."""
+        """Apply ``updates`` (``KvUpdate``, ``RequestUpdate``, ``ParamsUpdate``: ``actors.messages``) in
+        order, then route each ``RouteCall`` in order; returns a ``RouteDecision`` per call."""
         routers = self.routers
         for u in updates:
             router = routers[u[0]]
             kind = u[1]
-            if kind == UP_KV:
+            if kind == _KV:
                 router.on_kv_events(u[2], u[3], u[4], hash_view(u[5]))
-            elif kind == UP_FIRST_TOKEN:
+            elif kind == _FIRST_TOKEN:
                 router.on_first_token(RouteRequest(u[2]))
-            elif kind == UP_RELEASE:
+            elif kind == _RELEASE:
                 router.on_release(RouteRequest(u[2]))
             else:
                 router.set_parameters(u[2])
         out = []
-        for pool, index, prompt_len, hashes, now_ms, ref in requests:
+        for pool, index, prompt_len, hashes, now_ms, ref in requests:  # RouteCall
             if hashes is not None:
                 hashes = hash_view(hashes)  # (bytes when the request crossed as msgpack)
             wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],
                                                   ranks_of)
-            out.append((wid, rank, info))
+            out.append(RouteDecision(wid, rank, info))
         return out

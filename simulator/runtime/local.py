@@ -17,6 +17,7 @@ from __future__ import annotations
 import msgpack
 
 from aisim.actors.engine.host import HostPool, WorkerHost
+from aisim.actors.messages import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
 from aisim.actors.planner.host import PlannerHost
 from aisim.actors.router.host import RouterHost
 
@@ -55,7 +56,7 @@ def count_step(counters: RuntimeCounters, calls: dict, outs: list) -> None:
     counters.num_calls += len(calls)
     counters.num_host_calls += len(calls)
     counters.num_messages += sum(len(inputs) + len(control) for control, inputs in calls.values())
-    counters.num_messages += sum(len(o["events"]) + len(o["kv"]) for o in outs)
+    counters.num_messages += sum(len(o.events) + len(o.kv) for o in outs)
 
 
 class LocalRuntime:
@@ -76,15 +77,18 @@ class LocalRuntime:
     def _w(self, obj):
         return unpack(pack(obj)) if self.wire else obj
 
+    def _out(self, out: HostOutput) -> HostOutput:
+        return host_output_from_wire(unpack(pack(out))) if self.wire else out
+
     # the coordinator's calls; ``calls`` maps host -> (control, inputs)
-    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[dict]:
-        outs = [self._w(self.hosts[h].step(*self._w([control, inputs, start, until, stop_at_handoff])))
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
+        outs = [self._out(self.hosts[h].step(*self._w([control, inputs, start, until, stop_at_handoff])))
                 for h, (control, inputs) in calls.items()]
         count_step(self.counters, calls, outs)
         return outs
 
-    def deliver(self, calls: dict, now: float) -> list[dict]:
-        outs = [self._w(self.hosts[h].deliver(*self._w([control, inputs, now])))
+    def deliver(self, calls: dict, now: float) -> list[HostOutput]:
+        outs = [self._out(self.hosts[h].deliver(*self._w([control, inputs, now])))
                 for h, (control, inputs) in calls.items()]
         count_step(self.counters, calls, outs)
         return outs
@@ -109,9 +113,9 @@ class LocalRuntime:
         self.counters.num_calls += 1
         return self._w(self.planner_host.tick(*self._w([snapshot, traffic, changes])))
 
-    def finish(self, end_ms: float) -> list[dict]:
+    def finish(self, end_ms: float) -> list[HostFinish]:
         self.counters.num_calls += self.num_hosts
-        return [self._w(h.finish(end_ms)) for h in self.hosts]
+        return [host_finish_from_wire(self._w(h.finish(end_ms))) if self.wire else h.finish(end_ms) for h in self.hosts]
 
     def planner(self):
         return self.planner_host.planner if self.planner_host is not None else None

@@ -22,29 +22,23 @@ import re
 import socket
 import threading
 
+from aisim.actors.messages import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
 from aisim.simulator.config.env import env_float
 from aisim.simulator.errors import AisimError, InputError, RuntimeFailure
 from aisim.simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
 
-# environment settings, read (and validated) when a Ray runtime starts, never at import
-_TIMEOUT_SETTINGS = {"CALL_TIMEOUT_S": ("AISIM_RAY_CALL_TIMEOUT_S", 600.0),
-                     "START_TIMEOUT_S": ("AISIM_RAY_START_TIMEOUT_S", 120.0)}
+# environment settings, read (and validated) when a Ray runtime starts, never at import:
 
 
 def call_timeout_s() -> float:
     """Seconds an actor call may take: ``$AISIM_RAY_CALL_TIMEOUT_S`` (> 0), default 600."""
-    return env_float(*_TIMEOUT_SETTINGS["CALL_TIMEOUT_S"])
+    return env_float("AISIM_RAY_CALL_TIMEOUT_S", 600.0)
 
 
 def start_timeout_s() -> float:
     """Seconds Ray and the actors may take to start: ``$AISIM_RAY_START_TIMEOUT_S`` (> 0), default 120."""
-    return env_float(*_TIMEOUT_SETTINGS["START_TIMEOUT_S"])
+    return env_float("AISIM_RAY_START_TIMEOUT_S", 120.0)
 
-
-def __getattr__(name: str):  # the former module constants, still readable (now read when asked)
-    if name in _TIMEOUT_SETTINGS:
-        return env_float(*_TIMEOUT_SETTINGS[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _ACTORS = None
 
@@ -403,16 +397,16 @@ class RayRuntime:
             raise RuntimeFailure(f"a Ray actor failed during {what}: {_first_line(exc.cause or exc)}") from None
 
     # the coordinator's calls (see LocalRuntime)
-    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[dict]:
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
         refs = [self.hosts[h].step.remote(pack([control, inputs, start, until, stop_at_handoff]))
                 for h, (control, inputs) in calls.items()]
-        outs = [unpack(b) for b in self._get(refs, what="an engine step")]
+        outs = [host_output_from_wire(unpack(b)) for b in self._get(refs, what="an engine step")]
         count_step(self.counters, calls, outs)
         return outs
 
-    def deliver(self, calls: dict, now: float) -> list[dict]:
+    def deliver(self, calls: dict, now: float) -> list[HostOutput]:
         refs = [self.hosts[h].deliver.remote(pack([control, inputs, now])) for h, (control, inputs) in calls.items()]
-        outs = [unpack(b) for b in self._get(refs, what="a Planner snapshot")]
+        outs = [host_output_from_wire(unpack(b)) for b in self._get(refs, what="a Planner snapshot")]
         count_step(self.counters, calls, outs)
         return outs
 
@@ -440,9 +434,10 @@ class RayRuntime:
         self.counters.num_calls += 1
         return unpack(self._get(self.planner_actor.tick.remote(pack([snapshot, traffic, changes])), what="a Planner tick"))
 
-    def finish(self, end_ms: float) -> list[dict]:
+    def finish(self, end_ms: float) -> list[HostFinish]:
         self.counters.num_calls += self.num_hosts
-        return [unpack(b) for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
+        return [host_finish_from_wire(unpack(b))
+                for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
 
     def planner(self):
         if self.planner_actor is None:

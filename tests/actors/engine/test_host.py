@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from aisim.actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
+from aisim.actors.engine.host import HostPool, WorkerHost
 from aisim.actors.engine.request import Request
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.messages import Enqueue, HostInput, Op, Phase
 
 # budget 512, 16-token blocks, 400 blocks, no prefix caching (no hashes needed)
 CFG = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=400, enable_prefix_caching=False)
@@ -25,7 +26,7 @@ def _host() -> WorkerHost:
 def _arrivals() -> list:
     # two 100-token prompts at 0, 300 and 200 tokens out: a 100 ms prefill pass, then a decode
     # run of 10 ms passes (299 planned)
-    return [(0.0, PH_ARRIVAL, i, OP_ENQUEUE, 0, (0, Request(i, None, 0.0, 100, out), False))
+    return [HostInput(0.0, Phase.ARRIVAL, i, Op.ENQUEUE, 0, Enqueue(0, Request(i, None, 0.0, 100, out), False))
             for i, out in enumerate((300, 200))]
 
 
@@ -52,4 +53,4 @@ def test_a_step_bounds_run_end_times_by_its_end_unless_it_may_stop_early(stop_at
     out = host.step([], _arrivals(), 0.0, 1000.0, stop_at_handoff)
     assert chunks == ([32, 32, 34] if stop_at_handoff else [98])
     assert worker._run.ends[-1] == 100.0 + 98 * 10.0
-    assert out["events"] == _host().step([], _arrivals(), 0.0, 1000.0)["events"]
+    assert out.events == _host().step([], _arrivals(), 0.0, 1000.0).events

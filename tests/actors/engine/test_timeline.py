@@ -10,11 +10,12 @@ import pytest
 
 import aisim.simulator.builders as builders
 from aisim import run_trace_replay
-from aisim.actors.engine.host import OP_ENQUEUE, PH_ARRIVAL, HostPool, WorkerHost
+from aisim.actors.engine.host import HostPool, WorkerHost
 from aisim.actors.engine.request import Request, request_to_wire
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.messages import Enqueue, HostInput, Op, Phase
 from aisim.simulator.metrics.output import canonical_json
 from aisim.simulator.metrics.timeline import Interval, WorkerTimeline
 from tests.conftest import SLICE
@@ -153,12 +154,12 @@ def test_host_finish_reports_timelines_by_worker_id(direct):
     pools = {"aggregated": HostPool(spawn, False, False)}
     host = WorkerHost(pools, None, [(1, "aggregated"), (0, "aggregated")], direct=direct)
     enc = (lambda r: r) if direct else request_to_wire
-    inputs = [(t, PH_ARRIVAL, i, OP_ENQUEUE, 1, (0, enc(req(i, p, o, t)), False))
+    inputs = [HostInput(t, Phase.ARRIVAL, i, Op.ENQUEUE, 1, Enqueue(0, enc(req(i, p, o, t)), False))
               for i, (t, p, o) in enumerate([(0.0, 100, 3), (0.0, 300, 2), (50.0, 200, 1)])]
     host.step([], inputs, 0.0, 1000.0)
     out = host.finish(1000.0)
-    assert out["timelines"][0] is None
-    data = out["timelines"][1]
+    assert out.timelines[0] is None
+    data = out.timelines[1]
     if not direct:
         data = msgpack.unpackb(msgpack.packb(data, use_bin_type=True), raw=False)  # msgpack-safe
     tl = WorkerTimeline.from_plain(data)

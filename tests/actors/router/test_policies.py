@@ -193,19 +193,21 @@ def test_temperature_samples_cheaper_workers_more_often():
 
 
 def test_kv_router_knobs_change_from_a_retune_update_on():
-    from aisim.actors.router.host import UP_PARAMS, RouterHost
+    from aisim.actors.messages import ParamsUpdate, RouteCall, UpdateKind
+    from aisim.actors.router.host import RouterHost
 
     router = KvRouter(4, rng(), prefill_load_scale=1.0, overlap_score_credit=1.0, track_active_blocks=False)
     router.on_kv_events(0, 0, STORED, [1, 2, 3, 4])
     host = RouterHost({"aggregated": router})
     # worker 0 holds the prefix [1..4] and now has 16 prompt tokens queued
-    assert host.step([], [("aggregated", 0, 16, [50, 51, 52, 53], 0.0, 0)], [[0]], [1])[0][0] == 0
+    assert host.step([], [RouteCall("aggregated", 0, 16, [50, 51, 52, 53], 0.0, 0)], [[0]], [1])[0].worker_id == 0
     assert router.parameters() == {"overlap_score_credit": 1.0, "prefill_load_scale": 1.0, "temperature": 0.0}
     # after the update (scale 4, credit 0.5) the busy prefix holder costs 4 x (32/4 - 0.5 x 4) = 24
     # and worker 1 costs 4 x 16/4 = 16
-    out = host.step([("aggregated", UP_PARAMS, {"prefill_load_scale": 4.0, "overlap_score_credit": 0.5})],
-                    [("aggregated", 1, 16, [1, 2, 3, 4], 0.0, 0)], [[0, 1]], [1, 1])
-    assert out[0][0] == 1 and out[0][2]["cost"] == 16.0
+    knobs = {"prefill_load_scale": 4.0, "overlap_score_credit": 0.5}
+    out = host.step([ParamsUpdate("aggregated", UpdateKind.PARAMS, knobs)],
+                    [RouteCall("aggregated", 1, 16, [1, 2, 3, 4], 0.0, 0)], [[0, 1]], [1, 1])
+    assert out[0].worker_id == 1 and out[0].info["cost"] == 16.0
     assert router.parameters() == {"overlap_score_credit": 0.5, "prefill_load_scale": 4.0, "temperature": 0.0}
     with pytest.raises(ValueError, match="host_cache_hit_weight"):
         router.set_parameters({"host_cache_hit_weight": 1.0})
