@@ -4,11 +4,11 @@ through a runtime.
 The engine workers live in *hosts* (``actors.engine.host``), the routers in a router host
 (``actors.router.host``) and the Planner in a planner host (``actors.planner.host``); a
 runtime (``simulator.runtime``) keeps them in process, called directly (the default), or in
-Ray actors, and carries the same messages (the NamedTuples of ``actors.messages``) either way. The coordinator picks the
+Ray actors, and carries the same messages (the NamedTuples of ``actors.protocol``) either way. The coordinator picks the
 next *edge*, sends each host its timed inputs, and the hosts run their workers to the edge;
 their events come back stamped ``(time, phase, id, seq)`` and are applied in that order.
 
-Same-time order (one written policy: ``actors.messages.Phase``, listed in docs/architecture.md):
+Same-time order (one written policy: ``actors.protocol.Phase``, listed in docs/architecture.md):
 
     pass completion -> handoff placement -> worker ready -> transfer completion
     -> arrivals/admission -> planner tick -> settle (idle workers start passes)
@@ -62,10 +62,18 @@ from aisim.actors.engine.scheduler import GapSink
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.messages import (
     Capabilities,
+    Fpm,
+    RoleState,
+    Snapshot,
+    TrafficWindow,
+    decision_from_wire,
+    snapshot_to_wire,
+    traffic_to_wire,
+)
+from aisim.actors.protocol import (
     Control,
     Enqueue,
     EventKind,
-    Fpm,
     HostInput,
     KvUpdate,
     Op,
@@ -73,15 +81,9 @@ from aisim.actors.messages import (
     Phase,
     PrefixQuery,
     RequestUpdate,
-    RoleState,
     RouteCall,
-    Snapshot,
-    TrafficWindow,
     UpdateKind,
     WorkerStatus,
-    decision_from_wire,
-    snapshot_to_wire,
-    traffic_to_wire,
 )
 from aisim.simulator.lifecycle import ACTIVE, DRAINING, STARTING, Lifecycle
 from aisim.simulator.metrics.collector import STATUS_INCOMPLETE, RequestLog

@@ -17,10 +17,10 @@ next step, after the coordinator has routed what arrives at ``until``. Asked to,
 early in the same way at the first instant at which a worker hands a request off (the output's
 ``reached`` says where it ended).
 
-The messages in and out are the NamedTuples of ``actors.messages`` (``HostInput``, ``Control``,
+The messages in and out are the NamedTuples of ``actors.protocol`` (``HostInput``, ``Control``,
 ``HostEvent``, ``KvEvent``, ``WorkerStatus``, ``HostOutput``, ``HostFinish``). Output events carry
 ``(time, phase, id, seq)`` so the coordinator can merge every host's events into the same-time
-order (``actors.messages.Phase``): pass-end events (completions, first tokens, handoffs, drain
+order (``actors.protocol.Phase``): pass-end events (completions, first tokens, handoffs, drain
 settlements) at ``(t, PASS_END, worker)``, release-triggered drain settlements at
 ``(t, TRANSFER, transfer)``, admission rejections at ``(t, SETTLE, worker)``.
 """
@@ -34,17 +34,7 @@ from operator import itemgetter
 from aisim.actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.hashing import hash_view
-from aisim.actors.messages import (
-    EventKind,
-    HostEvent,
-    HostFinish,
-    HostOutput,
-    KvEvent,
-    Op,
-    Phase,
-    WorkerStatus,
-    WorkerTotals,
-)
+from aisim.actors.protocol import EventKind, HostEvent, HostFinish, HostOutput, KvEvent, Op, Phase, WorkerStatus, WorkerTotals
 
 # the protocol's numbers as plain ints in the hot loops
 _PASS_END, _SETTLE = int(Phase.PASS_END), int(Phase.SETTLE)

@@ -8,7 +8,7 @@ same class runs in process and inside a Ray actor.
 from __future__ import annotations
 
 from aisim.actors.hashing import hash_view
-from aisim.actors.messages import RouteDecision, UpdateKind
+from aisim.actors.protocol import RouteDecision, UpdateKind
 
 _KV, _FIRST_TOKEN, _RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
 
@@ -32,7 +32,7 @@ class RouterHost:
         self.routers = routers  # pool key -> routing policy
 
     def step(self, updates, requests, eligible, ranks_of) -> list:
-        """Apply ``updates`` (``KvUpdate``, ``RequestUpdate``, ``ParamsUpdate``: ``actors.messages``) in
+        """Apply ``updates`` (``KvUpdate``, ``RequestUpdate``, ``ParamsUpdate``: ``actors.protocol``) in
         order, then route each ``RouteCall`` in order; returns a ``RouteDecision`` per call."""
         routers = self.routers
         for u in updates:

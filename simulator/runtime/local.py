@@ -17,8 +17,8 @@ from __future__ import annotations
 import msgpack
 
 from aisim.actors.engine.host import HostPool, WorkerHost
-from aisim.actors.messages import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
 from aisim.actors.planner.host import PlannerHost
+from aisim.actors.protocol import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
 from aisim.actors.router.host import RouterHost
 
 

@@ -22,7 +22,7 @@ import re
 import socket
 import threading
 
-from aisim.actors.messages import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
+from aisim.actors.protocol import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
 from aisim.simulator.config.env import env_float
 from aisim.simulator.errors import AisimError, InputError, RuntimeFailure
 from aisim.simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack

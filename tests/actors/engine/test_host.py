@@ -9,7 +9,7 @@ from aisim.actors.engine.request import Request
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
-from aisim.actors.messages import Enqueue, HostInput, Op, Phase
+from aisim.actors.protocol import Enqueue, HostInput, Op, Phase
 
 # budget 512, 16-token blocks, 400 blocks, no prefix caching (no hashes needed)
 CFG = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=400, enable_prefix_caching=False)

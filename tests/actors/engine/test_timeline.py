@@ -15,7 +15,7 @@ from aisim.actors.engine.request import Request, request_to_wire
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
-from aisim.actors.messages import Enqueue, HostInput, Op, Phase
+from aisim.actors.protocol import Enqueue, HostInput, Op, Phase
 from aisim.simulator.metrics.output import canonical_json
 from aisim.simulator.metrics.timeline import Interval, WorkerTimeline
 from tests.conftest import SLICE

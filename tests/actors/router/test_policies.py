@@ -193,7 +193,7 @@ def test_temperature_samples_cheaper_workers_more_often():
 
 
 def test_kv_router_knobs_change_from_a_retune_update_on():
-    from aisim.actors.messages import ParamsUpdate, RouteCall, UpdateKind
+    from aisim.actors.protocol import ParamsUpdate, RouteCall, UpdateKind
     from aisim.actors.router.host import RouterHost
 
     router = KvRouter(4, rng(), prefill_load_scale=1.0, overlap_score_credit=1.0, track_active_blocks=False)

@@ -1,0 +1,30 @@
+"""actors.protocol: the same-time phases are the documented ones; messages cross msgpack in field order."""
+
+from __future__ import annotations
+
+
+def test_the_same_time_phases_are_the_ones_the_docs_list_in_order():
+    import re
+
+    from aisim.actors.protocol import Phase
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    line = next(x for x in text.splitlines() if "PASS_END ->" in x)
+    assert [p.strip() for p in line.split("->")] == [p.name for p in sorted(Phase)]
+    rows = re.findall(r"^\| `([A-Z_]+)` \|", text, flags=re.M)
+    assert rows[: len(Phase)] == [p.name for p in sorted(Phase)]
+
+
+def test_a_host_output_crosses_msgpack_and_comes_back_with_named_statuses():
+    import msgpack
+
+    from aisim.actors.protocol import EventKind, HostEvent, HostOutput, KvEvent, Phase, WorkerStatus, host_output_from_wire
+
+    out = HostOutput([HostEvent(5.0, Phase.PASS_END, 3, 0, EventKind.FIRST_TOKEN, 17)], [KvEvent(3, 0, 1, b"\x01")],
+                     [WorkerStatus(3, True, True, 9.5, 0, 1)], 10.0, None)
+    back = host_output_from_wire(msgpack.unpackb(msgpack.packb(out, use_bin_type=True), raw=False))
+    assert back.reached == 10.0 and back.status == [WorkerStatus(3, True, True, 9.5, 0, 1)]
+    assert back.status[0].next_event_ms == 9.5 and back.status[0].pending == 1
+    assert [tuple(e) for e in back.events] == [tuple(e) for e in out.events]  # field order is the wire form
+    assert [tuple(k) for k in back.kv] == [(3, 0, 1, b"\x01")]
