@@ -2,14 +2,14 @@
 """Benchmark: this checkout against a baseline commit, side by side in one run.
 
 Machines differ by 2x and more, so speed is stated as a ratio measured here and now: the
-baseline commit is checked out into a temporary git worktree, and each repeat runs the same
-scenario in a fresh child process first from the baseline tree, then from this tree
+baseline commit and this working tree are each installed from their own wheel into a fresh venv
+(``scripts/_trees.py``), and each repeat runs the same scenario in a fresh child process on both
 (interleaved, so drift in the machine's load hits both alike). The child times the replay
 alone (plan built beforehand) with ``time.perf_counter`` around ``run_plan``.
 
 Scenario ``kv_router_64`` (bench_actors.py's): a synthetic Poisson trace, 64 aggregated workers,
 KV router, exact lockstep (``router_sync_ms: 0``), in process. (The full-trace scenarios, whole
-process, are ``bench_replay.py --compare REV``; both check the baseline out the same way.)
+process, are ``bench_replay.py --compare REV``; both install the two trees the same way.)
 
     python scripts/bench_compare.py --baseline fad994a --requests 30000
 """
@@ -31,9 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys, time
-from aisim.simulator.config.loading import load_config
-from aisim import plan_from_config, run_plan
 from pathlib import Path
+try:
+    from aisim import load_config, plan_from_config, run_plan
+except ImportError:  # a tree from before the one aisim namespace
+    from simulator.config.loading import load_config
+    from simulator.replay import plan_from_config, run_plan
 cfg, cdir = load_config(Path(sys.argv[1]))
 plan = plan_from_config(cfg, cdir)
 t0 = time.perf_counter()
@@ -45,10 +48,12 @@ print(json.dumps({"replay_s": wall, "mean_ttft_ms": s["mean_ttft_ms"], "mean_itl
 """
 
 
-def _run_child(tree: Path, config: Path, env: dict) -> dict:
+def _run_child(side: tuple[Path, str], config: Path, env: dict) -> dict:
+    tree, python = side
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CHILD, str(config)], cwd=tree, env={**env, "PYTHONPATH": str(tree)},
-                       capture_output=True, text=True, timeout=3600)
+    p = subprocess.run([python, "-c", CHILD, str(config)], cwd=tree.parent,  # beside the tree: its folders would shadow
+                       env={k: v for k, v in env.items() if k != "PYTHONPATH"}, capture_output=True, text=True,
+                       timeout=3600)
     if p.returncode != 0:
         sys.exit(f"bench_compare: the child in {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -79,7 +84,7 @@ def main() -> int:
     trace = work / "synthetic.jsonl"
     bench_actors.write_trace(trace, args.requests, args.rate)
     config.write_text(bench_actors.CONFIG.format(trace=json.dumps(str(trace)), workers=64))
-    runs = interleaved(args.baseline, args.repeat, lambda tree: _run_child(tree, config, env),
+    runs = interleaved(args.baseline, args.repeat, lambda side: _run_child(side, config, env),
                        None if args.json else lambda r: (f"replay {r['replay_s']:.2f} s, process {r['process_s']:.2f} s, "
                                                          f"mean TTFT {r['mean_ttft_ms']:.2f} ms"))
     med = {k: statistics.median(r["replay_s"] for r in v) for k, v in runs.items()}

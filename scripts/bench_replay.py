@@ -10,8 +10,9 @@ start, imports, trace loading, the replay and the report, and the peak RSS is th
     python scripts/bench_replay.py --trace PATH --repeat 5 --json
     python scripts/bench_replay.py --compare fad994a --repeat 5   # this tree vs a commit, interleaved
 
-``--compare REV`` checks REV out into a temporary git worktree and, for each repeat, runs the
-same config from REV's tree and from this one next to each other, alternating which goes first
+``--compare REV`` installs REV and this working tree, each from its own wheel into a fresh venv
+(``scripts/_trees.py``), and for each repeat runs the same config on both next to each other,
+alternating which goes first
 (interleaved, so a change in the machine's load hits both alike). It reports both medians, their
 ratio (this / REV), the median and range of each repeat's own ratio (robust when the machine's
 speed drifts between repeats), the ratio of the children's median CPU time (user + system: not
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,10 +100,14 @@ runpy.run_module("aisim", run_name="__main__")
 """
 
 
-def run_once(config: Path, env: dict, tree: Path = ROOT) -> dict:
+def run_once(config: Path, env: dict, side: tuple[Path, str] | None = None) -> dict:
+    """One whole-process predict; ``side``: ``(tree, python)`` of an installed tree (``_trees``),
+    None: this environment."""
+    tree, python = side or (ROOT, sys.executable)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", CHILD, str(config)], capture_output=True, text=True,
-                       env={**env, "PYTHONPATH": str(tree)}, cwd=tree)
+    # an installed side runs beside its tree, not in it (the tree's folders would shadow the install)
+    p = subprocess.run([python, "-c", CHILD, str(config)], capture_output=True, text=True,
+                       env={k: v for k, v in env.items() if k != "PYTHONPATH"}, cwd=tree if side is None else tree.parent)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"aisim predict failed in {tree} ({p.returncode}): {p.stderr.strip()[-2000:]}")
@@ -118,35 +122,26 @@ def summary_differences(a: dict, b: dict) -> list[str]:
     return sorted(k for k in a.keys() & b.keys() if k not in WALL_FIELDS and a[k] != b[k])
 
 
-@contextmanager
-def baseline_tree(rev: str):
-    """A temporary git worktree of ``rev`` (removed afterwards)."""
-    with tempfile.TemporaryDirectory(prefix="aisim-bench-baseline-") as parent:
-        base = Path(parent) / "tree"
-        p = subprocess.run(["git", "worktree", "add", "--detach", str(base), rev], cwd=ROOT, capture_output=True,
-                           text=True)
-        if p.returncode != 0:
-            raise SystemExit(f"cannot check out {rev}: {p.stderr.strip()}")
-        try:
-            yield base
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
-
-
 def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> dict[str, list[dict]]:
-    """``run(tree)`` ``repeat`` times from REV's tree and from this one, alternating; ``line(result)``
-    (when given) is printed after each. ``warmup``: one untimed run from each tree first (Python
-    writes its bytecode cache, the OS caches the files)."""
+    """``run(side)`` ``repeat`` times for REV and for this working tree, alternating; each side is
+    its tree installed from its wheel in a fresh venv (``_trees.installed``: the same way for both,
+    whatever their package layout). ``line(result)`` (when given) is printed after each.
+    ``warmup``: one untimed run from each side first (Python writes its bytecode cache, the OS
+    caches the files)."""
+    from _trees import WORKTREE, installed, is_commit
+
+    if not is_commit(rev):
+        raise SystemExit(f"{rev} is not a commit; give a commit id or branch")
     runs: dict[str, list[dict]] = {"baseline": [], "this": []}
-    with baseline_tree(rev) as base:
+    with installed(rev, "aisim-bench-baseline-") as base, installed(WORKTREE, "aisim-bench-this-") as this:
         if warmup:
-            for tree in (base, ROOT):
-                run(tree)
+            for side in (base, this):
+                run(side)
         for i in range(repeat):
             # adjacent in time, alternating which goes first (a drifting machine hits both alike)
-            order = (("baseline", base), ("this", ROOT))
-            for name, tree in (order if i % 2 == 0 else order[::-1]):
-                r = run(tree)
+            order = (("baseline", base), ("this", this))
+            for name, side in (order if i % 2 == 0 else order[::-1]):
+                r = run(side)
                 runs[name].append(r)
                 if line is not None:
                     print(f"repeat {i + 1} {name:8}: {line(r)}", flush=True)
@@ -155,7 +150,7 @@ def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> 
 
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
-    runs = interleaved(args.compare, args.repeat, lambda tree: run_once(config, env, tree),
+    runs = interleaved(args.compare, args.repeat, lambda side: run_once(config, env, side),
                        None if args.json else lambda r: (f"wall {r['wall_s']:.2f} s, cpu {r['cpu_s']:.2f} s, "
                                                          f"peak RSS {r['peak_rss_mb']:.0f} MB, "
                                                          f"replay {r['summary']['wall_time_ms'] / 1000:.2f} s"),

@@ -35,14 +35,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import venv
-import zipfile
+from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKTREE = "WORKTREE"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _trees import WORKTREE, installed, is_commit  # noqa: E402
+
 #: keys that hold wall time or the identity of one run, at any depth of a JSON document
 VOLATILE_KEYS = {"processed_tokens_per_s", "processed_output_tokens_per_s",  # tokens per wall second
                  "created_at", "datetime_start", "datetime_complete", "worker_id"}
@@ -52,50 +51,6 @@ def volatile(key: str) -> bool:
     """Wall time (any key naming it: wall_time_ms, planner_wall_s, sweep_wall_s ...) or run identity."""
     return key in VOLATILE_KEYS or "wall" in key
 SKIP_FILES = {"resource-runtime.json"}
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
-
-
-def checkout(rev: str, into: Path) -> Path:
-    """The tree of ``rev`` (or of the working tree: tracked and untracked, not ignored) at ``into``."""
-    if rev == WORKTREE:
-        files = git("ls-files", "-co", "--exclude-standard", "-z").split("\0")
-        for name in filter(None, files):
-            src = ROOT / name
-            if src.is_file():
-                (into / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, into / name)
-        return into
-    into.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
-def borrowed_site_packages() -> list[str]:
-    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    return sorted(p for p in paths if Path(p).is_dir())
-
-
-def environment(tree: Path, where: Path) -> str:
-    """A fresh venv holding only the wheel of ``tree`` (dependencies borrowed); returns its python."""
-    dist = where / "dist"
-    b = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(dist), str(tree)], capture_output=True, text=True)
-    if b.returncode != 0:
-        raise SystemExit(f"building the wheel of {tree} failed:\n{b.stderr[-2000:]}")
-    (wheel,) = dist.glob("aisim-*.whl")
-    env_dir = where / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    py = str(env_dir / "bin" / "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(site)
-    Path(site, "zz_borrowed_deps.pth").write_text("\n".join(borrowed_site_packages()) + "\n")
-    return py
 
 
 def kind_of(config: Path) -> str:
@@ -203,38 +158,41 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="keep both sides' outputs here")
     args = ap.parse_args()
     for rev in (args.before, args.after):
-        if rev != WORKTREE and subprocess.run(["git", "rev-parse", "--verify", "-q", rev + "^{commit}"], cwd=ROOT,
-                                              capture_output=True).returncode:
+        if not is_commit(rev):
             print(f"compare_commits: error: {rev} is not a commit; give a commit id or branch", file=sys.stderr)
             return 2
     work = Path(tempfile.mkdtemp(prefix="aisim-compare-"))
     try:
-        sides = {}
-        for label, rev in (("before", args.before), ("after", args.after)):
-            tree = checkout(rev, work / label / "tree")
-            sides[label] = (tree, environment(tree, work / label))
-        names = args.configs or sorted(p.name for p in (sides["after"][0] / "configs").glob("*.yaml"))
-        failed = 0
-        for name in names:
-            outs = {}
-            for label, (tree, py) in sides.items():
-                out = work / "out" / label / name.removesuffix(".yaml")
-                rc, err = run_config(py, tree, name, out, work / "home" / label / name)
-                if rc not in (0, 1):
-                    print(f"{name}: {label} exited {rc}: {err.strip().splitlines()[-1] if err.strip() else ''}")
-                outs[label] = out
-            problems = compare_dirs(outs["before"], outs["after"], args.allow_new_keys)
-            count = sum(1 for p in outs["after"].rglob("*") if p.is_file())
-            print(f"{name}: {'identical' if not problems else 'DIFFERENT'} ({count} files)")
-            for p in problems[:10]:
-                print(f"  {p}")
-            failed += bool(problems)
-        if args.keep:
-            shutil.copytree(work / "out", args.keep, dirs_exist_ok=True)
-        print(f"{len(names) - failed} of {len(names)} configs identical")
-        return 1 if failed else 0
+        with ExitStack() as stack:
+            sides = {label: stack.enter_context(installed(rev)) for label, rev in (("before", args.before),
+                                                                                 ("after", args.after))}
+            return _compare(args, sides, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _compare(args, sides: dict, work: Path) -> int:
+    """Run every config on both sides; print one line per config (and its first differences)."""
+    names = args.configs or sorted(p.name for p in (sides["after"][0] / "configs").glob("*.yaml"))
+    failed = 0
+    for name in names:
+        outs = {}
+        for label, (tree, py) in sides.items():
+            out = work / "out" / label / name.removesuffix(".yaml")
+            rc, err = run_config(py, tree, name, out, work / "home" / label / name)
+            if rc not in (0, 1):
+                print(f"{name}: {label} exited {rc}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+            outs[label] = out
+        problems = compare_dirs(outs["before"], outs["after"], args.allow_new_keys)
+        count = sum(1 for p in outs["after"].rglob("*") if p.is_file())
+        print(f"{name}: {'identical' if not problems else 'DIFFERENT'} ({count} files)")
+        for p in problems[:10]:
+            print(f"  {p}")
+        failed += bool(problems)
+    if args.keep:
+        shutil.copytree(work / "out", args.keep, dirs_exist_ok=True)
+    print(f"{len(names) - failed} of {len(names)} configs identical")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
