@@ -92,27 +92,28 @@ def plan_summary(plan) -> dict:
 
     pools = []
     for pool in plan.pools:
-        a = pool.args
-        timing = build_timing(a, f"engine.workers.{pool.role}.timing")
+        sched = pool.scheduler
+        timing = build_timing(pool, f"engine.workers.{pool.role}.timing")
         provenance = pool_provenance(pool, timing)  # what the run reports in prediction_provenance[role]
         pools.append({
             "role": pool.role,
             "replicas": pool.replicas,
-            "gpus_per_worker": a.gpus_per_worker,
-            "gpus": pool.replicas * a.gpus_per_worker,
-            "kv_blocks_per_rank": a.num_gpu_blocks,
-            "block_size": a.block_size,
-            "context_length": a.max_model_len,
-            "max_batched_tokens": a.max_num_batched_tokens,
-            "max_sequences": a.max_num_seqs,
+            "gpus_per_worker": pool.gpus_per_worker,
+            "gpus": pool.replicas * pool.gpus_per_worker,
+            "planner_gpus_per_replica": pool.shape.planner_gpus_per_replica,
+            "kv_blocks_per_rank": sched.num_gpu_blocks,
+            "block_size": sched.block_size,
+            "context_length": sched.context_length,
+            "max_batched_tokens": sched.max_batched_tokens,
+            "max_sequences": sched.max_sequences,
             "timing_estimator": provenance.get("estimator"),
             "timing_source": provenance.get("timing_source"),
             "model_source": provenance["model_source"],
             "provenance": provenance,
         })
     entry, decode = plan.pools[0], (plan.pools[1] if len(plan.pools) > 1 else None)
-    entry_router = build_router(plan.router, entry.args.block_size, plan.seed, entry.role)
-    decode_router = build_decode_router(decode.args.block_size, plan.seed) if decode else None
+    entry_router = build_router(plan.router, entry.block_size, plan.seed, entry.role)
+    decode_router = build_decode_router(decode.block_size, plan.seed) if decode else None
     deployment = deployment_summary(plan, entry_router.describe(),  # what the run reports
                                     decode_router.describe() if decode_router else None)
     planner = None
@@ -128,15 +129,16 @@ def plan_summary(plan) -> dict:
     }
 
 
-def _never_fits(prompt: np.ndarray, args) -> np.ndarray:
-    """Per row the engine's admission rejection code ('' when admitted) on a pool with ``args``."""
+def _never_fits(prompt: np.ndarray, sched) -> np.ndarray:
+    """Per row the engine's admission rejection code ('' when admitted) on a pool whose ranks run
+    the ``SchedulerConfig`` ``sched``."""
     from aisim.actors.engine.request import REJECT_BATCH_TOKENS, REJECT_CONTEXT_LENGTH, REJECT_KV_CAPACITY
 
-    limit = args.max_model_len if args.max_model_len is not None else 1 << 62
-    blocks = -(-prompt // args.block_size)
+    limit = sched.context_length if sched.context_length is not None else 1 << 62
+    blocks = -(-prompt // sched.block_size)
     return np.select(
-        [prompt >= limit, blocks > args.num_gpu_blocks,
-         np.full(prompt.shape, not args.enable_chunked_prefill) & (prompt > args.max_num_batched_tokens)],
+        [prompt >= limit, blocks > sched.num_gpu_blocks,
+         np.full(prompt.shape, not sched.enable_chunked_prefill) & (prompt > sched.max_batched_tokens)],
         [REJECT_CONTEXT_LENGTH, REJECT_KV_CAPACITY, REJECT_BATCH_TOKENS], default="")
 
 
@@ -146,20 +148,20 @@ def traffic_summary(plan) -> dict:
     w = t.workload
     prompt = np.asarray(w.input_len, dtype=np.int64)
     output = np.asarray(w.output_len, dtype=np.int64)
-    codes = _never_fits(prompt, plan.pools[0].args)
+    codes = _never_fits(prompt, plan.pools[0].scheduler)
     if len(plan.pools) > 1:
-        later = _never_fits(prompt, plan.pools[1].args)
+        later = _never_fits(prompt, plan.pools[1].scheduler)
         codes = np.where(codes == "", later, codes)
     reasons = {str(k): int(n) for k, n in zip(*np.unique(codes[codes != ""], return_counts=True))}
-    context = plan.pools[0].args.max_model_len
+    context = plan.pools[0].scheduler.context_length
     truncated = 0
     if context is not None:
         truncated = int(((codes == "") & (prompt + output > context)).sum())
     # rows admitted whose whole sequence (prompt + output, cut at the context length) needs more KV
     # blocks than one rank of the pool that decodes holds: they preempt themselves and never finish
     # (the replay stalls; they end incomplete and hold up the rows queued behind them)
-    last = plan.pools[-1].args
-    full = prompt + output if last.max_model_len is None else np.minimum(prompt + output, last.max_model_len)
+    last = plan.pools[-1].scheduler
+    full = prompt + output if last.context_length is None else np.minimum(prompt + output, last.context_length)
     overflow = int(((codes == "") & (-(-full // last.block_size) > last.num_gpu_blocks)).sum())
     ts = np.asarray(w.timestamp_ms, dtype=np.float64)
     finite = ts[np.isfinite(ts)]
@@ -288,6 +290,9 @@ def _render_predict(r: dict, indent: str = "") -> list[str]:
             f"batch {_n(p['max_batched_tokens'])} tokens / {_n(p['max_sequences'])} seqs")
         lines.append(f"{indent}    timing {p['timing_estimator']} (source {p['timing_source']}); "
                      f"model {pv['model']} ({p['model_source']}) on {pv['hardware']}, backend {pv['backend']}")
+        if p["planner_gpus_per_replica"] != p["gpus_per_worker"]:
+            lines.append(f"{indent}    the Planner counts {p['planner_gpus_per_replica']} GPUs per replica "
+                         "(tensor x attention_data, the seed's rule; docs/architecture.md)")
     router = dict(d["router"] or {})
     policy = router.pop("policy", "-")
     knobs = ", ".join(f"{k}={v}" for k, v in router.items())

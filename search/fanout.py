@@ -4,59 +4,10 @@
         results = fo.run_trials(plans, timeout_s=600)          # list[TrialResult], in plan order
         values = fo.map(some_module_function, items)            # fn(item) for each item, in item order
 
-Semantics, the same on every backend and for every ``max_parallel``:
-
-- ``map(fn, items, timeout_s)`` returns one result per item, **in item order**: ``fn(item)``'s return
-  value, or a ``TrialResult`` (``search.trial``) when the call did not return: ``failed`` (``fn``
-  raised: the error's ``category``, ``runtime`` for an exception without one, and one line of its
-  message; or the worker process died) or ``timeout``. One failing item never aborts the batch.
-  ``fn`` and the items must pickle with the standard ``pickle`` on both backends (``fn`` a
-  module-level function or a ``functools.partial`` of one, importable by name in the workers;
-  otherwise ``map`` raises before anything runs); a deterministic ``fn`` gives the same list
-  whatever the backend and ``max_parallel``.
-- ``item_timeout_s`` bounds each item from when it starts: a late item is stopped alone (its
-  worker killed, its Ray task cancelled) and comes back as a ``timeout`` result; the others go on.
-- ``timeout_s`` bounds the whole ``map`` call. When it passes, the items still running are stopped
-  (their worker processes are killed: local workers with SIGKILL, Ray tasks with
-  ``ray.cancel(force=True)``), the items not started are dropped, and both come back as
-  ``TrialResult(status="timeout", category="timeout")``. The Fanout stays usable: killed local
-  workers are replaced when the next ``map`` needs them; the idle ones are kept.
-- ``run_trials(plans, metrics_keys, timeout_s)`` runs ``search.trial.run_trial`` on each plan, the
-  plan shipped by reference (``dump_plan(plan, by_reference=True)``) when its workload was given to
-  ``fanout(workloads=...)`` (each worker registers those once), else whole.
-- ``map(..., on_result=f)`` calls ``f(index, result)`` in the caller's process as each result
-  arrives (completion order); the list returned is in item order as always. ``start()`` starts the
-  local workers ahead of the first ``map`` (they import the simulator meanwhile).
-- A Fanout is a context manager; ``close()`` ends its workers (and a Ray it started). Not
-  thread-safe: one ``map`` at a time per Fanout.
-
-Backends:
-
-- ``local`` (default): up to ``max_parallel`` worker processes (default: the CPU count), each a
-  fresh interpreter (``python -c``, the parent's ``sys.path`` and environment; never a re-run of the
-  parent's ``__main__`` script, unlike multiprocessing's ``spawn``) started when first needed and
-  reused by every later ``map``. Each worker imports the simulator and registers the workloads
-  once, then runs one call at a time, sent over its own socket pair, so a timeout kills exactly the
-  workers that ran the late items (idle ones are kept). Workers never outlive the parent: on Linux
-  each sets ``PR_SET_PDEATHSIG=SIGKILL`` and exits at once if its parent was already gone by then;
-  the workers are started from one long-lived helper thread (the death signal follows the *thread*
-  that started a process, so a short-lived caller thread must not be it); and ``close()``, a
-  garbage-collected Fanout or a normal interpreter exit ends them (a ``multiprocessing`` finalizer).
-  Elsewhere only the last applies. SIGINT is ignored in workers (Ctrl-C reaches the parent, whose
-  ``map`` then kills the workers running items). A worker that dies while running an item (out of
-  memory, killed) makes that item ``failed`` (category ``runtime``) and is replaced.
-- ``ray``: Ray tasks (one CPU each, no retries), at most ``max_parallel`` in flight (default: the
-  cluster's CPUs). Ray is joined or started with ``simulator.runtime.ray_runtime.start_ray``
-  (``ray_address`` None: a fresh local Ray, or the one this process already initialised) and shut
-  down on ``close()`` only if this Fanout started it. Workloads are ``ray.put`` once per Fanout and
-  each Ray worker process registers them on its first task; the driver's ``sys.path`` entries a Ray
-  worker lacks are appended there (so ``fn`` may live outside the installed packages). Importing
-  this module does not import Ray. A driver killed with SIGKILL leaves nothing behind for good: a
-  local Ray it started is fate-shared with it (measured with Ray 2.60: the GCS, the raylet and its
-  helpers exit within about a second, the task workers (a running task included) within about two,
-  the dashboard and runtime-env agents within about a minute, when they find the raylet gone); a
-  joined cluster keeps running and, by Ray's job fate-sharing, ends the dead driver's workers (not
-  tested here).
+Invariants, the same on every backend and for every ``max_parallel``: results come back in item
+order; one failing or late item never aborts the batch (it comes back as a ``TrialResult``);
+a deterministic ``fn`` gives the same list whatever the backend; workers never outlive the parent.
+Semantics of timeouts, ``on_result``, the local and Ray backends and their clean-up: docs/fanout.md.
 """
 
 from __future__ import annotations

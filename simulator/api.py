@@ -7,8 +7,9 @@
 ``run_config`` runs a validated ``predict`` config (what ``aisim predict`` runs). The trace and
 synthetic functions build the same plan a config builds: their traffic arguments become a
 ``traffic`` section (``simulator.traffic.build``), their router and execution arguments the
-``router`` and ``execution`` sections; ``extra_engine_args`` (the reference's engine-argument
-names, with its defaults: polynomial timing, 16,384 blocks) are the pools' engine arguments.
+``router`` and ``execution`` sections, and their engine arguments (``extra_engine_args``: the
+reference's names, with its defaults: polynomial timing, 16,384 blocks) the ``engine`` section
+(``simulator.config.engine_args.engine_section``), lowered by the same ``pool_plan`` a config's is.
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from aisim.simulator.catalog.kv_capacity import kv_bytes_per_token
-from aisim.simulator.catalog.models import load_geometry
 from aisim.simulator.config import models as m
-from aisim.simulator.config.engine_args import EngineArgs
+from aisim.simulator.config.engine_args import EngineArgs, engine_section
 from aisim.simulator.config.loading import format_validation_error
 from aisim.simulator.config.planner_config import parse_planner_config
-from aisim.simulator.config.retune import check_api_arguments, check_history
-from aisim.simulator.coordinator import KvTransferModel
+from aisim.simulator.config.retune import check_api_arguments
 from aisim.simulator.errors import InputError, NotSupportedError
-from aisim.simulator.plan import PoolPlan, ReplayPlan, execution_plan, plan_from_config, retune_router, router_spec
+from aisim.simulator.plan import ReplayPlan, execution_plan, lower_engine, plan_from_config, retune_router, router_spec
 from aisim.simulator.run import ReplayReport, run_plan
 from aisim.simulator.traffic.build import TrafficPlan, build_traffic
+from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.traces import resolve_trace_paths
 
 __all__ = ["run_config", "run_trace_replay", "run_synthetic_trace_replay"]
@@ -48,6 +47,16 @@ def _engine_args(raw: dict | EngineArgs | None, name: str = "extra_engine_args")
     except ValidationError as exc:
         err = format_validation_error(exc)
         raise InputError(f"{name}.{err.where}", err.message, category=err.category) from None
+
+
+def _engine(roles: dict) -> m.Engine:
+    """The ``engine`` section of the API's pools, validated as a config's is."""
+    try:
+        return m.Engine.model_validate(engine_section(roles))
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        names = " / ".join(name for _, _, name in roles.values())
+        raise InputError(f"{names} (engine.{err.where})", err.message, category=err.category) from None
 
 
 def _sla(ttft, itl, e2e) -> m.Sla | None:
@@ -109,7 +118,6 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
     if planner is not None and planner.retune is not None:
         check_api_arguments(planner.retune, trace_format=trace_format, traffic=traffic, router_mode=router_mode)
     router = _router_spec(router_mode, router_config)
-    transfer = None
     if prefill_args is not None or decode_args is not None:
         if prefill_args is None or decode_args is None or extra_args is not None:
             raise InputError("prefill_engine_args", "disaggregated replay needs prefill_engine_args and "
@@ -119,16 +127,16 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
         for name, n in (("num_prefill_workers", num_prefill), ("num_decode_workers", num_decode)):
             if n < 1:
                 raise InputError(name, f"must be >= 1, got {n}")
-        pools = [PoolPlan("prefill", num_prefill, pa), PoolPlan("decode", num_decode, da)]
-        bpt = pa.kv_transfer_bytes_per_token or pa.kv_cache_bytes_per_token
-        if bpt is None and pa.model:
-            bpt = kv_bytes_per_token(load_geometry(pa.model), pa.tensor_parallel_size, pa.pipeline_parallel_size)
-        transfer = KvTransferModel(pa.kv_transfer_bandwidth, bpt, pa.kv_transfer_timing_mode)
+        roles = {"prefill": (num_prefill, pa, "prefill_engine_args"), "decode": (num_decode, da, "decode_engine_args")}
     else:
         if num_workers < 1:
             raise InputError("num_workers", f"must be >= 1, got {num_workers}")
         args = _engine_args(extra_args)
-        pools = [PoolPlan(args.worker_type, num_workers, args)]
+        if args.worker_type != "aggregated":
+            raise InputError("extra_engine_args.worker_type", "must be aggregated; pass prefill_engine_args and "
+                                                              "decode_engine_args for a disaggregated replay")
+        roles = {"aggregated": (num_workers, args, "extra_engine_args")}
+    pools, transfer = lower_engine(_engine(roles))
     wants_page = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
     html = str(planner_report_dir) if planner_report_dir is not None and wants_page else None
     if planner is not None and planner.retune is not None:

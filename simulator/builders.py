@@ -1,4 +1,5 @@
-"""Builders of the actor objects of a replay (workers, timing models, routers) from a plan.
+"""Builders of the actor objects of a replay (workers, timing models, routers) from a plan's pool
+specs (``simulator.plan.PoolPlan``) and router spec.
 
 The engine, router and planner hosts (in process or inside Ray actors) hold what they build.
 """
@@ -9,15 +10,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
+from aisim.actors.engine.scheduler import RankScheduler
 from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
 from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.measured import measured_timing
 from aisim.simulator.catalog.models import load_geometry, resolve_model
-from aisim.simulator.config.engine_args import EngineArgs
 from aisim.simulator.errors import InputError
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    """How a pool's passes are timed (``engine.workers.<role>.timing``)."""
+
+    type: str = "polynomial"  # polynomial | fixed | roofline | default (measured)
+    prefill_ms: float | None = None  # fixed
+    decode_ms: float | None = None  # fixed
+    compute_efficiency: float | None = None  # roofline
+    memory_efficiency: float | None = None  # roofline
+    overhead_ms: float | None = None  # roofline
+    speedup_ratio: float = 1.0  # every pass divided by it
+    decode_speedup_ratio: float = 1.0  # decode passes further divided by it
 
 
 class ScaledTiming(TimingModel):
@@ -45,19 +59,20 @@ class ScaledTiming(TimingModel):
         return self.inner.describe()
 
 
-def build_timing(args: EngineArgs, field: str = "timing_model") -> TimingModel:
-    t = args.timing_model
-    if args.model and args.tensor_parallel_size > 1:  # a worker shape the engine cannot run, whatever the timing
+def build_timing(pool, field: str = "timing") -> TimingModel:
+    """The timing model of ``pool`` (a ``PoolPlan``: its timing spec, model, GPU, backend, shape)."""
+    t, shape = pool.timing, pool.shape
+    if pool.model and shape.tensor > 1:  # a worker shape the engine cannot run, whatever the timing
         from aisim.simulator.catalog.measured import tensor_field
         from aisim.simulator.catalog.models import check_tensor_split
 
-        check_tensor_split(resolve_model(args.model), args.tensor_parallel_size, tensor_field(field))
+        check_tensor_split(resolve_model(pool.model), shape.tensor, tensor_field(field))
     if t.type == "polynomial":
         model: TimingModel = PolynomialTiming()
     elif t.type == "fixed":
         model = FixedTiming(t.prefill_ms, t.decode_ms)
     elif t.type == "roofline":
-        if not args.model or not args.hardware:
+        if not pool.model or not pool.hardware:
             raise InputError(field, "roofline timing needs the model and hardware (engine.model, engine.hardware)")
         d = RooflineFactors()
         factors = RooflineFactors(
@@ -65,44 +80,30 @@ def build_timing(args: EngineArgs, field: str = "timing_model") -> TimingModel:
             memory_efficiency=t.memory_efficiency if t.memory_efficiency is not None else d.memory_efficiency,
             overhead_ms=t.overhead_ms if t.overhead_ms is not None else d.overhead_ms,
         )
-        model = RooflineTiming(load_geometry(args.model), get_hardware(args.hardware), args.tensor_parallel_size, factors)
+        model = RooflineTiming(load_geometry(pool.model), get_hardware(pool.hardware), shape.tensor, factors)
     else:
-        if not args.model or not args.hardware:
+        if not pool.model or not pool.hardware:
             raise InputError(field, "timing type default needs the model and hardware (engine.model, engine.hardware)")
         model = measured_timing(
-            resolve_model(args.model), args.hardware, args.engine_type, args.backend_version,
-            tensor=args.tensor_parallel_size, pipeline=args.pipeline_parallel_size, attention_data=args.dp_size,
-            moe_tensor=args.moe_tensor_parallel_size, moe_expert=args.moe_expert_parallel_size, field=field,
+            resolve_model(pool.model), pool.hardware, pool.backend, pool.backend_version,
+            tensor=shape.tensor, pipeline=shape.pipeline, attention_data=shape.attention_data,
+            moe_tensor=shape.moe_tensor, moe_expert=shape.moe_expert, field=field,
         )
-    if args.speedup_ratio != 1.0 or args.decode_speedup_ratio != 1.0:
-        model = ScaledTiming(model, args.speedup_ratio, args.decode_speedup_ratio)
+    if t.speedup_ratio != 1.0 or t.decode_speedup_ratio != 1.0:
+        model = ScaledTiming(model, t.speedup_ratio, t.decode_speedup_ratio)
     return model
 
 
-def scheduler_config(args: EngineArgs) -> SchedulerConfig:
-    return SchedulerConfig(
-        max_batched_tokens=args.max_num_batched_tokens,
-        max_sequences=args.max_num_seqs,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        context_length=args.max_model_len,
-        preemption_mode=args.preemption_mode,
-        prefill_schedule_interval=args.prefill_schedule_interval,
-        prefill_only=args.worker_type == "prefill",
-    )
-
-
-def build_workers(args: EngineArgs, replicas: int, first_id: int, timing: TimingModel, fast_forward: bool = True,
+def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool = True,
                   record_kv_events: bool = False, pool_label: str | None = None,
                   record_timeline: bool = False, track_queue: bool = False,
-                  initial_kv: dict | None = None) -> list[EngineWorker]:
-    """``initial_kv``: worker id -> per rank, the blocks its KV cache starts with (warm start)."""
-    cfg = scheduler_config(args)
+                  initial_kv: dict | None = None, replicas: int | None = None) -> list[EngineWorker]:
+    """``replicas`` workers of ``pool`` (default: the pool's) from id ``first_id``; ``initial_kv``:
+    worker id -> per rank, the blocks its KV cache starts with (warm start)."""
+    cfg = pool.scheduler
     workers = []
-    for i in range(replicas):
-        ranks = [RankScheduler(cfg, timing, record_kv_events) for _ in range(args.dp_size)]
+    for i in range(pool.replicas if replicas is None else replicas):
+        ranks = [RankScheduler(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
         for rank, hashes in zip(ranks, (initial_kv or {}).get(first_id + i, ())):
             rank.kv.preload(list(hashes))
         if pool_label:

@@ -1,7 +1,9 @@
-"""A replay plan is a value: the validated workload and arrivals, the pools' engine arguments,
-the router, the Planner's configuration and where the actors live. ``plan_from_config`` is
-the one translation from a ``predict`` config; the Python API (``simulator.api``) builds its
-config sections and comes through here too.
+"""A replay plan is a value: the validated workload and arrivals, each pool's deployment spec,
+the router, the Planner's configuration and where the actors live. ``plan_from_config`` is the
+one lowering from a validated ``predict`` config to what the actors take; the Python API
+(``simulator.api``) turns its arguments into config sections and comes through here too. A pool's
+spec holds the scheduler's own config (``SchedulerConfig``), its timing spec, its parallel shape in
+the YAML's names, its KV sizing and its startup; docs/architecture.md "Deployment spec".
 """
 
 from __future__ import annotations
@@ -12,30 +14,56 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
-from aisim.simulator.builders import RouterSpec
+from aisim.actors.engine.scheduler import SchedulerConfig
+from aisim.simulator.builders import RouterSpec, TimingSpec
 from aisim.simulator.catalog.hardware import get_hardware
-from aisim.simulator.catalog.kv_capacity import DEFAULT_MEMORY_FRACTION, default_capacity, kv_bytes_per_token
 from aisim.simulator.catalog.models import load_geometry
 from aisim.simulator.config import models as m
-from aisim.simulator.config.engine_args import BACKEND_BLOCK_SIZE, EngineArgs, TimingModelArgs
 from aisim.simulator.config.planner_config import PlannerConfig, from_replay_section
-from aisim.simulator.config.retune import check_history, check_replay_sections
-from aisim.simulator.config.support import check_supported
+from aisim.simulator.config.retune import check_replay_sections
+from aisim.simulator.config.support import check_engine_supported, check_supported
 from aisim.simulator.coordinator import KvTransferModel
+from aisim.simulator.deployment import ParallelShape, size_kv
 from aisim.simulator.errors import InputError
 from aisim.simulator.traffic.build import TrafficPlan, build_traffic
+from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.workload import Workload
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
 
 
+BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}  # kv_cache.block_size when not given
+
+
 @dataclass(frozen=True)
 class PoolPlan:
+    """One pool's deployment spec: everything its workers are built from."""
+
     role: str  # aggregated | prefill | decode
     replicas: int
-    args: EngineArgs
-    kv_sizing: dict | None = None  # how num_gpu_blocks was resolved (reported in provenance)
+    scheduler: SchedulerConfig  # the rank scheduler's own config (batch limits, KV blocks per rank, ...)
+    timing: TimingSpec
+    shape: ParallelShape = ParallelShape()
+    model: str | None = None
+    hardware: str | None = None  # the GPU's catalog name
+    backend: str = "vllm"
+    backend_version: str | None = None  # performance-data selector (recorded in provenance)
+    kv_bytes_per_token: int | None = None  # per tensor shard and pipeline stage; None: unknown (no model)
+    startup_seconds: float = 0.0
+    kv_sizing: dict | None = None  # how the blocks per rank were resolved (reported in provenance)
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return self.shape.gpus_per_worker
+
+    @property
+    def num_ranks(self) -> int:
+        return self.shape.attention_data
+
+    @property
+    def block_size(self) -> int:
+        return self.scheduler.block_size
 
 
 @dataclass(frozen=True)
@@ -81,72 +109,7 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
                      fast_forward: bool = True, capture_worker_timeline: bool = False) -> ReplayPlan:
     check_supported(cfg)
     e = cfg.engine
-    geometry = load_geometry(e.model)
-    context = geometry.max_position_embeddings if e.context_length == "max" else int(e.context_length)
-    pools = []
-    sizings: dict[str, dict] = {}
-    for role, wk in e.workers.items():
-        base = f"engine.workers.{role}"
-        par = wk.parallelism
-        bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
-        if e.backend in ("vllm", "trtllm") and bs < 2:
-            raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
-        hardware = get_hardware(wk.hardware or e.hardware, f"{base}.hardware" if wk.hardware else "engine.hardware")
-        auto_bpt = kv_bytes_per_token(geometry, par.tensor, par.pipeline)
-        bpt = auto_bpt if wk.kv_cache.bytes_per_token == "auto" else wk.kv_cache.bytes_per_token
-        cap = wk.kv_cache.capacity
-        if cap.type == "default":
-            fraction = cap.memory_fraction if cap.memory_fraction is not None else DEFAULT_MEMORY_FRACTION[e.backend]
-            sizing = default_capacity(
-                geometry, hardware, block_size=bs, max_batched_tokens=wk.scheduler.max_batched_tokens,
-                memory_fraction=fraction, tensor=par.tensor, pipeline=par.pipeline, attention_data=par.attention_data,
-                moe_tensor=par.moe_tensor, moe_expert=par.moe_expert,
-                cuda_graph_reserved_bytes=cap.cuda_graph_reserved_bytes, bytes_per_token=bpt)
-            blocks = sizing.blocks
-            if blocks <= 0:
-                raise InputError(f"{base}.kv_cache.capacity", f"{e.model} leaves no KV memory on {hardware.name} "
-                                 f"(weights {sizing.weights_bytes / 1e9:.1f} GB per GPU); raise parallelism.tensor, "
-                                 "memory_fraction, or pick a larger GPU", category="kv_capacity")
-            sizings[role] = {"type": "default", "memory_fraction": fraction, **sizing.as_dict()}
-        else:
-            blocks = cap.blocks if cap.blocks is not None else cap.bytes // (bs * bpt)
-            if blocks <= 0:
-                raise InputError(f"{base}.kv_cache.capacity.bytes", f"{cap.bytes} bytes hold no block of {bs} tokens x {bpt} B/token",
-                                 category="kv_capacity")
-            sizings[role] = {"type": "fixed", "blocks_per_rank": blocks, "bytes_per_token": bpt}
-        t = wk.timing
-        timing = TimingModelArgs(**t.model_dump(exclude={"forward_model"}))
-        args = EngineArgs(
-            worker_type=role,
-            engine_type=e.backend,
-            backend_version=e.backend_version,
-            model=e.model,
-            hardware=hardware.name,
-            max_num_batched_tokens=wk.scheduler.max_batched_tokens,
-            max_num_seqs=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
-            block_size=bs,
-            enable_prefix_caching=wk.kv_cache.prefix_caching,
-            enable_chunked_prefill=e.enable_chunked_prefill,
-            startup_time=wk.startup_seconds,
-            max_model_len=context,
-            num_gpu_blocks=blocks,
-            tensor_parallel_size=par.tensor,
-            pipeline_parallel_size=par.pipeline,
-            prefill_context_parallel_size=par.prefill_context,
-            dp_size=par.attention_data,
-            moe_tensor_parallel_size=par.moe_tensor,
-            moe_expert_parallel_size=par.moe_expert,
-            timing_model=timing,
-            kv_cache_bytes_per_token=bpt,
-            prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
-        )
-        pools.append(PoolPlan(role, par.replicas, args, sizings[role]))
-    pools.sort(key=lambda p: ("prefill", "aggregated", "decode").index(p.role))
-    transfer = None
-    if e.mode == "disaggregated":
-        kt = e.kv_transfer or m.KvTransfer()
-        bpt = pools[0].args.kv_cache_bytes_per_token if kt.bytes_per_token == "auto" else kt.bytes_per_token
-        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+    pools, transfer = lower_engine(e)
     if cfg.planner.retune is not None:  # (the section model rejects it under policy disabled)
         check_replay_sections(cfg)  # the traffic and router retune needs, before the trace is read
     traffic = build_traffic(cfg.traffic, config_dir)
@@ -161,6 +124,79 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
         check_history(planner, traffic.workload, "planner")  # the recorded history (throughput scaling)
         plan = dataclasses.replace(plan, router=retune_router(plan.router, planner.retune))
     return plan
+
+
+def lower_engine(e: m.Engine) -> tuple[list[PoolPlan], KvTransferModel | None]:
+    """The validated ``engine`` section's pools (entry pool first) and KV transfer (disaggregated)."""
+    check_engine_supported(e)
+    geometry = load_geometry(e.model) if e.model is not None else None
+
+    def context(wk: m.Worker) -> int | None:
+        given = e.context_length if wk.context_length == "engine" else wk.context_length
+        if given == "max":
+            return geometry.max_position_embeddings if geometry is not None else None
+        return given
+
+    pools = [pool_plan(e, role, wk, geometry, context(wk)) for role, wk in e.workers.items()]
+    pools.sort(key=lambda p: ("prefill", "aggregated", "decode").index(p.role))
+    transfer = None
+    if e.mode == "disaggregated":
+        kt = e.kv_transfer or m.KvTransfer()
+        bpt = pools[0].kv_bytes_per_token if kt.bytes_per_token == "auto" else kt.bytes_per_token
+        if bpt is None and kt.bandwidth_gb_per_second is not None:
+            raise InputError("engine.kv_transfer.bytes_per_token", "auto needs the model (engine.model) or the "
+                                                                   "prefill workers' kv_cache.bytes_per_token; set one")
+        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+    return pools, transfer
+
+
+def _required(field: str, why: str, example: str) -> InputError:
+    return InputError(field, f"Field required: {why}; name it (e.g. {example})")
+
+
+def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: int | None) -> PoolPlan:
+    """One pool's spec from its validated ``engine.workers.<role>`` section (the one lowering)."""
+    base = f"engine.workers.{role}"
+    par = wk.parallelism
+    shape = ParallelShape(par.tensor, par.pipeline, par.attention_data, par.prefill_context, par.moe_tensor,
+                          par.moe_expert)
+    bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
+    if e.backend in ("vllm", "trtllm") and bs < 2:
+        raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+    t, cap = wk.timing, wk.kv_cache.capacity
+    needs = [f"timing type {t.type}"] if t.type in ("default", "roofline") else []
+    if cap.type == "default":
+        needs.append("kv_cache.capacity type default")
+    if needs and geometry is None:
+        raise _required("engine.model", f"{' and '.join(needs)} of {base} need the model", "meta-llama/Llama-3.1-8B-Instruct")
+    hw_name, hw_field = (wk.hardware, f"{base}.hardware") if wk.hardware else (e.hardware, "engine.hardware")
+    if needs and hw_name is None:
+        raise _required("engine.hardware", f"{' and '.join(needs)} of {base} need the GPU", "h200_sxm")
+    hardware = get_hardware(hw_name, hw_field) if hw_name is not None else None
+    kv = size_kv(geometry, hardware, backend=e.backend, block_size=bs, max_batched_tokens=wk.scheduler.max_batched_tokens,
+                 shape=shape, capacity_type=cap.type, memory_fraction=cap.memory_fraction, blocks=cap.blocks,
+                 capacity_bytes=cap.bytes, cuda_graph_reserved_bytes=cap.cuda_graph_reserved_bytes,
+                 bytes_per_token=wk.kv_cache.bytes_per_token, field=f"{base}.kv_cache.capacity")
+    if kv.blocks_per_rank <= 0:
+        raise InputError(f"{base}.kv_cache.capacity", f"{e.model} leaves no KV memory on {hardware.name} "
+                         f"(weights {kv.weights_bytes / 1e9:.1f} GB per GPU); raise parallelism.tensor, "
+                         "memory_fraction, or pick a larger GPU", category="kv_capacity")
+    scheduler = SchedulerConfig(
+        max_batched_tokens=wk.scheduler.max_batched_tokens,
+        max_sequences=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
+        block_size=bs,
+        num_gpu_blocks=kv.blocks_per_rank,
+        enable_prefix_caching=wk.kv_cache.prefix_caching,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        context_length=context_length,
+        preemption_mode=wk.scheduler.preemption_mode,
+        prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
+        prefill_only=role == "prefill",
+    )
+    timing = TimingSpec(t.type, t.prefill_ms, t.decode_ms, t.compute_efficiency, t.memory_efficiency, t.overhead_ms,
+                        wk.speedup_ratio, wk.decode_speedup_ratio)
+    return PoolPlan(role, par.replicas, scheduler, timing, shape, e.model, hardware.name if hardware else None,
+                    e.backend, e.backend_version, kv.bytes_per_token, wk.startup_seconds, kv.provenance)
 
 
 def retune_router(spec: RouterSpec, rc) -> RouterSpec:

@@ -1,7 +1,7 @@
 """Build the Planner of a replay from its PlannerConfig and the engine pools, and report it.
 
 - settings: the config's values with the seed's rules (``planner_config``), the mode and the
-  GPUs per replica (tensor x attention_data) of each role;
+  GPUs per replica of each role (``ParallelShape.planner_gpus_per_replica``: tensor x attention_data);
 - the perf model (target sla) bootstrapped from each role's own timing model
   (``metadata.bootstrap``: installed / not_required);
 - the load predictor warmed with ``load_predictor_warmup_trace`` (target sla);
@@ -33,12 +33,14 @@ log = logging.getLogger("aisim.planner")
 BUILTIN_PLUGINS = ["builtin_load_predict", "builtin_load_propose", "builtin_throughput_propose"]
 
 
-def capabilities(args) -> Capabilities:
+def capabilities(pool) -> Capabilities:
+    """What a rank of ``pool`` (a ``PoolPlan``) can hold, as the Planner's perf model reads it."""
+    sched = pool.scheduler
     return Capabilities(
-        max_batched_tokens=args.max_num_batched_tokens,
-        max_sequences=args.max_num_seqs,
-        context_length=args.max_model_len or 1 << 30,
-        max_kv_tokens=args.num_gpu_blocks * args.block_size,
+        max_batched_tokens=sched.max_batched_tokens,
+        max_sequences=sched.max_sequences,
+        context_length=sched.context_length or 1 << 30,
+        max_kv_tokens=sched.num_gpu_blocks * sched.block_size,
     )
 
 
@@ -71,8 +73,7 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
     def gpus(role: str, explicit) -> int:
         if explicit is not None:
             return explicit
-        a = roles[role].args
-        return a.tensor_parallel_size * a.dp_size
+        return roles[role].shape.planner_gpus_per_replica  # (simulator.deployment says why not gpus_per_worker)
 
     decode_role = "decode" if disagg else "aggregated"
     settings = PlannerSettings(
@@ -112,7 +113,7 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
                 "decode_fpm_count": 0}
         digests = []
         for key, role in (("prefill", "prefill"), ("decode", "decode")) if disagg else (("agg", "aggregated"),):
-            caps = capabilities(roles[role].args)
+            caps = capabilities(roles[role])
             m = PerfModel(key, caps, pc.max_num_fpm_samples, pc.fpm_sample_bucket_size, pc.load_min_observations)
             samples = bootstrap_samples(_pass_ms(timings[role], caps), caps, key)
             install_bootstrap(m, samples)

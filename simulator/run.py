@@ -57,26 +57,25 @@ class _Actors:
 def _build_actors(plan: ReplayPlan) -> _Actors:
     entry_plan = plan.pools[0]
     decode_plan = plan.pools[1] if len(plan.pools) > 1 else None
-    entry_router = build_router(plan.router, entry_plan.args.block_size, plan.seed, entry_plan.role)
-    decode_router = build_decode_router(decode_plan.args.block_size, plan.seed) if decode_plan else None
+    entry_router = build_router(plan.router, entry_plan.block_size, plan.seed, entry_plan.role)
+    decode_router = build_decode_router(decode_plan.block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
     timings = {}
     provenance: dict[str, dict] = {}
     num_workers = 0
     for pool in plan.pools:
-        a = pool.args
-        timing = build_timing(a, f"engine.workers.{pool.role}.timing")
+        timing = build_timing(pool, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
         initial_kv = _initial_kv(plan, pool, num_workers, router)
-        make = partial(build_workers, a, 1, timing=timing, fast_forward=plan.fast_forward,
+        make = partial(build_workers, pool, replicas=1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None,
                        record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None,
                        initial_kv=initial_kv)
-        pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, a.block_size,
-                          caps=capabilities(a), gpus_per_worker=a.gpus_per_worker,
-                          startup_ms=(a.startup_time or 0.0) * 1000.0, spawn=_Spawn(make), num_ranks=a.dp_size))
+        pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.block_size,
+                          caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
+                          startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks))
         num_workers += pool.replicas
         provenance[pool.role] = pool_provenance(pool, timing)
     actors = _Actors(pools, entry_router, decode_router, timings, provenance,
@@ -96,11 +95,11 @@ def _initial_kv(plan: ReplayPlan, pool, first_id: int, router) -> dict | None:
     if not given:
         return None
     out = {}
-    cap = pool.args.num_gpu_blocks
+    cap = pool.scheduler.num_gpu_blocks
     for i, ranks in enumerate(given[: pool.replicas]):
         wid = first_id + i
-        out[wid] = ranks = [list(dict.fromkeys(r))[-cap:] for r in ranks[: pool.args.dp_size]]
-        if router.needs_kv_events and pool.args.enable_prefix_caching:
+        out[wid] = ranks = [list(dict.fromkeys(r))[-cap:] for r in ranks[: pool.num_ranks]]
+        if router.needs_kv_events and pool.scheduler.enable_prefix_caching:
             for rank, hashes in enumerate(ranks):
                 for h in hashes:  # (one block at a time: the chains behind a flat list are unknown)
                     router.on_kv_events(wid, rank, STORED, [h])
@@ -116,7 +115,7 @@ def deployment_summary(plan: ReplayPlan, router: dict, decode_router: dict | Non
         "router": router,
         "decode_router": decode_router,
         "workers": {p.role: p.replicas for p in plan.pools},  # at the start
-        "gpus": sum(p.replicas * p.args.gpus_per_worker for p in plan.pools),
+        "gpus": sum(p.replicas * p.gpus_per_worker for p in plan.pools),
         "kv_transfer": ({"bandwidth_gb_per_second": plan.transfer.bandwidth_gb_per_second,
                          "bytes_per_token": plan.transfer.bytes_per_token, "timing_mode": plan.transfer.timing_mode}
                         if disaggregated and plan.transfer else None),
@@ -128,21 +127,21 @@ def deployment_summary(plan: ReplayPlan, router: dict, decode_router: dict | Non
 def pool_provenance(pool, timing) -> dict:
     """What a pool runs with, as ``summary.prediction_provenance[role]`` reports it (also what
     ``aisim validate`` prints without replaying)."""
-    a = pool.args
+    sched = pool.scheduler
     return {
         **timing.describe(),
-        "kv_capacity_blocks_per_rank": a.num_gpu_blocks,
-        "kv_block_size": a.block_size,
-        "kv_bytes_per_token": a.kv_cache_bytes_per_token,
-        "attention_data_ranks": a.dp_size,
-        "gpus_per_worker": a.gpus_per_worker,
+        "kv_capacity_blocks_per_rank": sched.num_gpu_blocks,
+        "kv_block_size": sched.block_size,
+        "kv_bytes_per_token": pool.kv_bytes_per_token,
+        "attention_data_ranks": pool.num_ranks,
+        "gpus_per_worker": pool.gpus_per_worker,
         "replicas": pool.replicas,
-        "context_length": a.max_model_len,
-        "backend": a.engine_type,
-        "backend_version": a.backend_version,
-        "model": a.model,
-        "model_source": resolve_model(a.model).origin if a.model else None,
-        "hardware": a.hardware,
+        "context_length": sched.context_length,
+        "backend": pool.backend,
+        "backend_version": pool.backend_version,
+        "model": pool.model,
+        "model_source": resolve_model(pool.model).origin if pool.model else None,
+        "hardware": pool.hardware,
         "kv_sizing": pool.kv_sizing,
     }
 
@@ -274,7 +273,7 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     totals = coord.worker_totals
     stats = coord.stats
     provisioned = coord.worker_seconds(completed_duration_ms(log)) if planner is not None else {}
-    accounting = [PoolAccounting("prefill" if pool.role == "prefill" else "decode", pool.args.gpus_per_worker,
+    accounting = [PoolAccounting("prefill" if pool.role == "prefill" else "decode", pool.gpus_per_worker,
                                  replicas=pool.replicas,
                                  worker_seconds=provisioned.get(pool.role) if planner is not None else None)
                   for pool in plan.pools]

@@ -1,125 +1,12 @@
 """The deployment output of a Spica search (``--output dgd``, section ``dgd``; reference §7.7): the
 winning candidate (scalar targets) or every Pareto-front member rendered as a Dynamo
-``DynamoGraphDeployment`` (apiVersion ``nvidia.com/v1alpha1``, ``spec.services``) for the vLLM
-backend.
+``DynamoGraphDeployment`` for the vLLM backend.
 
-Public names:
-
-- ``render_manifest(config, dgd, index=None, *, planner_target=None, sla=None) -> dict``: one DGD
-  as a plain dict from a candidate's flat ``config`` (``unroll_sample``'s keys). Pure: no I/O, the
-  same arguments give the same dict; ``config`` is not modified.
-- ``manifest_yaml(manifest) -> str``: ``yaml.safe_dump(manifest, sort_keys=False)``.
-- ``write_dgd(output_dir, candidates, dgd, target, pareto_ids) -> list[Path]``: renders and writes
-  the files (below); returns the written paths in write order.
-- ``DEFAULT_RUNTIME_VERSION`` (``"1.5.0"``), ``DEFAULT_RUNTIME_IMAGE_REPO``, ``WORKER_WORKDIR``,
-  ``API_VERSION``, ``KIND``.
-
-Renderers: only ``renderer: direct`` (this module) renders. ``renderer: aic`` (aiconfigurator's
-generator, the config's default) is not part of this build: ``NotSupportedError`` (``where``
-``dgd.renderer``, category ``unsupported``) asking for ``renderer: direct``.
-
-Image and runtime version: ``runtime_image`` when given, else
-``nvcr.io/nvidia/ai-dynamo/vllm-runtime:<version>`` with ``<version>`` = ``runtime_version_override``
-or ``DEFAULT_RUNTIME_VERSION``. ``DEFAULT_RUNTIME_VERSION`` is ``1.5.0``: the runtime line whose
-frontend still takes the per-knob router flags below (deprecated there in favour of
-``--router-policy-config``, removal announced for v1.7) and whose PlannerConfig takes the flat
-``*_seconds`` interval names, ``min_gpu_budget`` and ``ttft_ms``/``itl_ms``. An explicit
-``runtime_version_override`` (a canonical ``MAJOR.MINOR.PATCH``, else ``InputError``) is also written
-as ``runtimeVersionOverride`` on every service: the operator reads it for API compatibility when
-the image tag is not a version (as the reference's renderer does).
-
-The manifest (services in this order; every service has ``dynamoNamespace`` = the DGD name):
-
-- ``metadata``: ``name`` (``dgd.name`` with ``{index}`` -> the zero-padded index ``000``, ``001``,
-  ...; a template without an index given is an ``InputError``), ``namespace`` only when given.
-- ``Frontend`` (``componentType: frontend``, 1 replica): ``python3 -m dynamo.frontend`` with the
-  router as flags (not the ``DYN_ROUTER_MODE`` env of the examples, so every knob is explicit):
-
-  ============================  ========================================================
-  flat key                      frontend flag
-  ============================  ========================================================
-  ``router_mode: round_robin``  ``--router-mode round-robin``
-  ``router_mode: kv_router``    ``--router-mode kv``
-  ``overlap_score_credit``      ``--router-kv-overlap-score-credit`` (the same knob; the
-                                older ``--kv-overlap-score-weight`` is a different one,
-                                ``overlap_score_weight``, and obsolete)
-  ``prefill_load_scale``        ``--router-prefill-load-scale``
-  ``router_temperature``        ``--router-temperature``
-  ============================  ========================================================
-
-- the workers, ``componentType: worker``: agg ``VllmDecodeWorker`` (the one worker kind, no
-  ``subComponentType``); disagg ``VllmPrefillWorker`` (``subComponentType: prefill``) then
-  ``VllmDecodeWorker`` (``subComponentType: decode``). ``replicas`` = ``replicas`` /
-  ``<role>_replicas``; ``resources.limits.gpu`` = G = tp x pp x attention_dp (GPUs per worker) as a
-  string; image, ``workingDir`` ``/workspace/examples/backends/vllm``, ``command`` ``python3 -m
-  dynamo.vllm`` and ``args`` (all strings, as Kubernetes wants):
-
-  ==========================================  ===============================================
-  flat key (``agg_`` / ``prefill_`` /         vLLM flag
-  ``decode_`` prefixed where per role)
-  ==========================================  ===============================================
-  ``model_name``                              ``--model``
-  ``tp``                                      ``--tensor-parallel-size`` (always)
-  ``pp``                                      ``--pipeline-parallel-size`` (always)
-  ``attention_dp``                            ``--data-parallel-size`` (only when > 1)
-  ``moe_ep`` > 1                              ``--enable-expert-parallel`` (vLLM's EP spans
-                                              tp x dp ranks: moe_ep must equal
-                                              tp x attention_dp and moe_tp be 1)
-  ``max_num_batched_tokens``                  ``--max-num-batched-tokens``
-  ``max_num_seqs``                            ``--max-num-seqs``
-  ``block_size``                              ``--block-size``
-  ``gpu_memory_utilization``                  ``--gpu-memory-utilization``
-  ``enable_prefix_caching``                   ``--enable-prefix-caching`` /
-                                              ``--no-enable-prefix-caching`` (both written:
-                                              the choice never rides on a default)
-  ``context_length`` (when not null)          ``--max-model-len``
-  disagg role                                 ``--is-prefill-worker`` / ``--is-decode-worker``
-  ==========================================  ===============================================
-
-  ``num_gpus_per_node``: a worker whose G exceeds it gets ``multinode: {nodeCount: N}`` with N =
-  ceil(G / num_gpus_per_node) and ``resources.limits.gpu`` = G / N per node (the pod of each node);
-  the vLLM args keep the whole worker's sizes. G must split evenly over the N nodes, else
-  ``InputError`` (``dgd.num_gpus_per_node``). Without it (or when G fits) no ``multinode``.
-
-- ``Planner`` (``componentType: planner``, 1 replica), only when ``enable_throughput_scaling`` or
-  ``enable_load_scaling``: ``python3 -m dynamo.planner --config '<json>'``, the JSON (compact, in
-  this order) a Dynamo PlannerConfig: ``environment: kubernetes``, ``backend``, ``mode`` (agg |
-  disagg), ``optimization_target``, ``ttft_ms`` / ``itl_ms`` (target ``sla`` with an SLA given),
-  the two flags, the flat Planner fields under their own names (the intervals ``*_seconds``, fpm
-  and sensitivity fields, the predictor fields: ``search.spica.materialize.PLANNER_FIELDS``, those
-  present), ``max_gpu_budget`` = ``gpu_budget``, ``min_gpu_budget`` and ``min_endpoint`` (when not
-  null), ``model_name``, ``prefill_engine_num_gpu`` (disagg) and ``decode_engine_num_gpu`` (the agg
-  worker counts as decode) = G. ``optimization_target`` is ``planner_target`` (the search's Planner
-  target; ``write_dgd`` takes it from the candidate's ``prediction_config.planner.target`` and the
-  SLA from its ``prediction_config.evaluation.sla``); when
-  not given it is ``sla`` under throughput scaling (the only target the search keeps those
-  policies for) and left to Dynamo's default otherwise. A throughput-scaling candidate under a
-  non-``sla`` target is an ``InputError``. Not rendered: the throughput loop's perf-model bootstrap
-  (profiling data or an AIC spec), which the cluster must supply.
-
-Not rendered (``NotSupportedError``, ``where`` the flat key): a ``backend`` other than vllm;
-``num_g2_blocks`` > 0 and the cache-hit weights (host G2 offload: the replay never scores it, so no
-feasible candidate carries it; were it rendered it would go on agg and prefill workers only, never
-on disaggregated decode workers, which receive transferred KV); ``aic_nextn`` > 0 (speculative
-decoding); router admission fields set; an expert layout vLLM cannot express (above). Simulator-only
-keys (``hardware_sku``, ``startup_time``, the offload bandwidths, ``strategy``, ``used_gpus``,
-``planner_scaling_policy``, the load fields) have no manifest equivalent. No ``envFromSecret``
-(a Hugging Face token secret) is added: add one for gated models.
-
-Files (``write_dgd``; paths relative to ``output_dir`` unless absolute; parent directories created;
-every file written atomically with ``simulator.metrics.output.atomic_write_text``):
-
-- scalar targets: the winner = the first feasible candidate (``status`` feasible with a score) in
-  the given (rank) order; none -> nothing written, ``[]``. ``output_file`` (default ``dgd.yaml``):
-  that one manifest; ``output_dir``: a kustomize directory ``<dir>/<name>.yaml`` plus
-  ``kustomization.yaml`` listing it.
-- ``pareto``: every front member, in ``pareto_ids`` order, index i -> name with ``{index}`` =
-  ``f"{i:03d}"``; files ``<stem>-000<suffix>``, ``<stem>-001<suffix>``, ... from ``output_file``
-  (default ``dgd-000.yaml``, ...) or ``<dir>/<name_i>.yaml`` + ``kustomization.yaml`` with
-  ``output_dir``; then ``index.json`` next to them: ``{"000": {"candidate_id", "name", "file"
-  (relative to index.json), "score"}, ...}`` (canonical JSON). An id not among the candidates or
-  not feasible is an ``InputError``. Stale files of an earlier run are not removed: ``index.json``
-  and ``kustomization.yaml`` name the current set. Manifests are written first, the index last.
+Invariants: ``render_manifest`` is pure (the same candidate config gives the same dict, the config
+is not modified); every flag is written explicitly (no choice rides on a default); a field the
+manifest cannot express raises ``NotSupportedError`` naming the flat key, never renders silently;
+files are written atomically, manifests first and the index last. The services, the flag tables,
+multinode placement, the Planner's JSON and the file layout: docs/dgd.md.
 """
 
 from __future__ import annotations
@@ -251,7 +138,10 @@ def _check_supported(config: Mapping[str, Any]) -> None:
 
 
 def _gpus_per_worker(config: Mapping[str, Any], par: str) -> int:
-    return _count(config, f"{par}tp") * _count(config, f"{par}pp") * _count(config, f"{par}attention_dp")
+    from aisim.simulator.deployment import gpus_per_worker
+
+    return gpus_per_worker(tensor=_count(config, f"{par}tp"), pipeline=_count(config, f"{par}pp"),
+                           attention_data=_count(config, f"{par}attention_dp"))
 
 
 def _expert_args(config: Mapping[str, Any], par: str) -> list[str]:

@@ -1,72 +1,12 @@
 """A flat sample (``unroll_sample``) -> the concrete ``aisim predict`` config a candidate replays.
 
-``resolve_load(cfg, flat, kv_load_ratio)`` gives the fields the search appends after unrolling
-(reference §7.5 item 8), in this order:
-
-- with a KV load (``workload.kv_load_ratio``, pinned or the trial's draw from its [min, max]; or a
-  predict ``traffic.load`` of type ``kv_capacity_fraction``, whose ``fraction`` is the ratio):
-  ``kv_load_ratio``, ``concurrency`` = max(1, floor(ratio x ``kv_load_concurrency_capacity``)),
-  ``kv_load_concurrency_capacity`` = ``kv_load_capacity_tokens`` / (isl + osl) (the concurrency at
-  ratio 1, a float), ``kv_load_capacity_tokens`` (the decode pool's KV tokens when disagg, the agg
-  pool's when agg), then ``prefill_kv_capacity_tokens`` + ``decode_kv_capacity_tokens`` (disagg) or
-  ``agg_kv_capacity_tokens`` (agg). A pool's KV tokens = blocks per rank x block size x
-  attention-data ranks x replicas, the blocks sized exactly as the replay sizes them
-  (``kv_cache.capacity.type: default``: ``simulator.catalog.kv_capacity.default_capacity`` with
-  the role's shape, ``max_num_batched_tokens``, block size and ``gpu_memory_utilization``);
-- with a fixed ``concurrency`` (``workload.concurrency``, or a predict ``traffic.load`` of type
-  ``concurrency``): ``concurrency`` only;
-- otherwise (a request rate, trace timestamps): nothing.
-
-``prediction_config(cfg, flat)`` maps the flat sample (with those fields merged in) to a plain,
-YAML-dumpable predict config that ``simulator.config.loading.validate_config`` accepts:
-
-- ``engine``: ``mode`` (agg -> aggregated, disagg -> disaggregated), ``model`` (``model_name``),
-  ``hardware`` (``hardware_sku``), ``backend``, ``context_length`` (null -> ``max``), and from the
-  search config ``backend_version``, ``enable_chunked_prefill`` and ``kv_transfer`` (disagg);
-  ``workers.aggregated`` or ``workers.prefill`` + ``workers.decode``, each with
-  ``parallelism`` {``replicas``, ``tensor`` (tp), ``pipeline`` (pp), ``attention_data``
-  (attention_dp), ``moe_tensor`` (moe_tp), ``moe_expert`` (moe_ep)}, ``scheduler``
-  {``max_batched_tokens``, ``max_sequences``}, ``kv_cache`` {``block_size``, ``prefix_caching``,
-  ``capacity`` {``type: default``, ``memory_fraction`` (gpu_memory_utilization)}},
-  ``startup_seconds`` (``startup_time``; null: 0) and ``timing`` (``engine.timing``);
-- ``router``: ``policy`` (``router_mode``); under kv_router ``overlap_score_credit``,
-  ``prefill_load_scale`` and ``temperature`` (``router_temperature``);
-- ``planner``: ``policy: disabled`` when both scaling flags are off; otherwise ``policy:
-  enabled``, ``target`` = ``cfg.planner_target``, the two flags, the intervals, fpm and
-  sensitivity fields and the predictor fields under their own names (the predict ``planner``
-  section uses the flat names), ``max_num_gpus`` = ``gpu_budget`` and ``min_workers`` =
-  ``min_endpoint`` (when set);
-- ``traffic``: the config's ``traffic`` section as given (a ``kv_capacity_fraction`` load becomes
-  ``concurrency`` at the resolved ``concurrency``), or from ``workload``: a ``synthetic`` source
-  (isl, osl), a closed loop at ``concurrency`` or ``poisson`` at ``request_rate`` seeded by
-  ``arrival_seed``, and ``stop.requests`` = ``request_count`` or max(1, round(``num_request_ratio``
-  x the load: concurrency or requests/s));
-- ``evaluation``: the config's; ``execution``: the config's (keys left at their defaults omitted)
-  with ``backend: local`` (a trial replays in process inside its fan-out worker) and no
-  ``ray_address``.
-
-Relative trace paths stay as written: plan the mapping with the search config's directory
-(``load_search_config``'s second value), as ``search.spica.trial`` does.
-
-Flat keys with no predict equivalent:
-
-- ``strategy``, ``used_gpus``: derived from the shape (the search's GPU-band check and ledger);
-- ``planner_scaling_policy``: the raw entry, kept for traceability (its flags and intervals map);
-- ``gpu_budget``, ``min_endpoint``: runtime policy only with the Planner on (above); otherwise
-  they bound the candidates and nothing else;
-- ``min_gpu_budget``: bounds the candidates and, with the Planner on, becomes its GPU floor
-  (``planner.min_num_gpus``), as the reference makes it live policy;
-- ``kv_bytes_per_token``, ``bandwidth_g1_to_g2_gbps``, ``bandwidth_g2_to_g1_gbps``,
-  ``offload_batch_size``: the host (G2) tier's, inert while ``num_g2_blocks`` is 0;
-- ``kv_load_ratio``, ``kv_load_concurrency_capacity`` and the ``*_kv_capacity_tokens``: provenance
-  (``concurrency`` is what the traffic uses);
-- ``aic_nextn``: null or 0 (no speculative decoding) maps to nothing.
-
-Unsupported values (``InputError``, category ``unsupported``, ``where`` the flat key): a
-``backend`` other than vllm, ``num_g2_blocks`` > 0 (host KV offload), ``aic_nextn`` > 0, the
-cache-hit weights, router admission fields. A flat sample
-that lacks a key its mode needs, or a throughput-scaling Planner under a non-sla Planner target
-(those policies are dropped before sampling), is ``invalid_config``.
+``resolve_load(cfg, flat, kv_load_ratio)`` gives the load fields the search appends after
+unrolling (reference §7.5 item 8); ``prediction_config(cfg, flat)`` maps the flat sample to a
+plain, YAML-dumpable predict config that ``simulator.config.loading.validate_config`` accepts.
+Invariants: pure functions of their arguments; a pool's KV tokens are sized exactly as the replay
+sizes them (``simulator.deployment.size_kv``); an unsupported value is an ``InputError`` naming the
+flat key (category ``unsupported``), never dropped. The field-by-field mapping and the keys with no
+predict equivalent: docs/spica-candidates.md.
 """
 
 from __future__ import annotations
@@ -123,8 +63,8 @@ def kv_capacity_tokens(flat: Mapping[str, Any]) -> dict[str, int]:
     blocks per rank (sized as the replay sizes them) x block size x attention-data ranks x replicas.
     A pool whose weights leave no KV block raises ``InputError`` (category ``kv_capacity``)."""
     from aisim.simulator.catalog.hardware import get_hardware
-    from aisim.simulator.catalog.kv_capacity import default_capacity
     from aisim.simulator.catalog.models import load_geometry
+    from aisim.simulator.deployment import ParallelShape, size_kv
 
     geometry = load_geometry(_need(flat, "model_name"), "model_name")
     hardware = get_hardware(_need(flat, "hardware_sku"), "hardware_sku")
@@ -132,15 +72,16 @@ def kv_capacity_tokens(flat: Mapping[str, Any]) -> dict[str, int]:
     for role, par, eng in _ROLES[_mode(flat)]:
         tp, pp, adp = _need(flat, f"{par}tp"), _need(flat, f"{par}pp"), _need(flat, f"{par}attention_dp")
         block_size = _need(flat, f"{eng}block_size")
-        sizing = default_capacity(
-            geometry, hardware, block_size=block_size, max_batched_tokens=_need(flat, f"{eng}max_num_batched_tokens"),
-            memory_fraction=_need(flat, f"{eng}gpu_memory_utilization"), tensor=tp, pipeline=pp, attention_data=adp,
-            moe_tensor=_need(flat, f"{par}moe_tp"), moe_expert=_need(flat, f"{par}moe_ep"))
-        if sizing.blocks <= 0:
+        shape = ParallelShape(tensor=tp, pipeline=pp, attention_data=adp, moe_tensor=_need(flat, f"{par}moe_tp"),
+                              moe_expert=_need(flat, f"{par}moe_ep"))
+        sizing = size_kv(geometry, hardware, backend=str(flat.get("backend") or "vllm"), block_size=block_size,
+                         max_batched_tokens=_need(flat, f"{eng}max_num_batched_tokens"), shape=shape,
+                         memory_fraction=_need(flat, f"{eng}gpu_memory_utilization"))
+        if sizing.blocks_per_rank <= 0:
             raise InputError(f"{par}tp", f"{flat['model_name']} leaves no KV memory on {hardware.name} at tp {tp}, "
                                          f"pp {pp} (weights {sizing.weights_bytes / 1e9:.1f} GB per GPU); a larger "
                                          f"shape or {eng}gpu_memory_utilization is needed", category="kv_capacity")
-        out[_CAPACITY_NAME[role]] = sizing.blocks * block_size * adp * _need(flat, f"{par}replicas")
+        out[_CAPACITY_NAME[role]] = sizing.blocks_per_rank * block_size * adp * _need(flat, f"{par}replicas")
     return out
 
 

@@ -78,7 +78,10 @@ def strategy(shape: Mapping[str, int]) -> str:
 
 
 def num_gpus_per_worker(shape: Mapping[str, int]) -> int:
-    return shape["tp"] * shape["pp"] * shape["attention_dp"]
+    """GPUs per worker of a shape in the seed's names (``simulator.deployment.gpus_per_worker``)."""
+    from aisim.simulator.deployment import gpus_per_worker
+
+    return gpus_per_worker(tensor=shape["tp"], pipeline=shape["pp"], attention_data=shape["attention_dp"])
 
 
 def used_gpus(mode: str, parallel_config: Mapping[str, Any]) -> int:
@@ -185,8 +188,8 @@ def _candidates(num_experts: int, config: Mapping[str, Any], size: int) -> list[
 def _worker_shapes(model: str, hardware: str, max_batched_tokens: int, memory_fraction: float, block_size: int,
                    sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     from aisim.simulator.catalog.hardware import get_hardware
-    from aisim.simulator.catalog.kv_capacity import default_capacity
     from aisim.simulator.catalog.models import geometry_of, resolve_model
+    from aisim.simulator.deployment import ParallelShape, size_kv
 
     src = resolve_model(model, "search_space.model_name")
     geometry = geometry_of(src, "search_space.model_name")
@@ -195,10 +198,11 @@ def _worker_shapes(model: str, hardware: str, max_batched_tokens: int, memory_fr
     for size in sizes:
         for dims in _candidates(geometry.num_experts, src.config, size):
             tp, pp, attention_dp, moe_tp, moe_ep = dims
-            sizing = default_capacity(geometry, hw, block_size=block_size, max_batched_tokens=max_batched_tokens,
-                                      memory_fraction=memory_fraction, tensor=tp, pipeline=pp,
-                                      attention_data=attention_dp, moe_tensor=moe_tp, moe_expert=moe_ep)
-            if sizing.blocks >= 1:
+            shape = ParallelShape(tensor=tp, pipeline=pp, attention_data=attention_dp, moe_tensor=moe_tp,
+                                  moe_expert=moe_ep)
+            sizing = size_kv(geometry, hw, backend="vllm", block_size=block_size, max_batched_tokens=max_batched_tokens,
+                             shape=shape, memory_fraction=memory_fraction)
+            if sizing.blocks_per_rank >= 1:
                 out.append(dims)
     return tuple(out)
 

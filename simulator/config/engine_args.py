@@ -1,7 +1,7 @@
-"""Engine arguments: the flat per-role map the public YAML lowers to (reference names).
-
-The Python API (``run_trace_replay(extra_engine_args=...)``) takes this map directly; the
-defaults are the reference's native ones (polynomial timing, 16,384 blocks, block 64).
+"""Engine arguments: the reference's flat per-role map (``run_trace_replay(extra_engine_args=...)``),
+an input-only dialect. ``engine_section`` turns the API's pools into the YAML ``engine`` section,
+which ``simulator.plan`` lowers like any config's; nothing inside aisim reads ``EngineArgs``.
+The defaults are the reference's native ones (polynomial timing, 16,384 blocks, block 64).
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from aisim.simulator.config.models import Float, Fraction01, NonNegFloat, PosFloat, PosInt, Strict
-
-BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
+from aisim.simulator.config.models import Fraction01, NonNegFloat, PosFloat, PosInt, Strict
+from aisim.simulator.errors import InputError
 
 
 class TimingModelArgs(Strict):
@@ -54,8 +53,8 @@ class EngineArgs(Strict):
     timing_model: TimingModelArgs = TimingModelArgs()
     kv_cache_bytes_per_token: PosInt | None = None
     preemption_mode: Literal["lifo", "fifo"] = "lifo"
-    speedup_ratio: Float = 1.0
-    decode_speedup_ratio: Float = 1.0
+    speedup_ratio: PosFloat = 1.0
+    decode_speedup_ratio: PosFloat = 1.0
     prefill_schedule_interval: PosInt = 1
     # disaggregated KV transfer (read from the prefill role's arguments)
     kv_transfer_bandwidth: PosFloat | None = None  # GB/s
@@ -68,6 +67,67 @@ class EngineArgs(Strict):
             raise ValueError(f"block_size must be >= 2 with {self.engine_type}")
         return self
 
-    @property
-    def gpus_per_worker(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size * self.dp_size * self.prefill_context_parallel_size
+    def worker_section(self, replicas: int) -> dict:
+        """This role's ``engine.workers.<role>`` section (the YAML's names)."""
+        t = self.timing_model
+        timing = {"type": t.type, **t.model_dump(exclude={"type"}, exclude_none=True)}
+        if self.gpu_memory_utilization is not None and "num_gpu_blocks" not in self.model_fields_set:
+            capacity = {"type": "default", "memory_fraction": self.gpu_memory_utilization}  # sized from GPU memory
+        else:
+            capacity = {"type": "fixed", "blocks": self.num_gpu_blocks}
+        return {
+            "startup_seconds": self.startup_time or 0.0,
+            "context_length": self.max_model_len,
+            "speedup_ratio": self.speedup_ratio,
+            "decode_speedup_ratio": self.decode_speedup_ratio,
+            "parallelism": {"replicas": replicas, "tensor": self.tensor_parallel_size,
+                            "pipeline": self.pipeline_parallel_size, "attention_data": self.dp_size,
+                            "prefill_context": self.prefill_context_parallel_size,
+                            "moe_tensor": self.moe_tensor_parallel_size, "moe_expert": self.moe_expert_parallel_size},
+            "scheduler": {"max_batched_tokens": self.max_num_batched_tokens, "max_sequences": self.max_num_seqs,
+                          "prefill_schedule_interval": self.prefill_schedule_interval,
+                          "preemption_mode": self.preemption_mode},
+            "kv_cache": {"block_size": self.block_size, "prefix_caching": self.enable_prefix_caching,
+                         "bytes_per_token": self.kv_cache_bytes_per_token or "auto", "capacity": capacity},
+            "timing": timing,
+        }
+
+
+#: the arguments the YAML sets once per engine: every role must agree on them
+_ENGINE_WIDE = {"engine_type": "backend", "backend_version": "backend_version", "model": "model",
+                "enable_chunked_prefill": "enable_chunked_prefill"}
+
+
+def engine_section(roles: dict[str, tuple[int, EngineArgs, str]]) -> dict:
+    """The YAML ``engine`` section of the API's pools: role -> (replicas, its arguments, the API
+    argument they came in, for errors). One role: aggregated; prefill + decode: disaggregated (the
+    KV transfer from the prefill role's ``kv_transfer_*``)."""
+    items = list(roles.items())
+    _, first, first_name = items[0][1]
+    for key, yaml_key in _ENGINE_WIDE.items():
+        for _, (_, args, name) in items[1:]:
+            if getattr(args, key) != getattr(first, key):
+                raise InputError(f"{name}.{key}", f"must equal {first_name}.{key} ({getattr(first, key)!r}): the engine "
+                                                  f"has one {yaml_key}")
+    hardware = {args.hardware for _, (_, args, _) in items}
+    engine = {
+        "mode": "disaggregated" if "prefill" in roles else "aggregated",
+        "backend": first.engine_type,
+        "backend_version": first.backend_version,
+        "model": first.model,
+        "hardware": first.hardware if len(hardware) == 1 else None,
+        "context_length": first.max_model_len,  # None: no limit (the reference's default); per role below
+        "enable_chunked_prefill": first.enable_chunked_prefill,
+        "workers": {},
+    }
+    for role, (replicas, args, _) in items:
+        worker = args.worker_section(replicas)
+        if len(hardware) > 1:
+            worker["hardware"] = args.hardware
+        engine["workers"][role] = worker
+    if "prefill" in roles:
+        pa = roles["prefill"][1]
+        engine["kv_transfer"] = {"bandwidth_gb_per_second": pa.kv_transfer_bandwidth,
+                                 "bytes_per_token": pa.kv_transfer_bytes_per_token or "auto",
+                                 "timing_mode": pa.kv_transfer_timing_mode}
+    return engine

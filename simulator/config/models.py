@@ -167,16 +167,13 @@ class Parallelism(Strict):
     prefill_context: PosInt = 1
     decode_context: PosInt = 1
 
-    @property
-    def gpus_per_worker(self) -> int:
-        return self.tensor * self.pipeline * self.attention_data * self.prefill_context
-
 
 class Scheduler(Strict):
     max_batched_tokens: PosInt = 8192
     max_sequences: PosInt | None = None  # 256 (aggregated, decode) / 1 (prefill)
     prefill_schedule_interval: PosInt = 1
     prefill_decode_interval: NonNegInt = 0
+    preemption_mode: Literal["lifo", "fifo"] = "lifo"  # aisim: which running request a full cache preempts
 
 
 class Capacity(Strict):
@@ -233,6 +230,12 @@ class Timing(Strict):
 class Worker(Strict):
     hardware: str | None = None
     startup_seconds: NonNegFloat = 0.0
+    # aisim: this role's own context length (max: the model's; null: no limit); engine: engine.context_length
+    context_length: Literal["engine", "max"] | PosInt | None = "engine"
+    # aisim: every pass takes 1 / speedup_ratio of the timing model's time, decode passes a further
+    # 1 / decode_speedup_ratio (what-if a faster kernel or GPU; any timing type)
+    speedup_ratio: PosFloat = 1.0
+    decode_speedup_ratio: PosFloat = 1.0
     parallelism: Parallelism = Parallelism()
     scheduler: Scheduler = Scheduler()
     kv_cache: KvCache = KvCache()
@@ -253,11 +256,14 @@ class Tokenization(Strict):
 
 class Engine(Strict):
     mode: Literal["aggregated", "disaggregated", "afd"] = "aggregated"
-    model: str
-    hardware: str
+    # model and hardware: required wherever a rule needs them (measured or roofline timing, KV
+    # capacity from GPU memory; plan building says which); polynomial or fixed timing with a fixed
+    # KV capacity replays without either
+    model: str | None = None
+    hardware: str | None = None
     backend: Literal["vllm", "sglang", "trtllm"] = "vllm"
     backend_version: str | None = None
-    context_length: Literal["max"] | PosInt = "max"
+    context_length: Literal["max"] | PosInt | None = "max"  # max: the model's; null: no limit
     workers: dict[Literal["aggregated", "prefill", "decode", "encoder"], Worker]
     kv_transfer: KvTransfer | None = None
     enable_chunked_prefill: bool = True

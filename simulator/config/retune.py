@@ -2,76 +2,20 @@
 domains, and every requirement and rejection the seed states, checked before anything runs.
 
 The same block is the YAML ``planner.retune`` and the Python API's ``planner_config["retune"]``
-(PlannerConfig names). Validation happens in three places, each with one-line errors that name
-the key and the fix:
-
-1. ``RetuneConfig`` (this model): the keys, their types and every rule inside the section.
-2. ``resolve`` (called by ``simulator.config.planner_config``): the rules that need the Planner
-   (tick, loops, target) and the defaults that come from it; the PlannerConfig then carries the
-   resolved section.
-3. ``check_replay_sections`` / ``check_api_arguments`` (traffic and router) and ``check_history``
-   (the recorded history against the replayed trace), called by ``simulator.plan`` and
-   ``simulator.api``.
-
-The sweeps themselves are ``search.retune``'s (``simulator.run.run_plan`` asks the installed
-sweeper); ``simulator.retune_driver`` launches them and delivers their decisions.
-
-Keys and defaults (reference §6.2; "our choice" where the reference leaves it open):
-
-- ``interval_seconds``: required, > 0, a multiple of the Planner tick (windows end on ticks).
-- ``grace_seconds``: 60, >= 0.
-- ``router``: map knob -> domain (below); an omitted knob searches its default domain
-  (``ROUTER_DEFAULT_DOMAINS``, the recommend defaults). Knobs: ``overlap_score_credit`` [0, 1],
-  ``prefill_load_scale`` >= 0, ``temperature`` >= 0. ``host_cache_hit_weight``,
-  ``disk_cache_hit_weight`` and ``shared_cache_multiplier`` are rejected with the seed's reason.
-  Needs ``router.policy: kv_router``. Omitted (null): the router is not retuned.
-- ``planner``: ``default`` (``load_scaling_down_sensitivity`` in {70, 80, 90} when load scaling
-  runs; the predictor pre-sweep over the 11 presets when throughput scaling runs), or a map of
-  Planner runtime knob -> domain over ``PLANNER_KNOBS`` (our choice of allow-list: the knobs a
-  running Planner can change without a restart). Omitted (null): no Planner field is retuned.
-- ``decision_latency_seconds``: 0; seconds >= 0, or ``measured`` (the sweep's wall time).
-- ``decision_latency_scale``: 1, > 0; only with ``measured``; above 1 needs
-  ``timeout_seconds <= interval_seconds / scale`` (so the default timeout is then rejected).
-- ``timeout_seconds``: ``interval_seconds``, > 0 (wall-clock bound per sweep).
-- ``max_parallel``: null = the CPU count when the sweep starts (``parallel``), >= 1.
-- ``min_improvement_percentage``: 3, >= 0.
-- ``sla_ttft_ms``, ``sla_itl_ms``: > 0; from ``evaluation.sla`` (YAML), else the Planner's
-  ``ttft_ms`` / ``itl_ms``; the statistic they bound is the replay's ``evaluation.sla.percentile``
-  (a window candidate that misses a percentile SLA has goodput 0, so it scores 0).
-- ``history_seconds``: > 0; only with throughput scaling; default throughput interval x 50 (the
-  largest ``prophet_window_size`` among the predictor presets).
-- ``sampler``: ``grid`` (every point of the Cartesian product) | ``tpe`` | ``random``;
-  ``tpe``/``random`` need ``max_candidates`` >= 1, ``grid`` takes none and no continuous domain.
-- ``max_candidates``: candidates per sweep for ``tpe``/``random``.
-- ``warm_start``: false = the seed's cold windows; true = each candidate starts from the KV cache
-  contents the outer replay had at the window start (any sampler).
-
-Domains: a scalar pins the knob; a non-empty list of distinct values searches those;
-``{low, high, step}`` searches low, low + step, ... <= high; ``{low, high}`` (uniform) and
-``{low, high, log: true}`` (log-uniform, low > 0) are continuous, for ``tpe``/``random`` only.
-Categorical knobs (``load_predictor``, ``load_predictor_log1p``) take a value or a list.
-
-Requirements outside the section (seed): ``planner.policy: enabled``; trace source with
-``format: dynamo`` and ``load.type: trace_timestamps`` (speedup allowed), no closed loop, no
-``stop.max_virtual_time_seconds``, no agentic requests (the dynamo reader rejects
-``agent_context`` rows); ``router.policy: kv_router`` with ``retune.router``; with throughput
-scaling, ``load_predictor_warmup_trace`` is the recorded history: a Dynamo request trace ending at
-or before the first replayed request, on the same absolute timestamps. Retune-only mode (both
-scaling flags explicitly false with retune set) is valid: the Planner never scales and ticks
-every load interval. Advisory is allowed. The Python API takes retune only through
-``run_trace_replay(..., trace_format="dynamo")``.
+(PlannerConfig names). ``RetuneConfig`` checks the section itself, ``resolve`` the rules that need
+the Planner (called by ``simulator.config.planner_config``), ``check_replay_sections`` /
+``check_api_arguments`` the traffic and router a retune needs; the recorded history is checked
+against the replayed trace when the plan is built (``simulator.traffic.history``). Every error is
+one line naming the key and the fix. Keys, defaults, domains and requirements: docs/retune-config.md.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
 from functools import cache
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic import Strict as StrictType
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -90,7 +34,7 @@ from aisim.simulator.errors import InputError
 
 __all__ = ["Domain", "RouterDomains", "PlannerDomains", "RetuneConfig", "ROUTER_KNOBS", "ROUTER_DEFAULT_DOMAINS",
            "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve",
-           "check_replay_sections", "check_api_arguments", "check_history", "history_end_ms"]
+           "check_replay_sections", "check_api_arguments"]
 
 
 # -- knobs -------------------------------------------------------------------------------
@@ -504,63 +448,3 @@ def check_api_arguments(rc: RetuneConfig, *, trace_format: str | None, traffic, 
     if rc.router is not None and router_mode != "kv_router":
         raise InputError("router_mode", f"retune.router tunes the KV router's parameters, but router_mode is "
                                         f"{router_mode!r}; use router_mode='kv_router' or remove retune.router")
-
-
-# -- the recorded history ------------------------------------------------------------------
-def _first_row(path) -> tuple[Any, int]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        return json.loads(line), n
-                    except ValueError:
-                        return None, n
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise InputError(str(path), f"cannot read trace: {exc}") from None
-    return None, 0
-
-
-def history_end_ms(spec: str, where: str) -> float:
-    """When the recorded history ``spec`` ends, in its absolute milliseconds: the latest request end
-    (start + ``total_time_ms``; the start where no total time is recorded). It must be a Dynamo
-    request trace (its first row's ``schema``); paths resolve against the working directory."""
-    from aisim.simulator.traffic.traces import DYNAMO_SCHEMA, read_dynamo, resolve_trace_paths
-
-    paths = resolve_trace_paths([spec], where)
-    for p in paths:
-        row, n = _first_row(p)
-        schema = row.get("schema") if isinstance(row, dict) else None
-        if schema != DYNAMO_SCHEMA:
-            raise InputError(where, f"is not a Dynamo request trace ({p}:{n} has schema {schema!r}, not "
-                                    f"{DYNAMO_SCHEMA!r}); with throughput scaling retune reads it as its recorded "
-                                    "history: give a dynamo trace (aisim trace convert --split-at-seconds S "
-                                    "--history-out H converts and splits a mooncake trace)")
-    try:
-        w = read_dynamo(paths)
-    except InputError as exc:
-        raise type(exc)(where, f"{exc.where}: {exc.message}", category=exc.category) from None
-    total = np.zeros(len(w)) if w.recorded_total_ms is None else np.nan_to_num(w.recorded_total_ms, nan=0.0)
-    return float(w.origin_ms + np.max(w.timestamp_ms + total))
-
-
-def check_history(pc, replay, field: str) -> None:
-    """With throughput scaling, ``load_predictor_warmup_trace`` is retune's recorded history: a
-    Dynamo request trace that ends at or before the first request of ``replay`` (the replayed
-    workload), on the same absolute timestamps. ``pc``: the PlannerConfig with its resolved retune."""
-    rc = pc.retune
-    if rc is None or rc.history_seconds is None:  # resolved: set exactly when throughput scaling runs
-        return
-    where = f"{field}.load_predictor_warmup_trace"
-    if not pc.load_predictor_warmup_trace:
-        raise InputError(where, "retune with throughput scaling reads the load-predictor history from it; set it to a "
-                                "Dynamo request trace that ends at or before the first replayed request (aisim trace "
-                                "convert --split-at-seconds S --history-out H writes one)")
-    end = history_end_ms(pc.load_predictor_warmup_trace, where)
-    first = float(replay.origin_ms)
-    if end > first:
-        raise InputError(where, f"the history must end at or before the first replayed request on the same absolute "
-                                f"timestamps: its last request ends at {end:g} ms, the replay's first request starts "
-                                f"at {first:g} ms; give the part of the recorded trace before the replay (aisim trace "
-                                "convert --split-at-seconds S --history-out H)")

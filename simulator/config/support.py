@@ -15,7 +15,21 @@ def _no(path: str, what: str, instead: str) -> NotSupportedError:
 
 
 def check_supported(cfg: m.PredictConfig) -> None:
-    e = cfg.engine
+    check_engine_supported(cfg.engine)
+    src = cfg.traffic.source
+    if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
+        raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
+    r = cfg.router
+    for key, reason in ROUTER_RESERVED.items():
+        if getattr(r, key) is not None:
+            raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
+    if r.prefill_load_model.type != "none":
+        raise NotSupportedError("router.prefill_load_model.type", "aic (time-decaying prefill backlog) is not supported "
+                                                                 "yet; use none (prefill tokens count until the first token)")
+
+
+def check_engine_supported(e: m.Engine) -> None:
+    """The engine features this build does not model yet (the Python API's engine section too)."""
     if e.mode == "afd":
         raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
     if e.backend != "vllm":
@@ -41,13 +55,3 @@ def check_supported(cfg: m.PredictConfig) -> None:
             raise NotSupportedError(f"{base}.parallelism.decode_context", "decode_context must divide tensor")
         if role == "aggregated" and p.prefill_context > 1 and p.decode_context > 1:
             raise NotSupportedError(f"{base}.parallelism", "aggregated workers may set at most one of prefill_context/decode_context > 1")
-    src = cfg.traffic.source
-    if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
-        raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
-    r = cfg.router
-    for key, reason in ROUTER_RESERVED.items():
-        if getattr(r, key) is not None:
-            raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
-    if r.prefill_load_model.type != "none":
-        raise NotSupportedError("router.prefill_load_model.type", "aic (time-decaying prefill backlog) is not supported "
-                                                                 "yet; use none (prefill tokens count until the first token)")

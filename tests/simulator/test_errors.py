@@ -107,8 +107,14 @@ def test_context_length_from_the_python_api():
     assert info.value.category == "context_length" and info.value.where == "extra_engine_args.max_model_len"
 
 
-def test_a_misplaced_context_length_key_is_an_invalid_config():
-    e = failure(QUICK, "engine.workers.aggregated.context_length=4096")
+def test_a_role_may_set_its_own_context_length():
+    from aisim import load_config, plan_from_config
+
+    cfg, cdir = load_config(QUICK, ["engine.workers.aggregated.context_length=4096"])
+    assert plan_from_config(cfg, cdir).pools[0].scheduler.context_length == 4096
+    e = failure(QUICK, "engine.workers.aggregated.context_length=0")
+    assert e.category == "context_length" and e.where == "engine.workers.aggregated.context_length"
+    e = failure(QUICK, "engine.workers.aggregated.context_len=4096")
     assert e.category == "invalid_config" and "Extra inputs are not permitted" in e.message
 
 

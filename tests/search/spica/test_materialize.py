@@ -103,9 +103,9 @@ def test_example_agg_candidate_plans():
     assert mapping["evaluation"] == {"sla": {"ttft_ms": 2000.0, "itl_ms": 50.0}}
     assert mapping["execution"] == {"backend": "local"}
     [pool] = plan.pools
-    a = pool.args
-    assert (pool.role, pool.replicas, a.tensor_parallel_size, a.max_num_batched_tokens, a.max_num_seqs, a.block_size,
-            a.enable_prefix_caching, a.timing_model.type) == ("aggregated", 3, 2, 16384, 256, 64, True, "polynomial")
+    a = pool.scheduler
+    assert (pool.role, pool.replicas, pool.shape.tensor, a.max_batched_tokens, a.max_sequences, a.block_size,
+            a.enable_prefix_caching, pool.timing.type) == ("aggregated", 3, 2, 16384, 256, 64, True, "polynomial")
     assert pool.kv_sizing["type"] == "default" and pool.kv_sizing["memory_fraction"] == 0.9
     assert plan.router.policy == "kv_router" and plan.planner is None and plan.transfer is None
     assert plan.traffic.workload.num_requests == 1500
@@ -126,9 +126,9 @@ def test_example_disagg_candidate_plans():
     assert prefill["kv_cache"]["prefix_caching"] is True and decode["kv_cache"]["prefix_caching"] is False
     assert mapping["router"] == {"policy": "round_robin"}
     roles = {p.role: p for p in plan.pools}
-    assert (roles["prefill"].replicas, roles["prefill"].args.tensor_parallel_size) == (2, 1)
-    assert (roles["decode"].replicas, roles["decode"].args.tensor_parallel_size) == (1, 2)
-    assert roles["prefill"].args.max_num_seqs == 4
+    assert (roles["prefill"].replicas, roles["prefill"].shape.tensor) == (2, 1)
+    assert (roles["decode"].replicas, roles["decode"].shape.tensor) == (1, 2)
+    assert roles["prefill"].scheduler.max_sequences == 4
     assert plan.transfer is not None and plan.transfer.bandwidth_gb_per_second == 50.0
 
 
@@ -144,8 +144,7 @@ def test_an_example_candidate_replays():
 
 # -- the kv-load fields ---------------------------------------------------------------------------
 def _tokens(pool) -> int:
-    a = pool.args
-    return pool.kv_sizing["blocks_per_rank"] * a.block_size * a.dp_size * pool.replicas
+    return pool.kv_sizing["blocks_per_rank"] * pool.block_size * pool.num_ranks * pool.replicas
 
 
 def test_kv_load_ratio_agg_sizes_concurrency_as_the_replay_sizes_kv():
@@ -263,7 +262,7 @@ def test_an_sla_planner_candidate():
     pc = plan.planner
     assert (pc.optimization_target, pc.mode, pc.max_gpu_budget, pc.min_endpoint, pc.load_predictor,
             pc.max_num_fpm_samples, pc.ttft_ms, pc.itl_ms) == ("sla", "agg", 8, 2, "kalman", 128, 2000.0, 50.0)
-    assert plan.pools[0].args.startup_time == 30 and plan.pools[0].args.max_model_len == 8192
+    assert plan.pools[0].startup_seconds == 30 and plan.pools[0].scheduler.context_length == 8192
 
 
 def test_a_load_planner_under_a_throughput_target():

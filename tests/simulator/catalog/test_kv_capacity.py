@@ -64,7 +64,7 @@ def test_config_default_capacity_is_reported(tmp_path):
                                       "workers": {"aggregated": {"timing": {"type": "polynomial"}}}}})
     plan = plan_from_config(cfg)
     pool = plan.pools[0]
-    assert pool.args.num_gpu_blocks == 11_528 and pool.args.kv_cache_bytes_per_token == 131_072
+    assert pool.scheduler.num_gpu_blocks == 11_528 and pool.kv_bytes_per_token == 131_072
     assert pool.kv_sizing["type"] == "default" and pool.kv_sizing["memory_fraction"] == 0.9
 
 

@@ -54,7 +54,7 @@ def test_measured_timing_says_so_for_the_quickstart_with_tensor_3():
         "engine.workers.aggregated.parallelism.tensor=3", "engine.workers.aggregated.timing.type=default"])
     (pool,) = plan_from_config(cfg, cdir).pools
     with pytest.raises(InputError) as info:
-        build_timing(pool.args, "engine.workers.aggregated.timing")  # as a run builds it
+        build_timing(pool, "engine.workers.aggregated.timing")  # as a run builds it
     e = info.value
     assert e.exit_code == 2 and "roofline" not in str(e)
     assert str(e) == f"engine.workers.aggregated.parallelism.tensor: 3 does not divide {LLAMA}'s 32 attention heads; use 1, 2, 4 or 8"

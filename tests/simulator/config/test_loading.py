@@ -80,9 +80,27 @@ def test_union_tag_is_dropped_from_paths():
 
 def test_missing_required_field():
     d = base()
-    del d["engine"]["hardware"]
+    del d["engine"]["workers"]
     e = err(d)
-    assert e.where == "engine.hardware" and "Field required" in str(e)
+    assert e.where == "engine.workers" and "Field required" in str(e)
+
+
+def test_model_and_hardware_are_required_where_a_rule_needs_them():
+    d = base()  # polynomial timing and a fixed capacity: neither is needed
+    del d["engine"]["hardware"], d["engine"]["model"]
+    plan = plan_from_config(validate_config(d))
+    assert (plan.pools[0].model, plan.pools[0].hardware, plan.pools[0].scheduler.context_length) == (None, None, None)
+    d["engine"]["workers"]["aggregated"]["timing"] = {"type": "default"}
+    with pytest.raises(InputError) as info:
+        plan_from_config(validate_config(d))
+    assert info.value.where == "engine.model" and "Field required: timing type default" in str(info.value)
+    d["engine"]["model"] = "meta-llama/Llama-3.1-8B-Instruct"
+    with pytest.raises(InputError) as info:
+        plan_from_config(validate_config(d))
+    assert info.value.where == "engine.hardware" and "need the GPU" in str(info.value)
+    del d["engine"]["workers"]["aggregated"]["timing"], d["engine"]["workers"]["aggregated"]["kv_cache"]
+    with pytest.raises(InputError, match="engine.hardware: Field required: timing type default and kv_cache.capacity"):
+        plan_from_config(validate_config(d))
 
 
 def test_cross_field_rules():

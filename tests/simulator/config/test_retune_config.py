@@ -26,10 +26,10 @@ from aisim.simulator.config.retune import (
     ROUTER_DEFAULT_DOMAINS,
     Domain,
     RetuneConfig,
-    history_end_ms,
 )
 from aisim.simulator.errors import InputError, NotSupportedError
 from aisim.simulator.plan import plan_from_config
+from aisim.simulator.traffic.history import history_end_ms
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICK = ROOT / "configs" / "quickstart.yaml"
