@@ -40,6 +40,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _add_set(parser, help: str) -> None:
+    """The ``--set PATH=YAML`` option every config-reading command takes (repeatable)."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML", help=help)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="aisim", description="Predict how an LLM inference deployment behaves, before renting the GPUs.")
     from aisim import __version__
@@ -48,8 +53,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     pr = sub.add_parser("predict", help="replay traffic through simulated workers and report latency/throughput")
     pr.add_argument("-c", "--config", type=Path, default=None, help=f"predict YAML (default: the bundled {QUICKSTART.name})")
-    pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
-                    help="override a config key before validation, e.g. --set 'planner={policy: disabled}' (repeatable)")
+    _add_set(pr, "override a config key before validation, e.g. --set 'planner={policy: disabled}' (repeatable)")
     pr.add_argument("--output-dir", type=Path, default=None,
                     help="write prediction.json (and requests.jsonl) here, all at once when the run completes; "
                          "without it nothing is written")
@@ -93,8 +97,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "(rows, tokens, rows the context limit will reject); search configs show their "
                                     "branches and grids, capacity configs their jobs.")
     va.add_argument("-c", "--config", type=Path, required=True, help="a predict, search or capacity YAML")
-    va.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
-                    help="override a key before validation (repeatable)")
+    _add_set(va, "override a key before validation (repeatable)")
     va.add_argument("--format", choices=("table", "json"), default="table", help="stdout format (default: table)")
     return p
 
@@ -108,8 +111,7 @@ def _add_capacity_parser(sub) -> None:
     src = cp.add_mutually_exclusive_group(required=True)
     src.add_argument("-c", "--config", type=Path, help="capacity-search YAML")
     src.add_argument("--config-path", dest="config", type=Path, help="the same (the seed's spelling)")
-    cp.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
-                    help="override a key of the capacity config before validation, e.g. "
+    _add_set(cp, "override a key of the capacity config before validation, e.g. "
                          "--set 'sla=[{metric: ttft_ms, quantile: 0.9, threshold: 500}]' (repeatable; cached trials "
                          "are reused, so changing only the SLA re-decides without replaying)")
     cp.add_argument("--output-dir", type=Path, required=True, help="where the results go")
@@ -137,8 +139,7 @@ def _add_recommend_parser(sub) -> None:
                                     "recommendation.json, recommendation.csv and recommendations/NNNN.yaml, and keeps "
                                     "the study in DIR/study.journal (optuna-dashboard DIR/study.journal shows it).")
     rc.add_argument("-c", "--config", type=Path, required=True, help="search YAML")
-    rc.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=YAML",
-                    help="override a search config key before validation (repeatable)")
+    _add_set(rc, "override a search config key before validation (repeatable)")
     rc.add_argument("--output-dir", type=Path, required=True, help="where the study and the recommendation go")
     rc.add_argument("--resume", action="store_true",
                     help="continue the study in --output-dir (finished trials are not re-run); without an earlier "

@@ -55,15 +55,19 @@ def _borrowed_site_packages() -> list[str]:
     return sorted(p for p in paths if Path(p).is_dir())
 
 
-def environment(tree: Path, where: Path) -> str:
-    """A fresh venv holding only the wheel of ``tree`` (dependencies borrowed); returns its python."""
-    dist = where / "dist"
+def build_wheel(tree: Path, dist: Path, env: dict | None = None) -> Path:
+    """The wheel of ``tree`` (offline: no build isolation, no dependencies), built into ``dist``."""
     b = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(dist), str(tree)], capture_output=True, text=True)
+                        str(dist), str(tree)], capture_output=True, text=True, env=env, timeout=600)
     if b.returncode != 0:
         raise SystemExit(f"building the wheel of {tree} failed:\n{b.stderr[-2000:]}")
     (wheel,) = dist.glob("aisim-*.whl")
-    env_dir = where / "venv"
+    return wheel
+
+
+def install_wheel(wheel: Path, env_dir: Path) -> tuple[str, str]:
+    """A fresh venv at ``env_dir`` with ``wheel`` unpacked as pip would (a wheel is a zip of the
+    installed files) and this environment's dependencies borrowed; ``(its python, its site-packages)``."""
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = str(env_dir / "bin" / "python")
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -71,7 +75,12 @@ def environment(tree: Path, where: Path) -> str:
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     Path(site, "zz_borrowed_deps.pth").write_text("\n".join(_borrowed_site_packages()) + "\n")
-    return py
+    return py, site
+
+
+def environment(tree: Path, where: Path) -> str:
+    """A fresh venv holding only the wheel of ``tree`` (dependencies borrowed); returns its python."""
+    return install_wheel(build_wheel(tree, where / "dist"), where / "venv")[0]
 
 
 @contextmanager

@@ -24,14 +24,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _bench import offline_home
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 CONFIG = """
 traffic:
@@ -82,9 +81,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
-    (home / "ray_bootstrap_config.yaml").write_text("")
-    os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    home = offline_home()
     from aisim import ExecutionPlan, plan_from_config, run_plan
     from aisim.simulator.config.loading import load_config
 

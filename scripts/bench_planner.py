@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
-(home / "ray_bootstrap_config.yaml").write_text("")
-os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+from _bench import offline_home  # noqa: E402
+
+home = offline_home()
 os.environ.setdefault("AISIM_CACHE_DIR", str(Path(tempfile.gettempdir()) / "aisim-bench-cache"))
 
 from aisim import run_config  # noqa: E402

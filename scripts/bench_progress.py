@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
+from _bench import offline_home
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def main() -> int:
@@ -29,9 +27,7 @@ def main() -> int:
     ap.add_argument("--config", type=Path, help="a predict config (default: bench_replay's full-trace scenario)")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
-    (home / "ray_bootstrap_config.yaml").write_text("")
-    os.environ.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    home = offline_home()
     config = args.config
     if config is None:
         import bench_replay

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from _bench import offline_home
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -91,9 +93,8 @@ def main() -> int:
     ap.add_argument("--max-parallel", type=int, default=None, help="planner.retune.max_parallel")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra --set for both runs")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="aisim-bench-home-"))
-    (home / "ray_bootstrap_config.yaml").write_text("")
-    env = {**os.environ, "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+    env = dict(os.environ)
+    offline_home(env)
     retune_sets = list(args.sets)
     if args.max_parallel is not None:
         retune_sets.append(f"planner.retune.max_parallel={args.max_parallel}")

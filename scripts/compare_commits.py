@@ -18,10 +18,12 @@ names given) runs on both sides from its own tree, in a fresh HOME and output di
 - capacity configs (``benchmark_base:``): ``aisim capacity`` (results, job summaries, every trial's
   prediction.json and trial_result.json).
 
-Files are compared after dropping what is wall time or identity of the run, not of the model:
-wall-time fields (``wall_time_ms`` ...), creation stamps, the journal's worker ids and datetimes,
-and ``resource-runtime.json``. ``--allow-new-keys`` additionally ignores keys only the after side
-has (a field added on purpose). Exit 0 when every file matches, 1 otherwise (each difference
+Files are compared after dropping what is wall time or identity of the run, not of the model
+(an Optuna journal as the multiset of its operations: candidates are told as they finish):
+wall-time fields (``wall_time_ms`` ...), creation stamps, the journal's worker ids, datetimes and
+study claims, and ``resource-runtime.json``; each side's tree and output paths read as
+``<tree>`` and ``<out>``. ``--allow-new-keys`` additionally ignores keys only the after side has
+(a field added on purpose). Exit 0 when every file matches, 1 otherwise (each difference
 named), 2 on bad arguments.
 """
 
@@ -44,7 +46,8 @@ from _trees import WORKTREE, installed, is_commit  # noqa: E402
 
 #: keys that hold wall time or the identity of one run, at any depth of a JSON document
 VOLATILE_KEYS = {"processed_tokens_per_s", "processed_output_tokens_per_s",  # tokens per wall second
-                 "created_at", "datetime_start", "datetime_complete", "worker_id"}
+                 "created_at", "datetime_start", "datetime_complete", "worker_id",
+                 "aisim_claim"}  # a study's claim: which process holds it, its heartbeat
 
 
 def volatile(key: str) -> bool:
@@ -99,7 +102,10 @@ def _keys(x, into: set[str]) -> set[str]:
 def normalized(path: Path, text: str, new_keys: set[str] | None) -> object:
     if path.suffix == ".json":
         return _strip(json.loads(text), new_keys)
-    if path.suffix in (".jsonl", ".journal"):
+    if path.suffix == ".journal":  # candidates are told as they finish: the ops as a multiset
+        ops = [_strip(json.loads(line), new_keys) for line in text.splitlines() if line.strip()]
+        return sorted(ops, key=lambda op: json.dumps(op, sort_keys=True))
+    if path.suffix == ".jsonl":
         return [_strip(json.loads(line), new_keys) for line in text.splitlines() if line.strip()]
     if path.suffix == ".csv":
         rows = list(csv.reader(io.StringIO(text)))
@@ -128,13 +134,18 @@ def first_difference(a, b, where: str = "") -> str:
     return f"{where or '.'}: {a!r:.80} != {b!r:.80}"
 
 
-def compare_dirs(before: Path, after: Path, allow_new_keys: bool) -> list[str]:
+def compare_dirs(before: Path, after: Path, allow_new_keys: bool, trees: tuple[Path, Path] | None = None) -> list[str]:
+    """The differences between two output directories; ``trees``: each side's tree, whose path a
+    file may name (a study records its config's directory) and which is compared as ``<tree>``."""
     files_a = {p.relative_to(before) for p in before.rglob("*") if p.is_file() and p.name not in SKIP_FILES}
     files_b = {p.relative_to(after) for p in after.rglob("*") if p.is_file() and p.name not in SKIP_FILES}
     problems = [f"{f}: only before" for f in sorted(files_a - files_b)]
     problems += [f"{f}: only after" for f in sorted(files_b - files_a)]
     for rel in sorted(files_a & files_b):
         ta, tb = (before / rel).read_text(), (after / rel).read_text()
+        ta, tb = ta.replace(str(before), "<out>"), tb.replace(str(after), "<out>")  # (a study records it)
+        if trees is not None:
+            ta, tb = ta.replace(str(trees[0]), "<tree>"), tb.replace(str(trees[1]), "<tree>")
         if ta == tb:
             continue
         new = None
@@ -183,7 +194,8 @@ def _compare(args, sides: dict, work: Path) -> int:
             if rc not in (0, 1):
                 print(f"{name}: {label} exited {rc}: {err.strip().splitlines()[-1] if err.strip() else ''}")
             outs[label] = out
-        problems = compare_dirs(outs["before"], outs["after"], args.allow_new_keys)
+        problems = compare_dirs(outs["before"], outs["after"], args.allow_new_keys,
+                                (sides["before"][0], sides["after"][0]))
         count = sum(1 for p in outs["after"].rglob("*") if p.is_file())
         print(f"{name}: {'identical' if not problems else 'DIFFERENT'} ({count} files)")
         for p in problems[:10]:

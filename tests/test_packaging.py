@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
@@ -47,36 +45,21 @@ def test_configs_run_from_a_copy_of_the_repository_elsewhere(tmp_path):
         assert json.loads(p.stdout)["completed_requests"] > 0
 
 
-def _borrowed_site_packages() -> list[str]:
-    """This environment's site-packages (the dependencies), without aisim's editable hook."""
-    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    return sorted(p for p in paths if Path(p).is_dir())
-
-
 def test_a_wheel_in_a_fresh_venv_runs_the_bundled_configs(tmp_path):
     setuptools = pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this environment")
     if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1):
         pytest.skip("building the wheel offline needs setuptools >= 70.1 (its own bdist_wheel); the test extra has it")
-    dist = tmp_path / "dist"
+    import zipfile
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from _trees import build_wheel, install_wheel  # (how the comparison scripts install a tree, too)
+
     # the build in a copy of the tree: a build leaves build/ and egg-info behind
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "out",
                                                               ".pytest_cache", "planner_reports"))
-    b = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(dist), str(src)], capture_output=True, text=True, timeout=300, env=ENV)
-    assert b.returncode == 0, b.stderr[-3000:]
-    (wheel,) = dist.glob("aisim-*.whl")
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    py = str(env_dir / "bin" / "python")
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    # the wheel, unpacked as pip would (a wheel is a zip of the installed files), then the borrowed deps
-    import zipfile
-
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(site)
-    Path(site, "zz_borrowed_deps.pth").write_text("\n".join(_borrowed_site_packages()) + "\n")
+    wheel = build_wheel(src, tmp_path / "dist", env=ENV)
+    py, site = install_wheel(wheel, tmp_path / "venv")
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     # one import namespace: the wheel adds aisim (and its metadata) to site-packages, nothing else

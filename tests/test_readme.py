@@ -17,20 +17,24 @@ from tests.conftest import ROOT
 README = ROOT / "README.md"
 
 
-def code_blocks(text: str) -> list[str]:
-    """The bodies of the fenced blocks that are not Python or YAML (shell commands and their output)."""
-    blocks, body, lang = [], None, None
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced block."""
+    blocks, body, lang = [], None, ""
     for line in text.splitlines():
         if line.startswith("```"):
             if body is None:
                 body, lang = [], line[3:].strip()
             else:
-                if lang not in ("python", "yaml", "json"):
-                    blocks.append("\n".join(body) + "\n")
+                blocks.append((lang, "\n".join(body) + "\n"))
                 body = None
         elif body is not None:
             body.append(line)
     return blocks
+
+
+def code_blocks(text: str) -> list[str]:
+    """The bodies of the fenced blocks that are not Python or YAML (shell commands and their output)."""
+    return [body for lang, body in fenced_blocks(text) if lang not in ("python", "yaml", "json")]
 
 
 def readme_commands() -> list[str]:
@@ -76,21 +80,6 @@ def test_a_readme_command_parses_and_names_a_bundled_config_of_its_kind(command)
         assert detect_kind(data) == args.command, f"{command}: {config} is a {detect_kind(data)} config"
 
 
-def python_blocks(text: str) -> list[str]:
-    blocks, body, lang = [], None, None
-    for line in text.splitlines():
-        if line.startswith("```"):
-            if body is None:
-                body, lang = [], line[3:].strip()
-            else:
-                if lang == "python":
-                    blocks.append("\n".join(body) + "\n")
-                body = None
-        elif body is not None:
-            body.append(line)
-    return blocks
-
-
 def test_the_readme_python_examples_import_from_the_aisim_namespace():
     """Every import of the README's Python examples names aisim (or the standard library) and
     resolves: the names exist where the README says."""
@@ -98,7 +87,7 @@ def test_the_readme_python_examples_import_from_the_aisim_namespace():
     import importlib
     import sys
 
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    blocks = [body for lang, body in fenced_blocks(README.read_text(encoding="utf-8")) if lang == "python"]
     assert len(blocks) >= 4
     for block in blocks:
         for node in ast.walk(ast.parse(block)):

@@ -6,13 +6,14 @@
   pays a process start-up after the lane's first, and a job's trials run one after another as the
   seed's adaptive and linear algorithms need (``algorithms``). Results never depend on the lanes.
 - A trial: the job's predict config at the trial's QPS (``config.trial_config``), replayed in the
-  worker with per-request records and worker timelines captured; the worker returns
-  ``prediction.json``, ``request_metrics.csv`` and ``worker_timeline.csv`` as text, the SLA is
-  evaluated here on those files (``sla.evaluate_rules``). ``benchmark_timeout`` bounds each trial
+  worker with per-request records and worker timelines captured; the worker returns the
+  prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
+  on those rows (``sla.evaluate_rules``) and the files are written from them, the same text
+  ``aisim predict --csv`` writes. ``benchmark_timeout`` bounds each trial
   (its worker is killed, the trial is ``timed_out`` and its job's search stops).
-- Cache: a completed trial's three files are stored under ``cache_dir`` keyed by a digest of its
-  resolved predict config and the aisim version; a rerun (into any output directory) reuses them
-  and only re-evaluates the SLA (``cached: true``).
+- Cache: a completed trial's rows are stored in a ``search.cache.TrialCache`` under ``cache_dir``,
+  keyed by a digest of its resolved predict config and the aisim version (``config_key``); a rerun
+  (into any output directory) reuses them and only re-evaluates the SLA (``cached: true``).
 - A job that raises is recorded with its error and skipped; the others run.
 - Outputs (atomic): ``capacity_search_results.json``, ``capacity_search_results.csv``,
   ``jobs/<name>_<key>/job_summary.json`` and ``jobs/<name>_<key>/runs/<qps>/`` (``config.yaml`` =
@@ -23,9 +24,7 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
-import json
 import os
 import queue
 import threading
@@ -39,7 +38,6 @@ __all__ = ["CapacityResult", "JobResult", "run_capacity_search", "run_capacity_t
 
 REPORT_FILE = "capacity_report.html"  # report=True / --report
 
-FILES = ("prediction.json", "request_metrics.csv", "worker_timeline.csv")
 
 
 def default_cache_dir() -> Path:
@@ -78,13 +76,51 @@ class CapacityResult:
 
 
 # -- the worker side ------------------------------------------------------------------------------
-def run_capacity_trial(item: dict) -> dict:
+@dataclass(frozen=True)
+class TrialRows:
+    """What a capacity trial returns: its prediction and its rows, as data (no file text)."""
+
+    prediction: dict  # prediction.json's document (per_request points at request_metrics.csv)
+    request_rows: list  # request_metrics.csv rows (``REQUEST_CSV_COLUMNS`` order)
+    timeline_rows: list  # worker_timeline.csv rows (``timeline.CSV_COLUMNS`` order)
+
+    def files(self) -> dict[str, str]:
+        """The three files as ``aisim predict --csv`` writes them."""
+        from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS
+        from aisim.simulator.metrics.output import canonical_json, csv_lines
+        from aisim.simulator.metrics.timeline import CSV_COLUMNS
+
+        return {"prediction.json": canonical_json(self.prediction) + "\n",
+                "request_metrics.csv": "".join(csv_lines(REQUEST_CSV_COLUMNS, self.request_rows)),
+                "worker_timeline.csv": "".join(csv_lines(CSV_COLUMNS, self.timeline_rows))}
+
+    def sla(self, rules) -> tuple[bool, list[dict]]:
+        """``sla.evaluate_rules`` on the rows (mappings by column, as the CSV files read)."""
+        from aisim.search.capacity.sla import evaluate_rules
+        from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS
+        from aisim.simulator.metrics.timeline import CSV_COLUMNS
+
+        return evaluate_rules(rules, (dict(zip(REQUEST_CSV_COLUMNS, r)) for r in self.request_rows),
+                              (dict(zip(CSV_COLUMNS, r)) for r in self.timeline_rows))
+
+    def to_cache(self) -> dict:
+        return {"prediction": self.prediction, "request_rows": [list(r) for r in self.request_rows],
+                "timeline_rows": [list(r) for r in self.timeline_rows]}
+
+    @classmethod
+    def from_cache(cls, doc) -> "TrialRows | None":
+        try:
+            return cls(doc["prediction"], doc["request_rows"], doc["timeline_rows"])
+        except (KeyError, TypeError):
+            return None
+
+
+def run_capacity_trial(item: dict) -> TrialRows | dict:
     """Replay one trial (in a fan-out worker): {"config": predict mapping, "config_dir": str | None}
-    -> {"files": {name: text}} or a failed ``TrialResult`` dict."""
+    -> ``TrialRows``, or a failed ``TrialResult`` dict."""
     from aisim.search.trial import TrialResult, plan_with_overrides
-    from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS, request_rows
-    from aisim.simulator.metrics.output import canonical_json, csv_lines
-    from aisim.simulator.metrics.timeline import CSV_COLUMNS, timeline_rows
+    from aisim.simulator.metrics.csv_out import request_rows
+    from aisim.simulator.metrics.timeline import timeline_rows
     from aisim.simulator.run import run_plan
 
     t0 = time.perf_counter()
@@ -94,30 +130,14 @@ def run_capacity_trial(item: dict) -> dict:
         report = run_plan(plan)
         doc = report.to_dict()
         doc["per_request"] = {"path": "request_metrics.csv", "records": len(report.per_request or [])}
-        files = {  # the same text aisim predict --csv writes
-            "prediction.json": canonical_json(doc) + "\n",
-            "request_metrics.csv": "".join(csv_lines(REQUEST_CSV_COLUMNS, request_rows(report.per_request or []))),
-            "worker_timeline.csv": "".join(csv_lines(CSV_COLUMNS, timeline_rows(report.timelines or []))),
-        }
-        return {"files": files, "wall_s": time.perf_counter() - t0}
+        return TrialRows(doc, list(request_rows(report.per_request or [])), list(timeline_rows(report.timelines or [])))
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
 
 
 # -- the parent side --------------------------------------------------------------------------------
-def _trial_key(mapping: dict) -> str:
-    from aisim import __version__
-
-    doc = json.dumps({"config": mapping, "aisim": __version__}, sort_keys=True, default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
 def _qps_dir(qps: float) -> str:
     return f"{qps:.6g}"
-
-
-def _rows(text: str) -> list[dict]:
-    return list(csv.DictReader(io.StringIO(text)))
 
 
 class _Lane:
@@ -163,44 +183,44 @@ class _Job:
 
     def evaluate(self, lane: _Lane, qps: float):
         """One trial at ``qps``: cached or replayed, then judged against the SLA."""
+        from aisim.search.cache import config_key
         from aisim.search.capacity.algorithms import TrialOutcome
         from aisim.search.capacity.config import trial_config
-        from aisim.search.capacity.sla import SlaRule, evaluate_rules
+        from aisim.search.capacity.sla import SlaRule
         from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
         mapping = trial_config(self.mapping, qps, self.trace_rps())
-        key = _trial_key(mapping)
+        key = config_key(mapping)
         run_dir = self.dir / "runs" / _qps_dir(qps)
-        files = self.s.cache_get(key)
-        cached = files is not None
+        rows = TrialRows.from_cache(self.s.cache.get(key)) if self.s.cache is not None else None
+        cached = rows is not None
         timed_out = False
         error = None
-        if files is None:
+        if rows is None:
             item = {"config": mapping, "config_dir": str(self.s.config_dir) if self.s.config_dir else None}
             res = lane.fan.map(run_capacity_trial, [item], item_timeout_s=cfg.benchmark_timeout_s)[0]
-            if not isinstance(res, dict):
-                res = res.to_dict()
-            if "files" in res:
-                files = res["files"]
-                self.s.cache_put(key, files)
-            elif res.get("status") == "timeout":
-                timed_out = True
+            if isinstance(res, TrialRows):
+                rows = res
+                if self.s.cache is not None:
+                    self.s.cache.put(key, rows.to_cache())
             else:
-                error = res.get("message") or "the trial failed"
+                res = res if isinstance(res, dict) else res.to_dict()
+                if res.get("status") == "timeout":
+                    timed_out = True
+                else:
+                    error = res.get("message") or "the trial failed"
         run_dir.mkdir(parents=True, exist_ok=True)
         import yaml
 
         atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(mapping, sort_keys=False))
         sla_results: list[dict] = []
         passed = None
-        if files is not None:
-            for name, text in files.items():
+        if rows is not None:
+            for name, text in rows.files().items():
                 atomic_write_text(run_dir / name, text)
             if cfg.sla:
-                rules = [SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla]
-                passed, sla_results = evaluate_rules(rules, _rows(files["request_metrics.csv"]),
-                                                     _rows(files["worker_timeline.csv"]))
+                passed, sla_results = rows.sla([SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla])
         elif timed_out:
             passed = False
         trial = {"qps": qps, "passed": passed, "timed_out": timed_out, "cached": cached, "sla_results": sla_results}
@@ -246,32 +266,12 @@ class _Search:
         self.cfg = cfg
         self.config_dir = config_dir
         self.out = out
-        self.cache_dir = cache_dir
+        from aisim.search.cache import TrialCache
+
+        self.cache = TrialCache(cache_dir) if cache_dir is not None else None
         self.progress = progress
         self._lock = threading.Lock()
         self.num_trials = 0
-
-    def cache_get(self, key: str) -> dict | None:
-        if self.cache_dir is None:
-            return None
-        d = self.cache_dir / key
-        try:
-            return {name: (d / name).read_text() for name in FILES}
-        except OSError:
-            return None
-
-    def cache_put(self, key: str, files: dict) -> None:
-        if self.cache_dir is None:
-            return
-        from aisim.simulator.metrics.output import atomic_write_text
-
-        d = self.cache_dir / key
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            for name in FILES[1:] + FILES[:1]:  # prediction.json last: its presence marks a complete entry
-                atomic_write_text(d / name, files[name])
-        except OSError:
-            pass  # a cache that cannot be written is only slower
 
     def progress_event(self, job: str, qps: float, passed, timed_out: bool) -> None:
         with self._lock:

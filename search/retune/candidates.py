@@ -1,4 +1,5 @@
-"""A window's candidate points, proposed by an Optuna sampler through one ask/tell loop.
+"""A window's candidate points, proposed by an Optuna sampler through one ask/tell loop
+(``search.asktell.AskTell``, the helper Spica's branches use too).
 
 ``grid`` (the default) enumerates the Cartesian product of the knobs' domains: the points are
 enqueued (``Study.enqueue_trial``) into the same ask/tell loop (Optuna's ``GridSampler`` stops the
@@ -16,6 +17,7 @@ import itertools
 import math
 from collections.abc import Callable
 
+from aisim.search.asktell import AskTell, point_key
 from aisim.simulator.config.retune import Domain
 
 Point = dict[str, object]
@@ -33,8 +35,8 @@ def _distribution(domain: Domain, sampler: str):
     return FloatDistribution(float(domain.low), float(domain.high), step=domain.step, log=domain.log)
 
 
-def point_key(point: Point) -> tuple:
-    """A canonical order for points (records list candidates in it; ties go to the earlier)."""
+def point_order(point: Point) -> tuple:
+    """The order records list candidates in (ties go to the earlier)."""
     return tuple((k, repr(point[k])) for k in sorted(point))
 
 
@@ -44,82 +46,71 @@ class CandidateSearch:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.pinned = {k: d.values[0] for k, d in domains.items() if d.pinned}
+        pinned = {k: d.values[0] for k, d in domains.items() if d.pinned}
         searched = {k: d for k, d in sorted(domains.items()) if not d.pinned}
-        self.distributions = {k: _distribution(d, sampler) for k, d in searched.items()}
+        distributions = {k: _distribution(d, sampler) for k, d in searched.items()}
         grid_points: list[dict] = []
         if sampler == "grid":
-            names = list(self.distributions)
+            names = list(distributions)
             grid_points = [dict(zip(names, combo)) for combo in
-                           itertools.product(*(self.distributions[k].choices for k in names))]
-            self.budget = len(grid_points)
+                           itertools.product(*(distributions[k].choices for k in names))]
+            budget = len(grid_points)
             opt_sampler = optuna.samplers.RandomSampler(seed=seed)  # never consulted: every point is enqueued
         else:
             if max_candidates is None:
                 raise ValueError("tpe and random samplers need max_candidates")
-            self.budget = max_candidates if self.distributions else 1
+            budget = max_candidates if distributions else 1
             opt_sampler = (optuna.samplers.TPESampler(seed=seed) if sampler == "tpe"
                            else optuna.samplers.RandomSampler(seed=seed))
-        self.study = optuna.create_study(direction="maximize", sampler=opt_sampler)
+        study = optuna.create_study(direction="maximize", sampler=opt_sampler)
         for params in grid_points:
-            self.study.enqueue_trial(params)
-        self.scores: dict[tuple, float | None] = {}
-        self.points: dict[tuple, Point] = {}
-        self._asked = 0
-        self._pending: dict[tuple, list] = {}  # point being evaluated elsewhere -> trials waiting for its score
+            study.enqueue_trial(params)
+        self.loop = AskTell(study, distributions, budget=budget, pinned=pinned)  # seen: key -> (point, score)
+        self.pinned = pinned
+        self.distributions = distributions
+        self.budget = budget
+        self.study = study
+        self.points: dict[str, Point] = {}  # every point proposed (duplicates included), by key
 
     @property
     def done(self) -> bool:
-        return self._asked >= self.budget
+        return self.loop.spent
+
+    @property
+    def scores(self) -> dict[str, float | None]:
+        return {k: rec[1] for k, rec in ((k, self.loop.seen[k]) for k in self.loop.seen)}
 
     def ask(self, k: int) -> list:
         """Up to ``k`` more (trial, point) pairs; a point already scored is told at once and skipped."""
-        out = []
+        out: list = []
+        keys: set[str] = set()
         while len(out) < k and not self.done:
-            trial = self.study.ask(self.distributions)
-            self._asked += 1
-            point = {**self.pinned, **trial.params}
-            key = point_key(point)
-            if key in self.scores:  # already scored (e.g. the current point): listed, told, not re-run
-                self.points[key] = point
-                self.tell(trial, self.scores[key])
+            before = self.loop.asked
+            got = self.loop.ask(in_flight=keys, outcome_of=lambda rec: rec[1], attempts=1)
+            if got is None:
+                point = self.loop.last_point
+                if self.loop.asked > before and point_key(point) not in keys:  # known: told, or waiting for its score
+                    self.points[point_key(point)] = point
                 continue
-            if key in self._pending:  # being evaluated (the current point): told when its score comes
-                self.points[key] = point
-                self._pending[key].append(trial)
-                continue
-            if any(point_key(p) == key for _, p in out):
-                self.tell(trial, None)
-                continue
+            trial, point, key = got
+            keys.add(key)
             out.append((trial, point))
         return out
 
     def hold(self, point: Point) -> None:
         """``point`` is being evaluated outside this search: a trial proposing it waits for ``settle``."""
-        self._pending.setdefault(point_key(point), [])
+        self.loop.hold(point_key(point))
 
     def settle(self, point: Point, score: float | None) -> None:
         """The score of a held point: recorded, and told to the trials that proposed it."""
-        key = point_key(point)
-        self.scores[key] = score
-        for trial in self._pending.pop(key, []):
-            self.tell(trial, score)
+        self.loop.settle(point_key(point), (point, score), score)
 
     def record(self, asked: list, scores: list) -> None:
         """Record and tell the scores of ``asked`` (trial, point) pairs."""
         for (trial, point), score in zip(asked, scores):
             key = point_key(point)
             self.points[key] = point
-            self.scores[key] = score
-            self.tell(trial, score)
-
-    def tell(self, trial, score: float | None) -> None:
-        from optuna.trial import TrialState
-
-        if score is None or not math.isfinite(score):
-            self.study.tell(trial, state=TrialState.FAIL)
-        else:
-            self.study.tell(trial, score)
+            self.loop.record(trial, key, (point, score), score)
 
     def run(self, evaluate: Callable[[list[Point]], list[float | None]], batch: int) -> list[tuple[Point, float | None]]:
         """Ask, evaluate ``batch`` points at a time, tell; every distinct point with its score, in
@@ -129,7 +120,9 @@ class CandidateSearch:
             if not asked:
                 continue
             self.record(asked, evaluate([p for _, p in asked]))
-        return [(self.points[k], self.scores[k]) for k in sorted(self.points)]
+        scores = self.scores
+        return sorted(((self.points[k], scores[k]) for k in self.points if k in scores),
+                      key=lambda ps: point_order(ps[0]))
 
 
 def best(scored: list[tuple[Point, float | None]]) -> tuple[Point, float] | None:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aisim.actors.planner.retune import SweepAnswer, SweepRequest
-from aisim.search.retune.candidates import CandidateSearch, best, point_key
+from aisim.search.asktell import point_key
+from aisim.search.retune.candidates import CandidateSearch, best, point_order
 from aisim.search.retune.history import interval_history, preset_fields, preset_of, presweep
 from aisim.search.retune.scoring import improvement_pct, score, should_switch
 from aisim.search.retune.windows import Window, window_requests
@@ -114,7 +115,7 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
     now = current_point(base, sorted(domains))
     search = CandidateSearch(domains, sampler, max_candidates, seed)
     search.hold(now)  # a candidate equal to the current point waits for, and gets, exactly its score
-    statuses: dict[tuple, str] = {}
+    statuses: dict[str, str] = {}  # point key -> the trial's status
     timed_out = False
     deadline = None if timeout_s is None else t0 + timeout_s
 
@@ -142,8 +143,9 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
     search.record(first, scores[1:])
     cur_status = statuses[point_key(now)]
     if cur_status != "ok":
-        out.candidates = [{"point": p, "score": s, "status": statuses.get(point_key(p), "ok")}
-                          for p, s in ((search.points[k], search.scores[k]) for k in sorted(search.points))]
+        scores = search.scores
+        out.candidates = [{"point": p, "score": scores[k], "status": statuses.get(k, "ok")}
+                          for k, p in sorted(search.points.items(), key=lambda kp: point_order(kp[1]))]
         out.outcome = "timeout" if cur_status == "timeout" else "failed"
         out.sweep_wall_s = time.perf_counter() - t0
         return out

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from aisim.search.asktell import AskTell, point_key
+from aisim.search.cache import TrialCache
 from aisim.search.spica.study import STUDY_FILE
 from aisim.simulator.errors import InputError
 
@@ -105,11 +107,12 @@ class _Branch:
     shape_keys: list[str]
     ratio: tuple[float, float] | None  # kv_load_ratio searched over [min, max]
     index: int = 0  # the mode's position in search_space.deployment_mode (its seeds derive from it)
-    seen: dict[str, dict] = field(default_factory=dict)  # params key -> ledger record
+    seen: TrialCache = field(default_factory=TrialCache)  # params key -> ledger record
     exhausted: bool = False
     grid: list[tuple[str, dict]] | None = None  # ``random``: every (params key, point) of an enumerable branch
     order: Any = None  # ``random``: the grid's seeded permutation (an enumerable branch)
     cursor: int = 0  # ``random``: the next position in ``order`` (or the next draw's index)
+    _loop: AskTell | None = field(default=None, repr=False)
 
     def distributions(self) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
@@ -126,9 +129,14 @@ class _Branch:
             return math.inf
         return math.prod(len(c) for c in self.choices.values()) * max(1, len(self.shape_keys))
 
+    def loop(self) -> AskTell:
+        """The branch's ask/tell helper (over its study; its cache is ``seen``)."""
+        if self._loop is None:
+            self._loop = AskTell(self.study, self.distributions(), size=self.size(), cache=self.seen)
+        return self._loop
 
-def _params_key(params: dict) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
+
+_params_key = point_key  # a candidate's params key (stored in the journal as ``params_key``)
 
 
 @dataclass
@@ -359,37 +367,28 @@ class _Search:
         return None
 
     def ask(self, b: _Branch, pending: set[str]):
-        """(trial, params) of an unseen, not pending suggestion of ``b``, or None when exhausted."""
-        from optuna.trial import TrialState
+        """(trial, params) of an unseen, not pending suggestion of ``b``, or None when exhausted.
+        A duplicate is told its cached result (``duplicate_of``) and re-asked (``search.asktell``)."""
+        loop = b.loop()
 
-        dists = b.distributions()
-        for _ in range(200):
-            if self.cfg.optimizer.algorithm == "random":
-                point = self._draw_random(b, pending)
-                if point is None:
-                    b.exhausted = True
-                    return None
-                b.study.enqueue_trial(point, skip_if_exists=False)
-            trial = b.study.ask(dists)
-            params = dict(trial.params)
-            key = _params_key(params)
-            if key in b.seen:  # a duplicate: told the cached result, re-asked
-                rec = b.seen[key]
-                trial.set_user_attr("duplicate_of", rec["candidate_id"])
-                values = rec.get("_values")
-                if values is None:
-                    b.study.tell(trial, state=TrialState.FAIL)
-                else:
-                    b.study.tell(trial, values)
-                self.counts["cache_hits"] += 1
-                continue
-            if key in pending:
-                b.study.tell(trial, state=TrialState.FAIL)
-                continue
-            return trial, params
-        if len(b.seen) >= b.size():
-            b.exhausted = True
-        return None
+        def draw() -> bool:  # random: the branch's next unseen point, enqueued for the ask
+            point = self._draw_random(b, pending)
+            if point is None:
+                b.exhausted = True
+                return False
+            b.study.enqueue_trial(point, skip_if_exists=False)
+            return True
+
+        hits = loop.cache_hits
+        got = loop.ask(in_flight=pending, outcome_of=lambda rec: rec.get("_values"),
+                       on_duplicate=lambda trial, rec: trial.set_user_attr("duplicate_of", rec["candidate_id"]),
+                       before_ask=draw if self.cfg.optimizer.algorithm == "random" else None)
+        self.counts["cache_hits"] += loop.cache_hits - hits
+        if got is None:
+            b.exhausted = b.exhausted or loop.exhausted
+            return None
+        trial, params, _ = got
+        return trial, params
 
     @staticmethod
     def next_branch(branches: list[_Branch], in_batch: dict[int, int]) -> _Branch | None:
@@ -555,10 +554,8 @@ class _Search:
 
     def record(self, one: tuple) -> None:
         """One candidate into the ledger and told to its study (with its record)."""
-        from optuna.trial import TrialState
 
         b, trial, params, rec = one
-        b.seen[_params_key(params)] = rec
         self._count(rec)
         self.ledger.append(rec)
         trial.set_user_attr("candidate_id", f"candidate-{rec['candidate_id']:06d}")
@@ -569,10 +566,7 @@ class _Search:
             if rec.get("metrics") and k in rec["metrics"]:
                 trial.set_user_attr(k, rec["metrics"][k])
         trial.set_user_attr("record", rec)
-        if rec.get("_values") is not None:
-            b.study.tell(trial, rec["_values"])
-        else:
-            b.study.tell(trial, state=TrialState.FAIL)
+        b.loop().record(trial, _params_key(params), rec, rec.get("_values"))
 
     def snapshot(self, budget: int) -> dict:
         feasible = [r for r in self.ledger if r["status"] == "feasible" and r.get("score") is not None]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from aisim.search.retune.candidates import CandidateSearch, best, point_key
+from aisim.search.asktell import point_key
+from aisim.search.retune.candidates import CandidateSearch, best
 from aisim.simulator.config.retune import Domain
 
 ROUTER = {"overlap_score_credit": Domain(values=(1.0,)), "prefill_load_scale": Domain(values=(0.5, 1.0, 2.0)),

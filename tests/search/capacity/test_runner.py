@@ -192,3 +192,30 @@ def test_every_shipped_search_config_loads():
         load_capacity_config(path)
     for path in sorted((ROOT / "configs").glob("spica-*.yaml")):
         load_search_config(path)
+
+
+def test_a_trial_returns_rows_and_its_files_are_those_rows_as_predict_writes_them(first):
+    """A trial answers with data (its prediction and rows), not file text; the run directory's files
+    are those rows rendered, and the SLA judged on the rows equals the SLA judged on the files."""
+    from aisim.search.capacity.runner import TrialRows, run_capacity_trial
+
+    _, base = first
+    run_dir = sorted((base / "out" / "jobs").glob("*/runs/*"))[0]
+    mapping = yaml.safe_load((run_dir / "config.yaml").read_text())
+    rows = run_capacity_trial({"config": mapping, "config_dir": str(EXAMPLE.parent)})
+    assert isinstance(rows, TrialRows)
+    from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+
+    files = rows.files()
+    for name in ("request_metrics.csv", "worker_timeline.csv"):
+        assert (run_dir / name).read_text() == files[name], name
+    written, replayed = json.loads((run_dir / "prediction.json").read_text()), json.loads(files["prediction.json"])
+    for doc in (written, replayed):
+        for key in WALL_TIME_FIELDS:
+            doc["summary"].pop(key)
+    assert written == replayed
+    rules = [SlaRule(**r) for r in example()["sla"]]
+    on_files = evaluate_rules(rules, _rows(run_dir / "request_metrics.csv"), _rows(run_dir / "worker_timeline.csv"))
+    assert rows.sla(rules) == on_files
+    cached = TrialRows.from_cache(json.loads(json.dumps(rows.to_cache())))  # as the disk cache holds it
+    assert cached.files() == rows.files() and cached.sla(rules) == on_files
