@@ -91,6 +91,7 @@ from aisim.simulator.metrics.timeline import WorkerTimeline
 from aisim.simulator.traffic.workload import BlockHashStore, Workload
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
+_new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 INF = math.inf
 
 
@@ -432,7 +433,7 @@ class Coordinator:
         n = self.rt.num_hosts
         for out in outs:  # HostOutput
             for wid, rank, kind, hashes in out.kv:  # KvEvent
-                updates.append(KvUpdate(pool_of[wid].role, _UP_KV, wid, rank, kind, hashes))
+                updates.append(_new(KvUpdate, (pool_of[wid].role, _UP_KV, wid, rank, kind, hashes)))
             for st in out.status:  # WorkerStatus
                 wid = st[0]
                 status[wid] = st
@@ -447,7 +448,7 @@ class Coordinator:
             if kind == _TERMINAL:
                 self._terminal(payload, t)
             elif kind == _FIRST_TOKEN:
-                updates.append(RequestUpdate(self.entry.role, _UP_FIRST_TOKEN, payload))
+                updates.append(_new(RequestUpdate, (self.entry.role, _UP_FIRST_TOKEN, payload)))
             elif kind == _HANDOFF:
                 self._handoffs.append((t, sid, self._local(payload)))
             elif kind == _DRAINED:
@@ -466,7 +467,7 @@ class Coordinator:
     def _terminal(self, payload, t: float) -> None:
         req = self._local(payload)
         del self.requests[req.index]
-        self._updates.append(RequestUpdate(self._pool_of[req.worker].role, _UP_RELEASE, req.index))
+        self._updates.append(_new(RequestUpdate, (self._pool_of[req.worker].role, _UP_RELEASE, req.index)))
         self.log.add(req)
         if self.has_planner:
             self._traffic.complete(req)
@@ -515,10 +516,10 @@ class Coordinator:
             placing = self._handoffs
             self._handoffs = []
             for t_h, src, req in placing:
-                self._updates.append(RequestUpdate(self.entry.role, _UP_FIRST_TOKEN, req.index))
-                self._updates.append(RequestUpdate(self.entry.role, _UP_RELEASE, req.index))
-                requests.append(RouteCall("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
-                                          now, len(eligible) - 1))
+                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_FIRST_TOKEN, req.index)))
+                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_RELEASE, req.index)))
+                requests.append(_new(RouteCall, ("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
+                                          now, len(eligible) - 1)))
         while self._ready and self._ready[0][0] <= now:
             _, wid = heapq.heappop(self._ready)
             self._worker_ready(wid, now)
@@ -558,8 +559,8 @@ class Coordinator:
             req = make_request(self.workload, self.hash_store, idx, t)
             self.requests[idx] = req
             arriving.append(req)
-            requests.append(RouteCall(self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
-                                      max(t, now), ref))
+            requests.append(_new(RouteCall, (self.entry.role, idx, req.prompt_len, self._route_hashes(self.entry, req),
+                                      max(t, now), ref)))
 
     def _route(self, requests: list, eligible: list) -> list:
         if not requests:
@@ -583,7 +584,7 @@ class Coordinator:
                     self._traffic.arrive(req)
                 else:
                     self._late.append(req)
-            self._send(wid, HostInput(at, _ARRIVAL, req.index, _ENQUEUE, wid, Enqueue(rank, wire(req), False)))
+            self._send(wid, _new(HostInput, (at, _ARRIVAL, req.index, _ENQUEUE, wid, _new(Enqueue, (rank, wire(req), False)))))
 
     def _route_hashes(self, pool: Pool, req: Request):
         return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
@@ -615,8 +616,8 @@ class Coordinator:
             heapq.heappush(self._transfer_times, (done, seq))
             self.stats.num_transfers += 1
             # the source releases the KV, then the decode worker admits the prompt as computed
-            self._send(src, HostInput(done, _TRANSFER, seq, _RELEASE, src, req.index))
-            self._send(wid, HostInput(done, _TRANSFER, seq, _ENQUEUE, wid, Enqueue(rank, wire(req), True)))
+            self._send(src, _new(HostInput, (done, _TRANSFER, seq, _RELEASE, src, req.index)))
+            self._send(wid, _new(HostInput, (done, _TRANSFER, seq, _ENQUEUE, wid, _new(Enqueue, (rank, wire(req), True)))))
 
     def _tick(self, now: float) -> None:
         self._tick_ms = None

@@ -43,6 +43,7 @@ _FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_
                                                                   EventKind.HANDOFF, EventKind.DRAINED))
 
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
+_new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 INF = float("inf")
 
 
@@ -123,7 +124,7 @@ class WorkerHost:
 
     # -- events out ---------------------------------------------------------------------
     def _emit(self, t: float, phase: int, sid: int, kind: int, payload) -> None:
-        self._events.append(HostEvent(t, phase, sid, self._seq, kind, payload))
+        self._events.append(_new(HostEvent, (t, phase, sid, self._seq, kind, payload)))
         self._seq += 1
         self._last = (t, phase, sid)
 
@@ -145,7 +146,7 @@ class WorkerHost:
     def _take_kv(self, wid: int, worker: EngineWorker) -> None:
         if worker.kv_events:
             for rank, kind, hashes in worker.take_kv_events():
-                self._kv.append(KvEvent(wid, rank, kind, hashes))
+                self._kv.append(_new(KvEvent, (wid, rank, kind, hashes)))
 
     def _check_drain(self, wid: int, t: float, phase: int, sid: int) -> None:
         w = self.workers[wid]
@@ -294,8 +295,8 @@ class WorkerHost:
         workers = self.workers
         for wid in sorted(self._touched):
             w = workers[wid]
-            status.append(WorkerStatus(wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid],
-                                       self._pending_for[wid]))
+            status.append(_new(WorkerStatus, (wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid],
+                                       self._pending_for[wid])))
         self._touched.clear()
         if self._unsorted:
             self._events.sort(key=_EVENT_ORDER)

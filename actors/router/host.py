@@ -11,6 +11,7 @@ from aisim.actors.hashing import hash_view
 from aisim.actors.protocol import RouteDecision, UpdateKind
 
 _KV, _FIRST_TOKEN, _RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
+_new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 
 
 class RouteRequest:
@@ -52,5 +53,5 @@ class RouterHost:
                 hashes = hash_view(hashes)  # (bytes when the request crossed as msgpack)
             wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],
                                                   ranks_of)
-            out.append(RouteDecision(wid, rank, info))
+            out.append(_new(RouteDecision, (wid, rank, info)))
         return out
