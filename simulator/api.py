@@ -21,10 +21,11 @@ from pydantic import ValidationError
 from aisim.simulator.config import models as m
 from aisim.simulator.config.engine_args import EngineArgs, engine_section
 from aisim.simulator.config.loading import format_validation_error
-from aisim.simulator.config.planner_config import parse_planner_config
-from aisim.simulator.config.retune import check_api_arguments
+from aisim.simulator.config.planner_config import api_name, parse_planner_config, planner_section
+from aisim.simulator.config.rules import check_engine, check_retune_api_arguments
 from aisim.simulator.errors import InputError, NotSupportedError
 from aisim.simulator.plan import ReplayPlan, execution_plan, lower_engine, plan_from_config, retune_router, router_spec
+from aisim.simulator.planning import lower_planner
 from aisim.simulator.run import ReplayReport, run_plan
 from aisim.simulator.traffic.build import TrafficPlan, build_traffic
 from aisim.simulator.traffic.history import check_history
@@ -116,7 +117,7 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
     execution = _execution(backend, router_sync_ms, ray_address, engine_actors)
     planner = parse_planner_config(planner_config) if planner_config is not None else None
     if planner is not None and planner.retune is not None:
-        check_api_arguments(planner.retune, trace_format=trace_format, traffic=traffic, router_mode=router_mode)
+        check_retune_api_arguments(planner.retune, trace_format=trace_format, traffic=traffic, router_mode=router_mode)
     router = _router_spec(router_mode, router_config)
     if prefill_args is not None or decode_args is not None:
         if prefill_args is None or decode_args is None or extra_args is not None:
@@ -136,14 +137,20 @@ def _api_plan(traffic: TrafficPlan, *, extra_engine_args, prefill_engine_args, d
             raise InputError("extra_engine_args.worker_type", "must be aggregated; pass prefill_engine_args and "
                                                               "decode_engine_args for a disaggregated replay")
         roles = {"aggregated": (num_workers, args, "extra_engine_args")}
-    pools, transfer = lower_engine(_engine(roles))
-    wants_page = planner is not None and not (planner.report_interval_hours is None and planner.live_dashboard_port == 0)
-    html = str(planner_report_dir) if planner_report_dir is not None and wants_page else None
-    if planner is not None and planner.retune is not None:
-        check_history(planner, traffic.workload, "planner_config")  # the recorded history (throughput scaling)
-        router = retune_router(router, planner.retune)
-    return ReplayPlan(traffic, pools, router, _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms), capture_per_request,
-                      fast_forward, transfer, seed, planner, capture_planner_details, html, "planner_config", execution)
+    engine = _engine(roles)
+    check_engine(engine)
+    pools, transfer = lower_engine(engine)
+    sla = _sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
+    html = None
+    if planner is not None:  # PlannerConfig -> the YAML planner section -> the one lowering
+        html = str(planner_report_dir) if planner_report_dir is not None and planner.wants_report_page else None
+        planner = lower_planner(planner_section(planner, engine.mode, engine.backend), pools, sla,
+                                field="planner_config", name=api_name)
+        if planner.retune is not None:
+            check_history(planner, traffic.workload, "planner_config")  # the recorded history (throughput scaling)
+            router = retune_router(router, planner.retune)
+    return ReplayPlan(traffic, pools, router, sla, capture_per_request, fast_forward, transfer, seed, planner,
+                      capture_planner_details, html, "planner_config", execution)
 
 
 def _seconds(ms: float | None) -> float | None:

@@ -19,21 +19,17 @@ from aisim.simulator.builders import RouterSpec, TimingSpec
 from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.models import load_geometry
 from aisim.simulator.config import models as m
-from aisim.simulator.config.planner_config import PlannerConfig, from_replay_section
-from aisim.simulator.config.retune import check_replay_sections
-from aisim.simulator.config.support import check_engine_supported, check_supported
+from aisim.simulator.config.rules import block_size, check_config
 from aisim.simulator.coordinator import KvTransferModel
 from aisim.simulator.deployment import ParallelShape, size_kv
 from aisim.simulator.errors import InputError
+from aisim.simulator.planning import PlannerPlan, lower_planner
 from aisim.simulator.traffic.build import TrafficPlan, build_traffic
 from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.workload import Workload
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
-
-
-BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}  # kv_cache.block_size when not given
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ class ReplayPlan:
     fast_forward: bool = True  # False steps every pass (same results, slower; for verification)
     transfer: KvTransferModel | None = None  # disaggregated only
     seed: int = 42  # root of the actors' random streams
-    planner: PlannerConfig | None = None
+    planner: PlannerPlan | None = None  # the Planner (None: replicas stay fixed)
     capture_planner_details: bool = True
     planner_html_dir: str | None = None  # write the Python API's Planner diagnostics page here (None: no file)
     planner_field: str = "planner"  # how errors name the Planner's configuration
@@ -107,16 +103,12 @@ class ReplayPlan:
 
 def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, capture_per_request: bool = False,
                      fast_forward: bool = True, capture_worker_timeline: bool = False) -> ReplayPlan:
-    check_supported(cfg)
+    check_config(cfg)  # every cross-section rule, before the trace is read
     e = cfg.engine
     pools, transfer = lower_engine(e)
-    if cfg.planner.retune is not None:  # (the section model rejects it under policy disabled)
-        check_replay_sections(cfg)  # the traffic and router retune needs, before the trace is read
     traffic = build_traffic(cfg.traffic, config_dir)
-    planner = from_replay_section(cfg.planner, e.mode, cfg.evaluation.sla) if cfg.planner.policy == "enabled" else None
-    if planner is not None and planner.load_predictor_warmup_trace:
-        warmup = _beside_config(planner.load_predictor_warmup_trace, config_dir)
-        planner = planner.model_copy(update={"load_predictor_warmup_trace": warmup})
+    planner = (lower_planner(cfg.planner, pools, cfg.evaluation.sla, config_dir=config_dir)
+               if cfg.planner.policy == "enabled" else None)
     plan = ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
                       transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution),
                       capture_worker_timeline=capture_worker_timeline)
@@ -127,8 +119,8 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
 
 
 def lower_engine(e: m.Engine) -> tuple[list[PoolPlan], KvTransferModel | None]:
-    """The validated ``engine`` section's pools (entry pool first) and KV transfer (disaggregated)."""
-    check_engine_supported(e)
+    """The pools (entry pool first) and KV transfer (disaggregated) of an ``engine`` section that
+    passed its rules (``simulator.config.rules.check_engine``)."""
     geometry = load_geometry(e.model) if e.model is not None else None
 
     def context(wk: m.Worker) -> int | None:
@@ -150,28 +142,15 @@ def lower_engine(e: m.Engine) -> tuple[list[PoolPlan], KvTransferModel | None]:
     return pools, transfer
 
 
-def _required(field: str, why: str, example: str) -> InputError:
-    return InputError(field, f"Field required: {why}; name it (e.g. {example})")
-
-
 def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: int | None) -> PoolPlan:
     """One pool's spec from its validated ``engine.workers.<role>`` section (the one lowering)."""
     base = f"engine.workers.{role}"
     par = wk.parallelism
     shape = ParallelShape(par.tensor, par.pipeline, par.attention_data, par.prefill_context, par.moe_tensor,
                           par.moe_expert)
-    bs = wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
-    if e.backend in ("vllm", "trtllm") and bs < 2:
-        raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+    bs = block_size(e, wk)
     t, cap = wk.timing, wk.kv_cache.capacity
-    needs = [f"timing type {t.type}"] if t.type in ("default", "roofline") else []
-    if cap.type == "default":
-        needs.append("kv_cache.capacity type default")
-    if needs and geometry is None:
-        raise _required("engine.model", f"{' and '.join(needs)} of {base} need the model", "meta-llama/Llama-3.1-8B-Instruct")
     hw_name, hw_field = (wk.hardware, f"{base}.hardware") if wk.hardware else (e.hardware, "engine.hardware")
-    if needs and hw_name is None:
-        raise _required("engine.hardware", f"{' and '.join(needs)} of {base} need the GPU", "h200_sxm")
     hardware = get_hardware(hw_name, hw_field) if hw_name is not None else None
     kv = size_kv(geometry, hardware, backend=e.backend, block_size=bs, max_batched_tokens=wk.scheduler.max_batched_tokens,
                  shape=shape, capacity_type=cap.type, memory_fraction=cap.memory_fraction, blocks=cap.blocks,
@@ -207,15 +186,6 @@ def retune_router(spec: RouterSpec, rc) -> RouterSpec:
         return spec
     values = dom.points() if not dom.continuous else (dom.high,)
     return dataclasses.replace(spec, kv_events=any(v > 0 for v in values)) if not spec.kv_events else spec
-
-
-def _beside_config(raw: str, config_dir: Path | None) -> str:
-    """A relative path is looked up in the working directory first, then next to the config file
-    (as trace paths are)."""
-    p = Path(raw)
-    if config_dir is None or p.is_absolute() or p.exists() or not (config_dir / p).exists():
-        return raw
-    return str(config_dir / p)
 
 
 def router_spec(r: m.Router) -> RouterSpec:

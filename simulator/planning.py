@@ -1,7 +1,12 @@
-"""Build the Planner of a replay from its PlannerConfig and the engine pools, and report it.
+"""The Planner of a replay: ``lower_planner`` is the one lowering of a validated ``planner``
+section (a config's, or the Python API's PlannerConfig through its adapter) onto the engine pools,
+giving a ``PlannerPlan`` (the actor's ``PlannerSettings``, the resolved retune section and the
+warm-up trace); ``build_planner`` builds the actor from it; ``planner_report`` reports it.
 
-- settings: the config's values with the seed's rules (``planner_config``), the mode and the
-  GPUs per replica of each role (``ParallelShape.planner_gpus_per_replica``: tensor x attention_data);
+- settings: the section's values with the seed's rules (reference planner section 1: the loops
+  each target runs, target load's fixed thresholds, target sla's latency targets from
+  ``evaluation.sla``, the interval rules and the tick), the mode and the GPUs per replica of each
+  role (``ParallelShape.planner_gpus_per_replica``: tensor x attention_data);
 - the perf model (target sla) bootstrapped from each role's own timing model
   (``metadata.bootstrap``: installed / not_required);
 - the load predictor warmed with ``load_predictor_warmup_trace`` (target sla);
@@ -10,8 +15,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -25,7 +36,10 @@ from aisim.actors.planner.perf_model import (
 )
 from aisim.actors.planner.planner import Planner, PlannerSettings
 from aisim.actors.planner.predictors import PredictorSpec, PredictorUnavailable, check_available
-from aisim.simulator.config.planner_config import IDENTITY_EXCLUSIONS, PlannerConfig, digest, effective_loops, tick_interval_s
+from aisim.simulator.config import models as m
+from aisim.simulator.config.planner_config import IDENTITY_EXCLUSIONS
+from aisim.simulator.config.retune import RetuneConfig
+from aisim.simulator.config.retune import resolve as resolve_retune
 from aisim.simulator.errors import InputError
 
 log = logging.getLogger("aisim.planner")
@@ -44,77 +58,192 @@ def capabilities(pool) -> Capabilities:
     )
 
 
-def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel], capture_details: bool = True,
-                  field: str = "planner", warmup: tuple | None = None) -> Planner:
-    """The Planner of a replay; ``warmup``: the load predictor's history per throughput interval
-    (None: read from ``pc.load_predictor_warmup_trace``)."""
-    roles = {p.role: p for p in pools}
+@dataclass(frozen=True)
+class PlannerPlan:
+    """The Planner of a replay as the actors take it: the actor's own settings, the resolved
+    retune section (None: no retune) and the load predictor's warm-up trace (None: none)."""
+    settings: PlannerSettings
+    retune: RetuneConfig | None = None
+    warmup_trace: str | None = None
+
+    def knob(self, name: str):
+        """A Planner runtime knob by its config name (retune's, the YAML's)."""
+        return self.settings.knob(name)
+
+    def with_knobs(self, changes: dict, retune: bool = True) -> PlannerPlan:
+        """This plan with Planner runtime knobs changed (config names); ``retune`` False drops retune."""
+        return dataclasses.replace(self, settings=self.settings.with_knobs(changes) if changes else self.settings,
+                                   retune=self.retune if retune else None)
+
+    @property
+    def retune_only(self) -> bool:
+        """Retune set and neither scaling loop on: the Planner never scales."""
+        s = self.settings
+        return self.retune is not None and not s.enable_throughput_scaling and not s.enable_load_scaling
+
+    def digest(self) -> str:
+        """sha256 of what decides (settings and retune, not I/O): ``planner_config_digest``."""
+        doc = {"settings": dataclasses.asdict(self.settings),
+               "retune": self.retune.model_dump(mode="json", exclude={"max_parallel"}) if self.retune else None}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+# target load's thresholds when the section leaves them out (the reference's fixed values)
+LOAD_THRESHOLDS = {"decode_scale_up_kv_rate": 90.0, "decode_scale_down_kv_rate": 70.0}
+LOAD_PREFILL_THRESHOLDS = {"prefill_scale_up_queue_tokens": 1.0, "prefill_scale_down_queue_tokens": 0.0}
+
+
+def lower_planner(p: m.Planner, pools: list, sla: m.Sla | None, field: str = "planner",
+                  name: Callable[[str], str] = str, config_dir: Path | None = None) -> PlannerPlan:
+    """The one lowering of a validated ``planner`` section (``policy: enabled``) onto the engine
+    pools (``PoolPlan``s, entry pool first) with ``evaluation.sla``. ``field``/``name``: how errors
+    name the section and a key of it (the API passes ``planner_config`` and PlannerConfig's names);
+    ``config_dir``: where a relative warm-up trace may also be found."""
+    def where(key: str) -> str:
+        return f"{field}.{name(key)}"
+
+    roles = {pl.role: pl for pl in pools}
     disagg = "prefill" in roles
-    if (pc.mode == "disagg") != disagg:
-        raise InputError(f"{field}.mode", f"mode {pc.mode} does not match the engine ("
-                                          f"{'prefill/decode' if disagg else 'aggregated'} workers)")
-    thr, load = effective_loops(pc)
-    tick = tick_interval_s(pc, field)
-    if pc.optimization_target == "load":
-        need = ["decode_scale_up_kv_rate", "decode_scale_down_kv_rate"]
-        if disagg:
-            need += ["prefill_scale_up_queue_tokens", "prefill_scale_down_queue_tokens"]
-        for key in need:
-            if getattr(pc, key) is None:
-                raise InputError(f"{field}.{key}", "target load needs its thresholds")
-    spec = PredictorSpec(pc.load_predictor, pc.load_predictor_log1p, pc.prophet_window_size, pc.kalman_q_level,
-                         pc.kalman_q_trend, pc.kalman_r, pc.kalman_min_points)
+    if not disagg:  # aggregated workers are the decode side and have no per-role minimum
+        instead = {"prefill_min_workers": "min_workers", "decode_min_workers": "min_workers",
+                   "prefill_engine_num_gpu": "decode_engine_num_gpu",
+                   "prefill_scale_up_queue_tokens": "decode_scale_up_kv_rate",
+                   "prefill_scale_down_queue_tokens": "decode_scale_down_kv_rate"}
+        for key, other in instead.items():
+            if getattr(p, key) is not None:
+                raise InputError(where(key), f"needs engine.mode disaggregated; use {name(other)}")
+    retune_only = p.retune is not None and p.enable_throughput_scaling is False and p.enable_load_scaling is False
+    if retune_only:
+        thr = load = False
+    elif p.target == "sla":
+        thr = True if p.enable_throughput_scaling is None else p.enable_throughput_scaling
+        load = False if p.enable_load_scaling is None else p.enable_load_scaling
+    else:  # throughput, latency and load run load scaling only
+        thr, load = False, True
+    own = {"ttft_ms": p.ttft_ms, "itl_ms": p.itl_ms}
+    if p.target == "sla":
+        for key in own:
+            if own[key] is None and sla is not None:
+                own[key] = getattr(sla, key)
+        if thr and (own["ttft_ms"] is None or own["itl_ms"] is None):
+            raise InputError("evaluation.sla", "planner target sla needs evaluation.sla.ttft_ms and itl_ms (or "
+                                               "planner.ttft_ms and itl_ms); an SLA with only e2e_ms cannot size "
+                                               "throughput")
+    elif p.retune is None:
+        for key in [k for k, v in own.items() if v is not None]:
+            log.warning("%s is only used by target sla (target is %s)", where(key), p.target)
+    thresholds = {k: getattr(p, k) for k in (*LOAD_THRESHOLDS, *LOAD_PREFILL_THRESHOLDS)}
+    if p.target == "load":
+        for key, v in (LOAD_THRESHOLDS | (LOAD_PREFILL_THRESHOLDS if disagg else {})).items():
+            thresholds[key] = v if thresholds[key] is None else thresholds[key]
+    else:
+        for key in [k for k, v in thresholds.items() if v is not None]:
+            log.warning("%s is only used by target load (target is %s)", where(key), p.target)
+    thr_s = float(p.throughput_adjustment_interval_seconds or 180)
+    load_s = float(p.load_adjustment_interval_seconds or 5.0)
+    tick = _tick_s(thr, load, retune_only, thr_s, load_s, p.scale_interval_seconds, where)
+    spec = PredictorSpec(p.load_predictor, p.load_predictor_log1p, p.prophet_window_size, p.kalman_q_level,
+                         p.kalman_q_trend, p.kalman_r, p.kalman_min_points)
     if thr:
         try:
             check_available(spec)
         except PredictorUnavailable as exc:
-            raise InputError(f"{field}.load_predictor", str(exc)) from None
+            raise InputError(where("load_predictor"), str(exc)) from None
+    if 0 <= p.max_num_gpus < p.min_num_gpus:  # (negative budgets are no bound; minimum workers over
+        # the ceiling are not an error: the reference clamps them and the Planner holds every scale-up)
+        raise InputError(where("min_num_gpus"), f"{p.min_num_gpus} is over {name('max_num_gpus')} {p.max_num_gpus}; "
+                                                f"lower it or raise {name('max_num_gpus')}", category="gpu_budget")
 
     def gpus(role: str, explicit) -> int:
         if explicit is not None:
             return explicit
         return roles[role].shape.planner_gpus_per_replica  # (simulator.deployment says why not gpus_per_worker)
 
-    decode_role = "decode" if disagg else "aggregated"
     settings = PlannerSettings(
-        mode=pc.mode,
-        target=pc.optimization_target,
+        mode="disagg" if disagg else "agg",
+        target=p.target,
         enable_throughput_scaling=thr,
         enable_load_scaling=load,
-        throughput_interval_s=float(pc.throughput_adjustment_interval),
-        load_interval_s=float(pc.load_adjustment_interval),
+        throughput_interval_s=thr_s,
+        load_interval_s=load_s,
         tick_interval_s=tick,
-        max_throughput_scaling_replicas=pc.max_throughput_scaling_replicas,
-        max_num_fpm_samples=pc.max_num_fpm_samples,
-        fpm_sample_bucket_size=pc.fpm_sample_bucket_size,
-        load_scaling_down_sensitivity=pc.load_scaling_down_sensitivity,
-        load_min_observations=pc.load_min_observations,
+        max_throughput_scaling_replicas=p.max_throughput_scaling_replicas,
+        max_num_fpm_samples=p.max_num_fpm_samples,
+        fpm_sample_bucket_size=p.fpm_sample_bucket_size,
+        load_scaling_down_sensitivity=p.load_scaling_down_sensitivity,
+        load_min_observations=p.load_min_observations,
         predictor=spec,
-        advisory=pc.advisory,
-        max_gpu_budget=pc.max_gpu_budget,
-        min_gpu_budget=pc.min_gpu_budget,
-        min_endpoint=pc.min_endpoint,
-        prefill_min_endpoint=pc.prefill_min_endpoint,
-        decode_min_endpoint=pc.decode_min_endpoint,
-        ttft_ms=pc.ttft_ms,
-        itl_ms=pc.itl_ms,
-        prefill_scale_up_queue_tokens=pc.prefill_scale_up_queue_tokens,
-        prefill_scale_down_queue_tokens=pc.prefill_scale_down_queue_tokens,
-        decode_scale_up_kv_rate=pc.decode_scale_up_kv_rate,
-        decode_scale_down_kv_rate=pc.decode_scale_down_kv_rate,
-        prefill_engine_num_gpu=gpus("prefill", pc.prefill_engine_num_gpu) if disagg else 1,
-        decode_engine_num_gpu=gpus(decode_role, pc.decode_engine_num_gpu),
+        advisory=p.advisory,
+        max_gpu_budget=p.max_num_gpus,
+        min_gpu_budget=p.min_num_gpus,
+        min_endpoint=p.min_workers,
+        prefill_min_endpoint=p.prefill_min_workers,
+        decode_min_endpoint=p.decode_min_workers,
+        ttft_ms=500.0 if own["ttft_ms"] is None else float(own["ttft_ms"]),
+        itl_ms=50.0 if own["itl_ms"] is None else float(own["itl_ms"]),
+        **thresholds,
+        prefill_engine_num_gpu=gpus("prefill", p.prefill_engine_num_gpu) if disagg else 1,
+        decode_engine_num_gpu=gpus("decode" if disagg else "aggregated", p.decode_engine_num_gpu),
     )
-    _check_budget(pc, field)
-    planner = Planner(settings, capture_details=capture_details)
-    if pc.optimization_target == "sla":
+    rc = None
+    if p.retune is not None:  # scored against evaluation.sla where set, else the Planner's own targets
+        rc = resolve_retune(
+            p.retune, field=field, tick_s=tick, throughput=thr, load=load, target=p.target,
+            load_predictor=p.load_predictor, throughput_interval_s=thr_s,
+            ttft_ms=sla.ttft_ms if sla is not None and sla.ttft_ms is not None else settings.ttft_ms,
+            itl_ms=sla.itl_ms if sla is not None and sla.itl_ms is not None else settings.itl_ms)
+    warmup = p.load_predictor_warmup_trace
+    if warmup:
+        warmup = _beside_config(warmup, config_dir)
+    return PlannerPlan(settings, rc, warmup or None)
+
+
+def _tick_s(thr: bool, load: bool, retune_only: bool, thr_s: float, load_s: float, given: float | None,
+            where: Callable[[str], str]) -> float:
+    """The Planner's tick: ``scale_interval_seconds`` where given, else the millisecond GCD of the
+    intervals of the loops that run (retune-only mode: the load interval)."""
+    if retune_only:
+        return given if given is not None else round(load_s * 1000) / 1000.0
+    if not thr and not load:
+        raise InputError(where("enable_load_scaling"), "at least one of enable_throughput_scaling and "
+                                                       "enable_load_scaling must be on")
+    if thr and load and not load_s < thr_s:
+        raise InputError(where("load_adjustment_interval_seconds"), "must be shorter than the throughput interval "
+                                                                    "when both loops run")
+    if given is not None:
+        return given
+    ms = ([round(load_s * 1000)] if load else []) + ([round(thr_s * 1000)] if thr else [])
+    g = 0
+    for x in ms:
+        g = math.gcd(g, int(x))
+    return g / 1000.0
+
+
+def _beside_config(raw: str, config_dir: Path | None) -> str:
+    """A relative path is looked up in the working directory first, then next to the config file
+    (as trace paths are)."""
+    path = Path(raw)
+    if config_dir is None or path.is_absolute() or path.exists() or not (config_dir / path).exists():
+        return raw
+    return str(config_dir / path)
+
+
+def build_planner(pp: PlannerPlan, pools: list, timings: dict[str, TimingModel], capture_details: bool = True,
+                  field: str = "planner", warmup: tuple | None = None) -> Planner:
+    """The Planner of a replay; ``warmup``: the load predictor's history per throughput interval
+    (None: read from ``pp.warmup_trace``)."""
+    s = pp.settings
+    roles = {p.role: p for p in pools}
+    disagg = s.mode == "disagg"
+    planner = Planner(s, capture_details=capture_details)
+    if s.target == "sla":
         models = {}
         boot = {"status": "installed", "benchmark_granularity": BENCHMARK_GRANULARITY, "prefill_fpm_count": 0,
                 "decode_fpm_count": 0}
         digests = []
         for key, role in (("prefill", "prefill"), ("decode", "decode")) if disagg else (("agg", "aggregated"),):
             caps = capabilities(roles[role])
-            m = PerfModel(key, caps, pc.max_num_fpm_samples, pc.fpm_sample_bucket_size, pc.load_min_observations)
+            m = PerfModel(key, caps, s.max_num_fpm_samples, s.fpm_sample_bucket_size, s.load_min_observations)
             samples = bootstrap_samples(_pass_ms(timings[role], caps), caps, key)
             install_bootstrap(m, samples)
             models[key] = m
@@ -125,29 +254,17 @@ def build_planner(pc: PlannerConfig, pools: list, timings: dict[str, TimingModel
         boot["fpm_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest() if disagg else digests[0]
         planner.perf_models = models
         planner.bootstrap = boot
-        if thr and warmup is not None:
+        if s.enable_throughput_scaling and warmup is not None:
             planner.warm_up(list(warmup))
-        elif thr and pc.load_predictor_warmup_trace:
-            planner.warm_up(warmup_windows(pc.load_predictor_warmup_trace, pc.throughput_adjustment_interval,
-                                           f"{field}.load_predictor_warmup_trace"))
+        elif s.enable_throughput_scaling and pp.warmup_trace:
+            planner.warm_up(warmup_windows(pp.warmup_trace, s.throughput_interval_s, f"{field}.load_predictor_warmup_trace"))
     else:
         planner.bootstrap = {"status": "not_required"}
-    planner.config_digest = digest(pc)
-    if pc.advisory:
+    planner.config_digest = pp.digest()
+    if s.advisory:
         log.warning("[ADVISORY] the Planner makes every decision but changes nothing; replicas stay at their "
                     "starting counts")
     return planner
-
-
-def _check_budget(pc: PlannerConfig, field: str) -> None:
-    """Reject a GPU band nothing can satisfy: min_gpu_budget over max_gpu_budget (negative budgets
-    are no bound). Minimum workers over the ceiling are not an error: the reference clamps them
-    (the Planner then holds every scale-up)."""
-    hi, lo = pc.max_gpu_budget, pc.min_gpu_budget
-    if 0 <= hi < lo:
-        key = "min_num_gpus" if field == "planner" else "min_gpu_budget"  # the YAML's name or PlannerConfig's
-        raise InputError(f"{field}.{key}", f"{lo} is over max_gpu_budget {hi}; lower it or raise max_gpu_budget",
-                         category="gpu_budget")
 
 
 def _pass_ms(timing: TimingModel, caps: Capabilities):
@@ -160,7 +277,7 @@ def _pass_ms(timing: TimingModel, caps: Capabilities):
     return f
 
 
-def warmup_windows(spec: str, interval_s: int, field: str) -> list[tuple[int, float, float]]:
+def warmup_windows(spec: str, interval_s: float, field: str) -> list[tuple[int, float, float]]:
     """Bucket a recorded trace into throughput-interval windows: (count, mean ISL, mean OSL);
     empty windows count 0. Paths resolve against the working directory."""
     from aisim.simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths

@@ -180,26 +180,22 @@ def load_sweeper(plan: ReplayPlan):
 
 
 def _retune_driver(plan: ReplayPlan, sweeper, on_sweep=None):
-    from aisim.simulator.config.planner_config import effective_loops, tick_interval_s
+    from aisim.actors.planner.planner import PREDICTOR_KNOBS
     from aisim.simulator.retune_driver import RetuneDriver
 
-    pc = plan.planner
-    rc = pc.retune
-    thr, load = effective_loops(pc)
-    fields = list(rc.planner_domains(load))
-    if rc.predictor_presweep(thr):
-        fields += list(PREDICTOR_FIELDS)
+    pp = plan.planner
+    rc, s = pp.retune, pp.settings
+    fields = list(rc.planner_domains(s.enable_load_scaling))
+    if rc.predictor_presweep(s.enable_throughput_scaling):
+        fields += list(PREDICTOR_KNOBS)
     spec = plan.router
     router = ({k: getattr(spec, k) for k in ("overlap_score_credit", "prefill_load_scale", "temperature")}
               if spec.policy == "kv_router" else {})
-    return RetuneDriver(rc, sweeper, tick_ms=tick_interval_s(pc, plan.planner_field) * 1000.0, advisory=pc.advisory,
-                        router_policy=spec.policy, router=router, planner_fields={k: getattr(pc, k) for k in fields},
+    return RetuneDriver(rc, sweeper, tick_ms=s.tick_interval_s * 1000.0, advisory=s.advisory,
+                        router_policy=spec.policy, router=router, planner_fields={k: pp.knob(k) for k in fields},
                         replicas={p.role: p.replicas for p in plan.pools},
                         component="prefill" if len(plan.pools) > 1 else "agg", on_sweep=on_sweep)
 
-
-PREDICTOR_FIELDS = ("load_predictor", "load_predictor_log1p", "prophet_window_size", "kalman_q_level", "kalman_q_trend",
-                    "kalman_r", "kalman_min_points")
 
 
 @contextmanager

@@ -64,12 +64,33 @@ class PlannerSettings:
     def gpus(self, role: str) -> int:
         return self.prefill_engine_num_gpu if role == "prefill" else self.decode_engine_num_gpu
 
+    def knob(self, name: str):
+        """A runtime knob by its config name (``RUNTIME_KNOBS``)."""
+        if name in _PREDICTOR_FIELDS:
+            return getattr(self.predictor, _PREDICTOR_FIELDS[name])
+        if name in _SETTINGS_FIELDS:
+            return getattr(self, name)
+        raise ValueError(f"not a Planner runtime field: {name!r}")
+
+    def with_knobs(self, changes: dict) -> PlannerSettings:
+        """These settings with runtime knobs changed (config names, ``RUNTIME_KNOBS``)."""
+        unknown = set(changes) - set(RUNTIME_KNOBS)
+        if unknown:
+            raise ValueError(f"not a Planner runtime field: {sorted(unknown)}")
+        settings = {k: v for k, v in changes.items() if k in _SETTINGS_FIELDS}
+        spec = {_PREDICTOR_FIELDS[k]: v for k, v in changes.items() if k in _PREDICTOR_FIELDS}
+        if spec:
+            settings["predictor"] = dataclasses.replace(self.predictor, **spec)
+        return dataclasses.replace(self, **settings)
+
 
 # retune may change these at runtime (set_runtime_fields)
 _SETTINGS_FIELDS = ("load_scaling_down_sensitivity", "load_min_observations", "max_throughput_scaling_replicas")
 _PREDICTOR_FIELDS = {"load_predictor": "family", "load_predictor_log1p": "log1p",
                      "prophet_window_size": "prophet_window_size", "kalman_q_level": "kalman_q_level",
                      "kalman_q_trend": "kalman_q_trend", "kalman_r": "kalman_r", "kalman_min_points": "kalman_min_points"}
+PREDICTOR_KNOBS = tuple(_PREDICTOR_FIELDS)  # the load predictor's knobs (config names)
+RUNTIME_KNOBS = (*_SETTINGS_FIELDS, *PREDICTOR_KNOBS)
 
 # Static-threshold targets: (prefill up, prefill down, decode/agg up, decode/agg down)
 _THRESHOLDS = {"throughput": (1.0, 0.1, 1.0, 0.6), "latency": (0.1, 0.0, 0.4, 0.1)}
@@ -123,20 +144,13 @@ class Planner:
         fields (``load_predictor``, ``load_predictor_log1p``, ``prophet_window_size``,
         ``kalman_*``). A changed predictor is rebuilt and fed the whole history this Planner
         observed (warm-up included), so it forecasts from the same series as the one it replaces."""
-        settings = {k: v for k, v in changes.items() if k in _SETTINGS_FIELDS}
-        spec = {_PREDICTOR_FIELDS[k]: v for k, v in changes.items() if k in _PREDICTOR_FIELDS}
-        unknown = set(changes) - set(_SETTINGS_FIELDS) - set(_PREDICTOR_FIELDS)
-        if unknown:
-            raise ValueError(f"not a Planner runtime field: {sorted(unknown)}")
         s = self.settings
-        if spec:
-            settings["predictor"] = dataclasses.replace(s.predictor, **spec)
-        self.settings = dataclasses.replace(s, **settings)
-        if "load_min_observations" in settings:
+        self.settings = s.with_knobs(changes)
+        if "load_min_observations" in changes:
             for m in self.perf_models.values():
                 for store in m.stores.values():
-                    store.min_observations = settings["load_min_observations"]
-        if spec and self.settings.predictor != s.predictor:
+                    store.min_observations = changes["load_min_observations"]
+        if self.settings.predictor != s.predictor:
             self.predictors = {k: Predictor(self.settings.predictor, s.throughput_interval_s)
                                for k in ("num_req", "isl", "osl")}
             observed, self._observed = self._observed, []

@@ -85,7 +85,7 @@ def window_plan(plan: ReplayPlan, req: SweepRequest, sla: m.Sla, planner_on: boo
     pools = [dataclasses.replace(p, replicas=max(1, req.replicas.get(p.role, p.replicas))) for p in plan.pools]
     planner = None
     if planner_on and plan.planner is not None:
-        planner = plan.planner.model_copy(update={**req.planner, "retune": None})
+        planner = plan.planner.with_knobs(req.planner, retune=False)
     router = dataclasses.replace(plan.router, **req.router) if req.router else plan.router
     execution = ExecutionPlan(router_sync_ms=plan.execution.router_sync_ms)
     return dataclasses.replace(plan, traffic=traffic, pools=pools, router=router, sla=sla, planner=planner,
@@ -96,7 +96,7 @@ def window_plan(plan: ReplayPlan, req: SweepRequest, sla: m.Sla, planner_on: boo
 
 def current_point(plan: ReplayPlan, knobs: list[str]) -> dict:
     """The values the searched knobs have in ``plan``."""
-    return {k: getattr(plan.router, k) if k in ROUTER_KNOBS else getattr(plan.planner, k) for k in knobs}
+    return {k: getattr(plan.router, k) if k in ROUTER_KNOBS else plan.planner.knob(k) for k in knobs}
 
 
 def candidate_plan(base: ReplayPlan, point: dict) -> ReplayPlan:
@@ -104,7 +104,7 @@ def candidate_plan(base: ReplayPlan, point: dict) -> ReplayPlan:
     planner = {k: v for k, v in point.items() if k not in ROUTER_KNOBS}
     out = dataclasses.replace(base, router=dataclasses.replace(base.router, **router)) if router else base
     if planner and base.planner is not None:
-        out = dataclasses.replace(out, planner=base.planner.model_copy(update=planner))
+        out = dataclasses.replace(out, planner=base.planner.with_knobs(planner))
     return out
 
 
@@ -173,12 +173,10 @@ class RetuneSweeper:
     (``execution.backend``, ``ray_address``) with ``retune.max_parallel`` workers, closed by ``close()``."""
 
     def __init__(self, plan: ReplayPlan, fan=None) -> None:
-        from aisim.simulator.config.planner_config import effective_loops
-
-        pc = plan.planner
+        pp = plan.planner
         self.plan = plan
-        self.rc = rc = pc.retune
-        thr, load = effective_loops(pc)
+        self.rc = rc = pp.retune
+        thr, load = pp.settings.enable_throughput_scaling, pp.settings.enable_load_scaling
         self.scaling = thr or load
         self.throughput = thr
         self.router_knobs = rc.router_domains()
@@ -212,7 +210,7 @@ class RetuneSweeper:
         """The recorded history (the warm-up trace) as a Workload, or None without throughput scaling."""
         if not self._history_read:
             self._history_read = True
-            spec = self.plan.planner.load_predictor_warmup_trace
+            spec = self.plan.planner.warmup_trace
             if self.throughput and spec:
                 from aisim.simulator.traffic.traces import read_dynamo, resolve_trace_paths
 
@@ -220,9 +218,8 @@ class RetuneSweeper:
         return self._history
 
     def _interval_history(self, end_ms: float) -> tuple:
-        pc = self.plan.planner
         return interval_history(self.history(), self.plan.traffic.workload, self.plan.traffic.arrivals.delay_scale,
-                                float(pc.throughput_adjustment_interval), end_ms, self.rc.history_seconds)
+                                self.plan.planner.settings.throughput_interval_s, end_ms, self.rc.history_seconds)
 
     # -- the protocol ---------------------------------------------------------------------------------
     def sweep(self, req: SweepRequest) -> SweepAnswer:
@@ -233,7 +230,7 @@ class RetuneSweeper:
         predictor_changes: dict = {}
         if self.presweep_on:
             hist = self._interval_history(req.window_end_ms)
-            winner, losses = presweep(hist, float(self.plan.planner.throughput_adjustment_interval), self.fan,
+            winner, losses = presweep(hist, self.plan.planner.settings.throughput_interval_s, self.fan,
                                       max(1e-3, deadline - time.perf_counter()))
             current = preset_of(req.planner)
             answer.predictor_warmup = {

@@ -2,7 +2,7 @@
 
 Every section is strict (``extra="forbid"``) and frozen once validated. Keys of reference
 features this build does not model yet are accepted by the schema so they validate like the
-reference, then rejected with "not supported" by ``simulator.config.support``.
+reference, then rejected with "not supported" by ``simulator.config.rules``.
 """
 
 from __future__ import annotations
@@ -420,6 +420,15 @@ class PlannerKnobs(Strict):
     kalman_min_points: PosInt = 5
     load_predictor_warmup_trace: str | None = None
     advisory: bool = False
+    # target load's thresholds (queued prefill tokens; decode KV use in percent); in a predict
+    # config None takes the reference's fixed values (1/0 and 90/70)
+    prefill_scale_up_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
+    prefill_scale_down_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
+    decode_scale_up_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
+    decode_scale_down_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
+    # GPUs the Planner counts per replica; None: tensor x attention_data of the role (docs/architecture.md)
+    prefill_engine_num_gpu: PosInt | None = None
+    decode_engine_num_gpu: PosInt | None = None
 
     @field_validator("fpm_sample_bucket_size")
     @classmethod
@@ -428,6 +437,15 @@ class PlannerKnobs(Strict):
         if r * r != v:
             raise ValueError("fpm_sample_bucket_size must be a perfect square")
         return v
+
+    @model_validator(mode="after")
+    def _thresholds(self):
+        for lo, hi in (("prefill_scale_down_queue_tokens", "prefill_scale_up_queue_tokens"),
+                       ("decode_scale_down_kv_rate", "decode_scale_up_kv_rate")):
+            a, b = getattr(self, lo), getattr(self, hi)
+            if a is not None and b is not None and not b > a:
+                raise ValueError(f"{hi} must be greater than {lo}")
+        return self
 
 
 def _retune_section(v):
@@ -451,15 +469,11 @@ class Planner(PlannerKnobs):
     min_workers: NonNegInt = 1
     prefill_min_workers: PosInt | None = None
     decode_min_workers: PosInt | None = None
+    # aisim: the Planner's own latency targets (target sla); None: evaluation.sla's
+    ttft_ms: PosFloat | None = None
+    itl_ms: PosFloat | None = None
+    scale_interval_seconds: PosFloat | None = None  # aisim: the tick; None: the intervals' millisecond GCD
     retune: Annotated[Any, BeforeValidator(_retune_section)] = None  # a RetuneConfig (simulator.config.retune)
-
-    @field_validator("min_num_gpus")
-    @classmethod
-    def _floor_under_ceiling(cls, v, info):
-        hi = info.data.get("max_num_gpus")
-        if hi is not None and 0 <= hi < v:
-            raise ValueError(f"{v} is over max_gpu_budget {hi} (planner.max_num_gpus); lower it or raise max_num_gpus")
-        return v
 
     @field_validator("retune")
     @classmethod

@@ -1,37 +1,28 @@
-"""PlannerConfig: the Planner's own configuration (reference field names), as the Python API
-takes it, and the lowering of the ``planner`` YAML section into it.
-
-The seed's rules live here, so both entry points obey them:
-- targets throughput, latency and load run load scaling only and ignore the two flags;
-- target sla uses the flags (throughput on, load off unless set) and needs ttft_ms and itl_ms;
-- target load fixes the thresholds (decode KV rate 90/70; prefill queue tokens 1/0 when
-  disaggregated); policy disabled rejects advisory;
-- intervals: throughput an integer > 0, load > 0 and strictly shorter than the throughput
-  interval when both loops run; the tick is their (millisecond) GCD;
-- retune (``simulator.config.retune``): the section is validated into a ``RetuneConfig`` and
-  resolved against the Planner (tick, loops, SLA); retune-only mode (both scaling flags false
-  with retune set, any target) runs no loop and ticks every load interval; both flags false
-  without retune keep the rules above.
+"""PlannerConfig: the Planner's configuration in the reference's programmatic names, as the
+Python API takes it (``planner_config``), and its input adapter: ``planner_section`` turns it
+into the YAML ``planner`` section, which ``simulator.planning.lower_planner`` lowers like a
+config's. Nothing past the adapter reads PlannerConfig; the seed's rules live in the lowering.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError
 
+from aisim.simulator.config import models as m
 from aisim.simulator.config.loading import format_validation_error, read_yaml_mapping
-from aisim.simulator.config.models import Float, Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
+from aisim.simulator.config.models import Int, NonNegInt, PlannerKnobs, PosFloat, PosInt, Strict
 from aisim.simulator.config.retune import RetuneConfig
-from aisim.simulator.config.retune import resolve as resolve_retune
 from aisim.simulator.errors import InputError
 
 
 class Scheduling(Strict):
     scale_interval_seconds: PosFloat | None = None
+
+
 
 
 class PlannerConfig(PlannerKnobs):
@@ -51,29 +42,77 @@ class PlannerConfig(PlannerKnobs):
     decode_min_endpoint: PosInt | None = None
     ttft_ms: PosFloat = 500.0
     itl_ms: PosFloat = 50.0
-    prefill_scale_up_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
-    prefill_scale_down_queue_tokens: Annotated[Float, Field(ge=0)] | None = None
-    decode_scale_up_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
-    decode_scale_down_kv_rate: Annotated[Float, Field(ge=0, le=100)] | None = None
-    prefill_engine_num_gpu: PosInt | None = None
-    decode_engine_num_gpu: PosInt | None = None
     scheduling: Scheduling = Scheduling()
-    report_interval_hours: PosFloat | None = 24.0
+    report_interval_hours: PosFloat | None = 24.0  # the API's HTML diagnostics page (None and port 0: none)
     live_dashboard_port: NonNegInt | None = 8080
     retune: RetuneConfig | None = None
 
-    @model_validator(mode="after")
-    def _rules(self):
-        for lo, hi in (("prefill_scale_down_queue_tokens", "prefill_scale_up_queue_tokens"),
-                       ("decode_scale_down_kv_rate", "decode_scale_up_kv_rate")):
-            a, b = getattr(self, lo), getattr(self, hi)
-            if a is not None and b is not None and not b > a:
-                raise ValueError(f"{hi} must be greater than {lo}")
-        return self
+    @property
+    def wants_report_page(self) -> bool:
+        return not (self.report_interval_hours is None and self.live_dashboard_port == 0)
 
 
-# fields that do not change decisions (excluded from planner_config_digest)
+# fields that do not change decisions (listed in the report's planner_config_identity_exclusions)
 IDENTITY_EXCLUSIONS = ("load_predictor_warmup_trace", "report_interval_hours", "live_dashboard_port")
+
+# a YAML ``planner`` key -> its PlannerConfig name (where they differ): how the lowering's errors
+# name a key for an API caller
+API_NAMES = {
+    "target": "optimization_target", "max_num_gpus": "max_gpu_budget", "min_num_gpus": "min_gpu_budget",
+    "min_workers": "min_endpoint", "prefill_min_workers": "prefill_min_endpoint",
+    "decode_min_workers": "decode_min_endpoint",
+    "throughput_adjustment_interval_seconds": "throughput_adjustment_interval",
+    "load_adjustment_interval_seconds": "load_adjustment_interval",
+    "scale_interval_seconds": "scheduling.scale_interval_seconds",
+}
+
+
+def planner_section(pc: PlannerConfig, engine_mode: str, engine_backend: str,
+                    field: str = "planner_config") -> m.Planner:
+    """The YAML ``planner`` section a PlannerConfig describes (the input adapter). The fields the
+    reference derives from the deployment (``mode``, ``backend``) must agree with the engine; the
+    flags are passed as given (the lowering applies the seed's rules to both dialects alike); the
+    Planner's own ``ttft_ms``/``itl_ms`` are passed where target sla uses them or they were set."""
+    disagg = engine_mode == "disaggregated"
+    if (pc.mode == "disagg") != disagg:
+        raise InputError(f"{field}.mode", f"mode {pc.mode} does not match the engine "
+                                          f"({'prefill/decode' if disagg else 'aggregated'} workers); "
+                                          f"use mode {'disagg' if disagg else 'agg'}")
+    if pc.backend is not None and pc.backend != engine_backend:
+        raise InputError(f"{field}.backend", f"{pc.backend!r} is not the engine's backend ({engine_backend}); "
+                                             "remove it (the Planner takes the engine's)")
+    if pc.optimization_target == "load":  # (the YAML's target load has fixed defaults; the API's has none)
+        need = ["decode_scale_up_kv_rate", "decode_scale_down_kv_rate"]
+        if disagg:
+            need += ["prefill_scale_up_queue_tokens", "prefill_scale_down_queue_tokens"]
+        for key in need:
+            if getattr(pc, key) is None:
+                raise InputError(f"{field}.{key}", "target load needs its thresholds; set "
+                                                   f"{' and '.join(need)}")
+    data = {
+        **pc.model_dump(include=set(PlannerKnobs.model_fields)),
+        "policy": "enabled", "target": pc.optimization_target,
+        "enable_throughput_scaling": pc.enable_throughput_scaling, "enable_load_scaling": pc.enable_load_scaling,
+        "throughput_adjustment_interval_seconds": pc.throughput_adjustment_interval,
+        "load_adjustment_interval_seconds": pc.load_adjustment_interval,
+        "max_num_gpus": pc.max_gpu_budget, "min_num_gpus": pc.min_gpu_budget, "min_workers": pc.min_endpoint,
+        "prefill_min_workers": pc.prefill_min_endpoint, "decode_min_workers": pc.decode_min_endpoint,
+        "scale_interval_seconds": pc.scheduling.scale_interval_seconds, "retune": pc.retune,
+    }
+    for key in ("ttft_ms", "itl_ms"):
+        if pc.optimization_target == "sla" or key in pc.model_fields_set:
+            data[key] = getattr(pc, key)
+    try:
+        return m.Planner.model_validate(data)
+    except ValidationError as exc:
+        err = format_validation_error(exc)
+        raise InputError(f"{field}.{api_name(err.where)}", err.message, category=err.category) from None
+
+
+def api_name(path: str) -> str:
+    """A YAML planner key path in PlannerConfig's names."""
+    head, _, rest = path.partition(".")
+    return API_NAMES.get(head, head) + (f".{rest}" if rest else "")
 
 
 class _DuplicateKey(Exception):
@@ -91,9 +130,9 @@ def _no_duplicate_keys(pairs: list) -> dict:
 
 def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
     """A mapping, an inline JSON string, or the path of a JSON or YAML file."""
-    data = raw
     if isinstance(raw, PlannerConfig):
-        return _with_retune(raw, field)
+        return raw
+    data = raw
     if isinstance(raw, (str, Path)):
         text = str(raw).strip()
         if text.startswith("{"):
@@ -111,117 +150,7 @@ def parse_planner_config(raw, field: str = "planner_config") -> PlannerConfig:
     if not isinstance(data, dict):
         raise InputError(field, f"expected a mapping, inline JSON or a file path, got {type(raw).__name__}")
     try:
-        pc = PlannerConfig.model_validate(data)
+        return PlannerConfig.model_validate(data)
     except ValidationError as exc:
         err = format_validation_error(exc)
         raise InputError(f"{field}.{err.where}", err.message, category=err.category) from None
-    return _with_retune(pc, field)  # the API scores against the Planner's own ttft_ms / itl_ms
-
-
-def from_replay_section(section, engine_mode: str, sla) -> PlannerConfig:
-    """The ``planner`` YAML section (replay key names) -> PlannerConfig, with the seed's rules."""
-    p = section
-    disagg = engine_mode == "disaggregated"
-    if not disagg and (p.prefill_min_workers is not None or p.decode_min_workers is not None):
-        key = "prefill_min_workers" if p.prefill_min_workers is not None else "decode_min_workers"
-        raise InputError(f"planner.{key}", "per-role minimums need engine.mode disaggregated; use planner.min_workers")
-    data: dict[str, Any] = {
-        "optimization_target": p.target, "mode": "disagg" if disagg else "agg",
-        **p.model_dump(include=set(PlannerKnobs.model_fields)),
-        "max_gpu_budget": p.max_num_gpus, "min_gpu_budget": p.min_num_gpus, "min_endpoint": p.min_workers,
-        "prefill_min_endpoint": p.prefill_min_workers, "decode_min_endpoint": p.decode_min_workers,
-        "report_interval_hours": None, "live_dashboard_port": 0,  # predict writes no HTML report
-    }
-    if p.throughput_adjustment_interval_seconds is not None:
-        data["throughput_adjustment_interval"] = p.throughput_adjustment_interval_seconds
-    if p.load_adjustment_interval_seconds is not None:
-        data["load_adjustment_interval"] = p.load_adjustment_interval_seconds
-    if p.retune is not None:
-        data["retune"] = p.retune
-        if p.enable_throughput_scaling is False and p.enable_load_scaling is False:  # retune-only mode
-            data.update(enable_throughput_scaling=False, enable_load_scaling=False)
-    if p.target == "sla":
-        data["enable_throughput_scaling"] = True if p.enable_throughput_scaling is None else p.enable_throughput_scaling
-        data["enable_load_scaling"] = False if p.enable_load_scaling is None else p.enable_load_scaling
-        if data["enable_throughput_scaling"]:
-            if sla is None or sla.ttft_ms is None or sla.itl_ms is None:
-                raise InputError("evaluation.sla", "planner target sla needs evaluation.sla.ttft_ms and itl_ms "
-                                                   "(an SLA with only e2e_ms cannot size throughput)")
-        if sla is not None and sla.ttft_ms is not None:
-            data["ttft_ms"] = sla.ttft_ms
-        if sla is not None and sla.itl_ms is not None:
-            data["itl_ms"] = sla.itl_ms
-    if p.target == "load":
-        data.update(decode_scale_up_kv_rate=90, decode_scale_down_kv_rate=70)
-        if disagg:
-            data.update(prefill_scale_up_queue_tokens=1, prefill_scale_down_queue_tokens=0)
-    try:
-        pc = PlannerConfig.model_validate(data)
-    except ValidationError as exc:
-        err = format_validation_error(exc)
-        raise InputError(f"planner.{err.where}", err.message, category=err.category) from None
-    tick_interval_s(pc, "planner", replay_keys=True)  # the interval rules, checked with the config
-    return _with_retune(pc, "planner", sla, replay_keys=True)
-
-
-def _with_retune(pc: PlannerConfig, field: str, sla=None, replay_keys: bool = False) -> PlannerConfig:
-    """``pc`` with its retune section checked against the Planner and its defaults resolved
-    (scoring SLA: ``sla`` (evaluation.sla) where set, else the Planner's ttft_ms / itl_ms)."""
-    if pc.retune is None:
-        return pc
-    thr, load = effective_loops(pc)
-    rc = resolve_retune(
-        pc.retune, field=field, tick_s=tick_interval_s(pc, field, replay_keys), throughput=thr, load=load,
-        target=pc.optimization_target, load_predictor=pc.load_predictor,
-        throughput_interval_s=pc.throughput_adjustment_interval,
-        ttft_ms=sla.ttft_ms if sla is not None and sla.ttft_ms is not None else pc.ttft_ms,
-        itl_ms=sla.itl_ms if sla is not None and sla.itl_ms is not None else pc.itl_ms)
-    return pc.model_copy(update={"retune": rc})
-
-
-def retune_only(pc: PlannerConfig) -> bool:
-    """Retune-only mode: retune set and both scaling flags false; the Planner never scales."""
-    return pc.retune is not None and not pc.enable_throughput_scaling and not pc.enable_load_scaling
-
-
-def effective_loops(pc: PlannerConfig) -> tuple[bool, bool]:
-    """(throughput scaling, load scaling) as a live Planner runs them (neither in retune-only mode)."""
-    if retune_only(pc):
-        return False, False
-    if pc.optimization_target != "sla":
-        return False, True
-    return pc.enable_throughput_scaling, pc.enable_load_scaling
-
-
-def tick_interval_s(pc: PlannerConfig, field: str, replay_keys: bool = False) -> float:
-    thr, load = effective_loops(pc)
-    if retune_only(pc):  # ticks every load interval
-        if pc.scheduling.scale_interval_seconds is not None:
-            return pc.scheduling.scale_interval_seconds
-        return round(pc.load_adjustment_interval * 1000) / 1000.0
-    if not thr and not load:
-        raise InputError(f"{field}.enable_load_scaling", "at least one of enable_throughput_scaling and "
-                                                         "enable_load_scaling must be on")
-    if thr and load and not pc.load_adjustment_interval < pc.throughput_adjustment_interval:
-        key = "load_adjustment_interval_seconds" if replay_keys else "load_adjustment_interval"
-        raise InputError(f"{field}.{key}", "must be shorter than the throughput interval when both loops run")
-    if pc.scheduling.scale_interval_seconds is not None:
-        return pc.scheduling.scale_interval_seconds
-    ms = [round(pc.load_adjustment_interval * 1000)]
-    if thr:
-        ms.append(pc.throughput_adjustment_interval * 1000)
-    if not load:
-        ms = ms[1:]
-    g = 0
-    for x in ms:
-        g = math.gcd(g, int(x))
-    return g / 1000.0
-
-
-def digest(pc: PlannerConfig) -> str:
-    import hashlib
-
-    doc = pc.model_dump(mode="json", exclude=set(IDENTITY_EXCLUSIONS))
-    if isinstance(doc.get("retune"), dict):
-        doc["retune"].pop("max_parallel", None)  # how many sweep workers: the same decisions either way
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

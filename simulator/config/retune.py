@@ -3,9 +3,9 @@ domains, and every requirement and rejection the seed states, checked before any
 
 The same block is the YAML ``planner.retune`` and the Python API's ``planner_config["retune"]``
 (PlannerConfig names). ``RetuneConfig`` checks the section itself, ``resolve`` the rules that need
-the Planner (called by ``simulator.config.planner_config``), ``check_replay_sections`` /
-``check_api_arguments`` the traffic and router a retune needs; the recorded history is checked
-against the replayed trace when the plan is built (``simulator.traffic.history``). Every error is
+the Planner (called by ``simulator.planning.lower_planner``); the traffic and router a retune
+needs are checked with the other cross-section rules (``simulator.config.rules``), the recorded
+history against the replayed trace when the plan is built (``simulator.traffic.history``). Every error is
 one line naming the key and the fix. Keys, defaults, domains and requirements: docs/retune-config.md.
 """
 
@@ -33,8 +33,7 @@ from aisim.simulator.config.models import (
 from aisim.simulator.errors import InputError
 
 __all__ = ["Domain", "RouterDomains", "PlannerDomains", "RetuneConfig", "ROUTER_KNOBS", "ROUTER_DEFAULT_DOMAINS",
-           "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve",
-           "check_replay_sections", "check_api_arguments"]
+           "PLANNER_KNOBS", "DEFAULT_SENSITIVITY_DOMAIN", "PRESET_MAX_PROPHET_WINDOW", "resolve"]
 
 
 # -- knobs -------------------------------------------------------------------------------
@@ -395,56 +394,3 @@ def resolve(rc: RetuneConfig, *, field: str, tick_s: float, throughput: bool, lo
     if throughput and rc.history_seconds is None:
         update["history_seconds"] = float(throughput_interval_s * PRESET_MAX_PROPHET_WINDOW)
     return rc.model_copy(update=update) if update else rc
-
-
-# -- rules that need the traffic and the router -----------------------------------------------
-def check_replay_sections(cfg) -> None:
-    """The ``predict`` config's traffic and router sections, as retune needs them."""
-    from aisim.simulator.config import models as m
-
-    rc = cfg.planner.retune
-    src, load, stop = cfg.traffic.source, cfg.traffic.load, cfg.traffic.stop
-    if not isinstance(src, m.TraceSource):
-        raise InputError("traffic.source.type", f"retune replays windows of a recorded Dynamo request trace, not "
-                                                f"{src.type} traffic; use type: trace with format: dynamo")
-    if src.format != "dynamo":
-        raise InputError("traffic.source.format", f"retune needs format: dynamo (got {src.format}): it replays windows "
-                                                  "of a Dynamo request trace; convert one with aisim trace convert "
-                                                  "--from mooncake --to dynamo")
-    if isinstance(load, m.ConcurrencyLoad):
-        raise InputError("traffic.load.type", "retune needs open-loop arrivals on the trace's timestamps, not a closed "
-                                              "loop (concurrency); use type: trace_timestamps (speedup allowed)")
-    if not isinstance(load, m.TraceTimestampsLoad):
-        raise InputError("traffic.load.type", f"retune needs type: trace_timestamps (speedup allowed), got "
-                                              f"{load.type}: its windows are cut on the recorded arrival times")
-    if stop.max_virtual_time_seconds is not None:
-        raise InputError("traffic.stop.max_virtual_time_seconds", "is not allowed with retune (it replays the whole "
-                                                                  "trace); remove it, or cut the trace instead")
-    if rc.router is not None and cfg.router.policy != "kv_router":
-        raise InputError("router.policy", f"planner.retune.router tunes the KV router's parameters, but the router is "
-                                          f"{cfg.router.policy}; set router.policy: kv_router or remove "
-                                          "planner.retune.router")
-
-
-def check_api_arguments(rc: RetuneConfig, *, trace_format: str | None, traffic, router_mode: str) -> None:
-    """The Python API's arguments, as retune needs them (``trace_format`` None: synthetic traffic)."""
-    from aisim.simulator.traffic.arrivals import ClosedLoop
-
-    if trace_format is None:
-        raise InputError("planner_config.retune", "run_synthetic_trace_replay does not take retune: it replays windows "
-                                                  "of a recorded Dynamo request trace; use run_trace_replay(..., "
-                                                  "trace_format='dynamo') or remove retune")
-    if trace_format != "dynamo":
-        raise InputError("planner_config.retune", f"retune needs trace_format='dynamo' (got {trace_format!r}): it "
-                                                  "replays windows of a Dynamo request trace; convert the trace (aisim "
-                                                  "trace convert --from mooncake --to dynamo) or remove retune")
-    if isinstance(traffic.arrivals, ClosedLoop):
-        raise InputError("replay_concurrency", "retune needs open-loop arrivals on the trace's timestamps, not a "
-                                               "closed loop; leave replay_concurrency None (arrival_speedup_ratio is "
-                                               "allowed)")
-    if traffic.stop_ms is not None:
-        raise InputError("max_sim_time_ms", "is not allowed with retune (it replays the whole trace); leave it None, "
-                                            "or cut the trace instead")
-    if rc.router is not None and router_mode != "kv_router":
-        raise InputError("router_mode", f"retune.router tunes the KV router's parameters, but router_mode is "
-                                        f"{router_mode!r}; use router_mode='kv_router' or remove retune.router")

@@ -52,19 +52,19 @@ def history_end_ms(spec: str, where: str) -> float:
     return float(w.origin_ms + np.max(w.timestamp_ms + total))
 
 
-def check_history(pc, replay, field: str) -> None:
+def check_history(pp, replay, field: str) -> None:
     """With throughput scaling, ``load_predictor_warmup_trace`` is retune's recorded history: a
     Dynamo request trace that ends at or before the first request of ``replay`` (the replayed
-    workload), on the same absolute timestamps. ``pc``: the PlannerConfig with its resolved retune."""
-    rc = pc.retune
+    workload), on the same absolute timestamps. ``pp``: the ``PlannerPlan`` (its resolved retune)."""
+    rc = pp.retune
     if rc is None or rc.history_seconds is None:  # resolved: set exactly when throughput scaling runs
         return
     where = f"{field}.load_predictor_warmup_trace"
-    if not pc.load_predictor_warmup_trace:
+    if not pp.warmup_trace:
         raise InputError(where, "retune with throughput scaling reads the load-predictor history from it; set it to a "
                                 "Dynamo request trace that ends at or before the first replayed request (aisim trace "
                                 "convert --split-at-seconds S --history-out H writes one)")
-    end = history_end_ms(pc.load_predictor_warmup_trace, where)
+    end = history_end_ms(pp.warmup_trace, where)
     first = float(replay.origin_ms)
     if end > first:
         raise InputError(where, f"the history must end at or before the first replayed request on the same absolute "

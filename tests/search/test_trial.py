@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import msgpack
@@ -58,15 +59,14 @@ def test_a_metrics_key_the_summary_lacks_fails_the_trial(plan):
 
 
 def test_a_failing_run_is_a_failed_result_with_its_category_and_one_line(plan):
-    # min_gpu_budget over max_gpu_budget: the Planner refuses it when the run builds it
-    cfg, cdir = load_config(QUICKSTART, [STOP, "planner={policy: enabled}"])
-    with_planner = plan_from_config(cfg, cdir)
-    bad = pickle.loads(pickle.dumps(with_planner))
-    object.__setattr__(bad, "planner", with_planner.planner.model_copy(update={"min_gpu_budget": 16,
-                                                                                "max_gpu_budget": 2}))
+    # a plan built by hand whose pool asks for measured timing without a model: the run refuses it
+    # when it builds the timing model
+    pool = plan.pools[0]
+    bad = dataclasses.replace(plan, pools=[dataclasses.replace(
+        pool, model=None, timing=dataclasses.replace(pool.timing, type="default"))])
     result = run_trial(bad)
-    assert result == TrialResult("failed", "gpu_budget", "planner.min_num_gpus: 16 is over max_gpu_budget 2; "
-                                 "lower it or raise max_gpu_budget", None)
+    assert result == TrialResult("failed", "invalid_config", "engine.workers.aggregated.timing: timing type default "
+                                 "needs the model and hardware (engine.model, engine.hardware)", None)
 
 
 def test_any_exception_is_a_failed_result_of_category_runtime(plan, monkeypatch):

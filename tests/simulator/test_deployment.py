@@ -144,3 +144,62 @@ def test_engine_wide_arguments_must_agree_between_the_roles():
 
     with pytest.raises(InputError, match="decode_engine_args.model: must equal prefill_engine_args.model"):
         _lower({"model": "meta-llama/Llama-3.1-8B-Instruct"}, {})
+
+
+def _api_planner_plan(planner_config: dict, sla_ttft_ms=None, sla_itl_ms=None):
+    from aisim.simulator.api import _api_plan, _traffic
+
+    traffic = _traffic({"type": "synthetic", "input_tokens": 100, "output_tokens": 4}, {"type": "concurrency",
+                       "concurrency": 1}, {"requests": 1}, {})
+    args = {"num_gpu_blocks": 100, "timing_model": FIXED, "tensor_parallel_size": 2}
+    return _api_plan(traffic, extra_engine_args=args, prefill_engine_args=None, decode_engine_args=None,
+                     num_workers=2, num_prefill_workers=1, num_decode_workers=1, router_mode="round_robin",
+                     router_config=None, planner_config=planner_config, sla_ttft_ms=sla_ttft_ms,
+                     sla_itl_ms=sla_itl_ms, sla_e2e_ms=None, capture_per_request=False, capture_planner_details=True,
+                     fast_forward=True, seed=42, backend="local", router_sync_ms=0.0, ray_address=None,
+                     engine_actors=None, planner_report_dir=None)
+
+
+def test_the_api_planner_config_and_the_equivalent_planner_section_lower_to_one_plan():
+    api = _api_planner_plan({"mode": "agg", "optimization_target": "sla", "ttft_ms": 800, "itl_ms": 40,
+                             "enable_load_scaling": True, "max_gpu_budget": 6, "min_gpu_budget": 2,
+                             "min_endpoint": 2, "throughput_adjustment_interval": 60, "load_adjustment_interval": 10,
+                             "load_predictor": "kalman", "kalman_r": 5.0, "scheduling": {"scale_interval_seconds": 5}})
+    engine = _engine(parallelism={"replicas": 2, "tensor": 2})
+    section = {"policy": "enabled", "target": "sla", "enable_load_scaling": True, "max_num_gpus": 6,
+               "min_num_gpus": 2, "min_workers": 2, "throughput_adjustment_interval_seconds": 60,
+               "load_adjustment_interval_seconds": 10, "load_predictor": "kalman", "kalman_r": 5.0,
+               "scale_interval_seconds": 5}
+    yaml = plan_from_config(validate_config({"engine": engine, "traffic": TRAFFIC, "planner": section,
+                                             "evaluation": {"sla": {"ttft_ms": 800, "itl_ms": 40}}})).planner
+    assert api.planner == yaml  # settings, retune and warm-up: one value
+    s = yaml.settings
+    assert (s.max_gpu_budget, s.min_gpu_budget, s.min_endpoint, s.tick_interval_s) == (6, 2, 2, 5.0)
+    assert (s.ttft_ms, s.itl_ms, s.predictor.family, s.predictor.kalman_r) == (800, 40, "kalman", 5.0)
+    assert (s.enable_throughput_scaling, s.enable_load_scaling, s.decode_engine_num_gpu) == (True, True, 2)
+    assert api.planner.digest() == yaml.digest()  # planner_config_digest: the same Planner, the same digest
+    # the YAML's own ttft_ms/itl_ms (the Planner's targets) override evaluation.sla's, as the API's do
+    own = plan_from_config(validate_config({"engine": engine, "traffic": TRAFFIC,
+                                            "planner": {**section, "ttft_ms": 800, "itl_ms": 40},
+                                            "evaluation": {"sla": {"ttft_ms": 100, "itl_ms": 10}}})).planner
+    assert own.settings == s
+
+
+def test_a_planner_lowering_error_names_the_key_in_the_callers_dialect():
+    from aisim.simulator.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        _api_planner_plan({"mode": "agg", "max_gpu_budget": 2, "min_gpu_budget": 4})
+    assert info.value.where == "planner_config.min_gpu_budget" and "max_gpu_budget 2" in info.value.message
+    with pytest.raises(InputError) as info:
+        _api_planner_plan({"mode": "agg", "optimization_target": "sla", "enable_load_scaling": True,
+                           "load_adjustment_interval": 200})
+    assert info.value.where == "planner_config.load_adjustment_interval"
+    with pytest.raises(InputError) as info:
+        plan_from_config(validate_config({"engine": _engine(), "traffic": TRAFFIC, "planner": {
+            "policy": "enabled", "target": "sla", "enable_load_scaling": True, "load_adjustment_interval_seconds": 200},
+            "evaluation": {"sla": {"ttft_ms": 800, "itl_ms": 40}}}))
+    assert info.value.where == "planner.load_adjustment_interval_seconds"
+    with pytest.raises(InputError) as info:
+        _api_planner_plan({"mode": "agg", "prefill_min_endpoint": 2})
+    assert info.value.where == "planner_config.prefill_min_endpoint" and "use min_endpoint" in info.value.message

@@ -81,7 +81,7 @@ def test_kv_capacity(overrides, where):
 def test_minimum_workers_over_the_budget_run_clamped_as_in_the_reference():
     cfg, config_dir = load_config(PLANNER_AGG, ["planner.max_num_gpus=1", "planner.min_workers=3",
                                                 "traffic.source.paths=[data/conversation_slice.jsonl]"])
-    assert plan_from_config(cfg, config_dir).planner.max_gpu_budget == 1
+    assert plan_from_config(cfg, config_dir).planner.settings.max_gpu_budget == 1
 
 
 def test_gpu_budget_from_the_python_api():

@@ -124,7 +124,7 @@ def test_disabled_planner_reports_null():
          None, "planner.load_adjustment_interval_seconds", "shorter"),
         ({"policy": "enabled", "retune": {"interval_seconds": 600}}, None,
          "traffic.source.type", "retune replays windows of a recorded Dynamo request trace"),
-        ({"policy": "enabled", "min_num_gpus": 9}, None, "planner.min_num_gpus", "is over max_gpu_budget 8"),
+        ({"policy": "enabled", "min_num_gpus": 9}, None, "planner.min_num_gpus", "is over max_num_gpus 8"),
         ({"policy": "enabled", "min_num_gpu": 2}, None, "planner.min_num_gpu", "Extra inputs are not permitted"),
         ({"policy": "enabled", "fpm_sample_bucket_size": 10}, None, "planner.fpm_sample_bucket_size", "perfect square"),
     ],
@@ -143,18 +143,27 @@ def _raw(planner, extra):
 
 
 def test_target_rules_set_the_loops_and_thresholds():
+    def loops(pp):
+        return pp.settings.enable_throughput_scaling, pp.settings.enable_load_scaling
+
     thr = plan_from_config(cfg({"policy": "enabled", "target": "throughput", "enable_throughput_scaling": True,
                                 "enable_load_scaling": False})).planner
-    from aisim.simulator.config.planner_config import effective_loops, tick_interval_s
-
-    assert effective_loops(thr) == (False, True)  # non-sla targets ignore the two flags
-    load = plan_from_config(cfg({"policy": "enabled", "target": "load"})).planner
+    assert loops(thr) == (False, True)  # non-sla targets ignore the two flags
+    load = plan_from_config(cfg({"policy": "enabled", "target": "load"})).planner.settings
     assert (load.decode_scale_up_kv_rate, load.decode_scale_down_kv_rate) == (90, 70)
+    mine = plan_from_config(cfg({"policy": "enabled", "target": "load", "decode_scale_up_kv_rate": 80,
+                                 "decode_scale_down_kv_rate": 40})).planner.settings  # (an aisim extension)
+    assert (mine.decode_scale_up_kv_rate, mine.decode_scale_down_kv_rate) == (80, 40)
     sla = plan_from_config(cfg({"policy": "enabled", "target": "sla"})).planner
-    assert effective_loops(sla) == (True, False) and (sla.ttft_ms, sla.itl_ms) == (1000, 50)
-    assert tick_interval_s(sla, "planner") == 180.0
+    assert loops(sla) == (True, False) and (sla.settings.ttft_ms, sla.settings.itl_ms) == (1000, 50)
+    assert sla.settings.tick_interval_s == 180.0
+    own = plan_from_config(cfg({"policy": "enabled", "target": "sla", "ttft_ms": 700})).planner.settings
+    assert (own.ttft_ms, own.itl_ms) == (700, 50)  # the Planner's own target over evaluation.sla's
     both = plan_from_config(cfg({"policy": "enabled", "target": "sla", "enable_load_scaling": True})).planner
-    assert tick_interval_s(both, "planner") == 5.0
+    assert both.settings.tick_interval_s == 5.0
+    tick = plan_from_config(cfg({"policy": "enabled", "target": "sla", "enable_load_scaling": True,
+                                 "scale_interval_seconds": 2.5})).planner
+    assert tick.settings.tick_interval_s == 2.5
 
 
 def test_python_api_planner_config_forms_and_html_report(tmp_path, monkeypatch):

@@ -259,9 +259,9 @@ def test_an_sla_planner_candidate():
         "kalman_q_trend": 0.1, "kalman_r": 10.0, "kalman_min_points": 5, "max_num_gpus": 8, "min_workers": 2}
     worker = mapping["engine"]["workers"]["aggregated"]
     assert worker["startup_seconds"] == 30 and mapping["engine"]["context_length"] == 8192
-    pc = plan.planner
-    assert (pc.optimization_target, pc.mode, pc.max_gpu_budget, pc.min_endpoint, pc.load_predictor,
-            pc.max_num_fpm_samples, pc.ttft_ms, pc.itl_ms) == ("sla", "agg", 8, 2, "kalman", 128, 2000.0, 50.0)
+    s = plan.planner.settings
+    assert (s.target, s.mode, s.max_gpu_budget, s.min_endpoint, s.predictor.family,
+            s.max_num_fpm_samples, s.ttft_ms, s.itl_ms) == ("sla", "agg", 8, 2, "kalman", 128, 2000.0, 50.0)
     assert plan.pools[0].startup_seconds == 30 and plan.pools[0].scheduler.context_length == 8192
 
 
@@ -272,7 +272,7 @@ def test_a_load_planner_under_a_throughput_target():
                                      DISAGG_SHAPE))
     assert mapping["planner"]["target"] == "throughput" and mapping["planner"]["enable_load_scaling"] is True
     assert "min_workers" not in mapping["planner"]
-    assert (plan.planner.optimization_target, plan.planner.mode) == ("throughput", "disagg")
+    assert (plan.planner.settings.target, plan.planner.settings.mode) == ("throughput", "disagg")
 
 
 def test_throughput_scaling_needs_the_sla_planner_target():

@@ -8,7 +8,7 @@ import pytest
 
 from aisim import plan_from_config
 from aisim.simulator.config.loading import apply_overrides, load_config, parse_override, validate_config
-from aisim.simulator.config.support import check_supported
+from aisim.simulator.config.rules import check_config
 from aisim.simulator.errors import InputError, NotSupportedError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ def base() -> dict:
 
 def err(data: dict) -> InputError:
     with pytest.raises(InputError) as info:
-        check_supported(validate_config(data))
+        check_config(validate_config(data))
     return info.value
 
 
@@ -36,7 +36,7 @@ def test_shipped_configs_validate():
         if path.name.startswith(("spica-", "capacity-")):  # aisim recommend / capacity: tests/search
             continue
         cfg, _ = load_config(path)
-        check_supported(cfg)
+        check_config(cfg)
 
 
 def test_unknown_key_names_its_path():

@@ -13,13 +13,7 @@ import pytest
 from aisim.simulator.api import run_synthetic_trace_replay, run_trace_replay
 from aisim.simulator.config.loading import load_config
 from aisim.simulator.config.models import ROUTER_RESERVED, PlannerKnobs
-from aisim.simulator.config.planner_config import (
-    PlannerConfig,
-    effective_loops,
-    from_replay_section,
-    parse_planner_config,
-    tick_interval_s,
-)
+from aisim.simulator.config.planner_config import parse_planner_config, planner_section
 from aisim.simulator.config.retune import (
     DEFAULT_SENSITIVITY_DOMAIN,
     PLANNER_KNOBS,
@@ -28,7 +22,8 @@ from aisim.simulator.config.retune import (
     RetuneConfig,
 )
 from aisim.simulator.errors import InputError, NotSupportedError
-from aisim.simulator.plan import plan_from_config
+from aisim.simulator.plan import lower_engine, plan_from_config
+from aisim.simulator.planning import PlannerPlan, lower_planner
 from aisim.simulator.traffic.history import history_end_ms
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,10 +80,23 @@ def valid(ov: list[str]):
     return p
 
 
-def planner_config(planner: dict, *extra: str, path: Path = WHOLE) -> PlannerConfig:
-    """The PlannerConfig the section lowers to (what plan_from_config carries), resolved."""
+def planner_config(planner: dict, *extra: str, path: Path = WHOLE) -> PlannerPlan:
+    """The PlannerPlan the section lowers to (what plan_from_config carries), retune resolved."""
     cfg, _ = load_config(QUICK, overrides(planner, *extra, path=path))
-    return from_replay_section(cfg.planner, cfg.engine.mode, cfg.evaluation.sla)
+    pools, _ = lower_engine(cfg.engine)
+    return lower_planner(cfg.planner, pools, cfg.evaluation.sla)
+
+
+def api_planner(raw) -> PlannerPlan:
+    """The PlannerPlan an API planner_config lowers to (aggregated quickstart pools, no SLA)."""
+    cfg, _ = load_config(QUICK, [])
+    pools, _ = lower_engine(cfg.engine)
+    return lower_planner(planner_section(parse_planner_config(raw), "aggregated", "vllm"), pools, None,
+                         field="planner_config")
+
+
+def loops(pp: PlannerPlan) -> tuple[bool, bool]:
+    return pp.settings.enable_throughput_scaling, pp.settings.enable_load_scaling
 
 
 # -- valid sections and what the PlannerConfig carries ------------------------------------------
@@ -120,14 +128,14 @@ def test_retune_only_mode_never_scales_and_ticks_every_load_interval():
     for target in ("throughput", "sla", "load"):
         pc = planner_config({**retune_only({"router": ROUTER}), "target": target,
                              "load_adjustment_interval_seconds": 2.5}, path=WHOLE)
-        assert effective_loops(pc) == (False, False) and tick_interval_s(pc, "planner") == 2.5
+        assert loops(pc) == (False, False) and pc.settings.tick_interval_s == 2.5
     valid(overrides({**retune_only({"router": ROUTER}), "target": "sla"}))
 
 
 def test_both_flags_false_without_retune_keep_todays_rules():
     cfg, config_dir = load_config(QUICK, [f"planner={json.dumps(RETUNE_ONLY)}"])
     pc = plan_from_config(cfg, config_dir).planner
-    assert effective_loops(pc) == (False, True)  # a non-sla target ignores the flags and autoscales
+    assert loops(pc) == (False, True)  # a non-sla target ignores the flags and autoscales
     cfg, config_dir = load_config(QUICK, [f"planner={json.dumps({**RETUNE_ONLY, 'target': 'sla'})}"])
     with pytest.raises(InputError, match="at least one of enable_throughput_scaling"):
         plan_from_config(cfg, config_dir)
@@ -399,12 +407,13 @@ def test_the_api_takes_retune_with_planner_config_names_and_a_dynamo_trace(tmp_p
     report = run_trace_replay(str(WHOLE), trace_format="dynamo", router_mode="kv_router",
                               planner_config=API_RETUNE_ONLY, extra_engine_args={"num_gpu_blocks": 29249})
     assert report.planner["retune_events"] == []  # ~5 minutes: shorter than one window plus grace
+    pp = api_planner(API_RETUNE_ONLY)
+    assert loops(pp) == (False, False) and (pp.retune.sla_ttft_ms, pp.retune.sla_itl_ms) == (500, 50)
     pc = parse_planner_config(API_RETUNE_ONLY)
-    assert effective_loops(pc) == (False, False) and (pc.retune.sla_ttft_ms, pc.retune.sla_itl_ms) == (500, 50)
-    assert parse_planner_config(pc) == pc
+    assert parse_planner_config(pc) is pc
     sla = {"mode": "agg", "optimization_target": "sla", "ttft_ms": 800, "itl_ms": 40,
            "load_predictor_warmup_trace": str(HISTORY), "retune": {"interval_seconds": 180, "planner": "default"}}
-    assert parse_planner_config(sla).retune.sla_ttft_ms == 800  # the Planner's own SLA
+    assert api_planner(sla).retune.sla_ttft_ms == 800  # the Planner's own SLA
 
 
 @pytest.mark.parametrize("kwargs,where,needle", [

@@ -1,0 +1,159 @@
+"""The config rules that read more than one section or field, in one place (the pydantic
+models check each section alone). ``check_config`` runs them all on a validated ``predict``
+config before it is lowered; the Python API runs the same engine rules on the engine section its
+arguments become, and the retune rules in its own argument names.
+
+- not modelled yet: valid reference features this build does not model; each names the key and
+  what to use instead, and is removed as its feature lands (never ignored silently);
+- engine: what each worker's timing and KV sizing need (the model, the GPU), block sizes per
+  backend;
+- retune: the traffic and the router a retune needs.
+The Planner's rules that need the engine and the SLA are part of its one lowering
+(``simulator.planning.lower_planner``), where both the YAML section and the API's PlannerConfig
+pass.
+"""
+
+from __future__ import annotations
+
+from aisim.simulator.config import models as m
+from aisim.simulator.config.models import ROUTER_RESERVED
+from aisim.simulator.errors import InputError, NotSupportedError
+
+__all__ = ["BACKEND_BLOCK_SIZE", "check_config", "check_engine", "check_retune_sections", "check_retune_api_arguments",
+           "block_size"]
+
+BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}  # kv_cache.block_size when not given
+
+
+def check_config(cfg: m.PredictConfig) -> None:
+    """Every cross-section rule of a ``predict`` config (before the trace is read)."""
+    check_engine(cfg.engine)
+    _check_supported(cfg)
+    if cfg.planner.retune is not None:  # (the section model rejects it under policy disabled)
+        check_retune_sections(cfg)
+
+
+# -- not modelled yet ---------------------------------------------------------------------
+def _no(path: str, what: str, instead: str) -> NotSupportedError:
+    return NotSupportedError(path, f"{what} is not supported yet; {instead}")
+
+
+def _check_supported(cfg: m.PredictConfig) -> None:
+    """The traffic and router features this build does not model yet."""
+    src = cfg.traffic.source
+    if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
+        raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
+    r = cfg.router
+    for key, reason in ROUTER_RESERVED.items():
+        if getattr(r, key) is not None:
+            raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
+    if r.prefill_load_model.type != "none":
+        raise NotSupportedError("router.prefill_load_model.type", "aic (time-decaying prefill backlog) is not supported "
+                                                                 "yet; use none (prefill tokens count until the first token)")
+
+
+def check_engine_supported(e: m.Engine) -> None:
+    """The engine features this build does not model yet."""
+    if e.mode == "afd":
+        raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
+    if e.backend != "vllm":
+        raise _no("engine.backend", f"backend {e.backend} scheduling", "use backend: vllm")
+    for key in ("speculation", "nextn_accepted", "tokenization"):
+        if getattr(e, key) is not None:
+            raise _no(f"engine.{key}", key, f"remove engine.{key}")
+    if e.nextn:
+        raise _no("engine.nextn", "speculative decoding (nextn > 0)", "remove engine.nextn")
+    for role, w in e.workers.items():
+        base = f"engine.workers.{role}"
+        if role == "encoder":
+            raise _no(base, "the encoder role", "remove workers.encoder")
+        if w.kv_cache.host_offload is not None:
+            raise _no(f"{base}.kv_cache.host_offload", "host (G2) KV offload", "remove kv_cache.host_offload")
+        if w.timing.forward_model != "op_level":
+            raise _no(f"{base}.timing.forward_model", "forward_model fpm", "remove timing.forward_model")
+        if w.scheduler.prefill_decode_interval:
+            raise NotSupportedError(f"{base}.scheduler.prefill_decode_interval", "prefill_decode_interval is SGLang-only; "
+                                                                                 "remove it with backend vllm")
+        p = w.parallelism
+        if p.decode_context > 1 and p.tensor % p.decode_context:
+            raise NotSupportedError(f"{base}.parallelism.decode_context", "decode_context must divide tensor")
+        if role == "aggregated" and p.prefill_context > 1 and p.decode_context > 1:
+            raise NotSupportedError(f"{base}.parallelism", "aggregated workers may set at most one of prefill_context/decode_context > 1")
+
+
+# -- engine -------------------------------------------------------------------------------
+def block_size(e: m.Engine, wk: m.Worker) -> int:
+    """A worker's KV block size: its own, else the backend's default."""
+    return wk.kv_cache.block_size or BACKEND_BLOCK_SIZE[e.backend]
+
+
+def _required(field: str, why: str, example: str) -> InputError:
+    return InputError(field, f"Field required: {why}; name it (e.g. {example})")
+
+
+def check_engine(e: m.Engine) -> None:
+    """The engine section's rules across its fields (the Python API's engine section too)."""
+    check_engine_supported(e)
+    for role, wk in e.workers.items():
+        base = f"engine.workers.{role}"
+        if e.backend in ("vllm", "trtllm") and block_size(e, wk) < 2:
+            raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+        needs = [f"timing type {wk.timing.type}"] if wk.timing.type in ("default", "roofline") else []
+        if wk.kv_cache.capacity.type == "default":
+            needs.append("kv_cache.capacity type default")
+        if needs and e.model is None:
+            raise _required("engine.model", f"{' and '.join(needs)} of {base} need the model",
+                            "meta-llama/Llama-3.1-8B-Instruct")
+        if needs and (wk.hardware or e.hardware) is None:
+            raise _required("engine.hardware", f"{' and '.join(needs)} of {base} need the GPU", "h200_sxm")
+
+
+# -- retune -------------------------------------------------------------------------------
+def check_retune_sections(cfg: m.PredictConfig) -> None:
+    """The ``predict`` config's traffic and router sections, as retune needs them."""
+    rc = cfg.planner.retune
+    src, load, stop = cfg.traffic.source, cfg.traffic.load, cfg.traffic.stop
+    if not isinstance(src, m.TraceSource):
+        raise InputError("traffic.source.type", f"retune replays windows of a recorded Dynamo request trace, not "
+                                                f"{src.type} traffic; use type: trace with format: dynamo")
+    if src.format != "dynamo":
+        raise InputError("traffic.source.format", f"retune needs format: dynamo (got {src.format}): it replays windows "
+                                                  "of a Dynamo request trace; convert one with aisim trace convert "
+                                                  "--from mooncake --to dynamo")
+    if isinstance(load, m.ConcurrencyLoad):
+        raise InputError("traffic.load.type", "retune needs open-loop arrivals on the trace's timestamps, not a closed "
+                                              "loop (concurrency); use type: trace_timestamps (speedup allowed)")
+    if not isinstance(load, m.TraceTimestampsLoad):
+        raise InputError("traffic.load.type", f"retune needs type: trace_timestamps (speedup allowed), got "
+                                              f"{load.type}: its windows are cut on the recorded arrival times")
+    if stop.max_virtual_time_seconds is not None:
+        raise InputError("traffic.stop.max_virtual_time_seconds", "is not allowed with retune (it replays the whole "
+                                                                  "trace); remove it, or cut the trace instead")
+    if rc.router is not None and cfg.router.policy != "kv_router":
+        raise InputError("router.policy", f"planner.retune.router tunes the KV router's parameters, but the router is "
+                                          f"{cfg.router.policy}; set router.policy: kv_router or remove "
+                                          "planner.retune.router")
+
+
+def check_retune_api_arguments(rc, *, trace_format: str | None, traffic, router_mode: str) -> None:
+    """The Python API's arguments, as retune needs them (``trace_format`` None: synthetic traffic)."""
+    from aisim.simulator.traffic.arrivals import ClosedLoop
+
+    if trace_format is None:
+        raise InputError("planner_config.retune", "run_synthetic_trace_replay does not take retune: it replays windows "
+                                                  "of a recorded Dynamo request trace; use run_trace_replay(..., "
+                                                  "trace_format='dynamo') or remove retune")
+    if trace_format != "dynamo":
+        raise InputError("planner_config.retune", f"retune needs trace_format='dynamo' (got {trace_format!r}): it "
+                                                  "replays windows of a Dynamo request trace; convert the trace (aisim "
+                                                  "trace convert --from mooncake --to dynamo) or remove retune")
+    if isinstance(traffic.arrivals, ClosedLoop):
+        raise InputError("replay_concurrency", "retune needs open-loop arrivals on the trace's timestamps, not a "
+                                               "closed loop; leave replay_concurrency None (arrival_speedup_ratio is "
+                                               "allowed)")
+    if traffic.stop_ms is not None:
+        raise InputError("max_sim_time_ms", "is not allowed with retune (it replays the whole trace); leave it None, "
+                                            "or cut the trace instead")
+    if rc.router is not None and router_mode != "kv_router":
+        raise InputError("router_mode", f"retune.router tunes the KV router's parameters, but router_mode is "
+                                        f"{router_mode!r}; use router_mode='kv_router' or remove retune.router")
