@@ -31,7 +31,7 @@ class Op(IntEnum):
     """A timed input's operation (sorts after (time, phase, id): a release precedes the matching enqueue)."""
 
     RELEASE = 0  # payload: the handed-off request's index (its transfer completed)
-    ENQUEUE = 1  # payload: an ``Enqueue``
+    ENQUEUE = 1  # payload: the request; with ``rank`` and ``transferred``
 
 
 class EventKind(IntEnum):
@@ -48,12 +48,7 @@ class UpdateKind(IntEnum):
     FIRST_TOKEN = 1  # ``RequestUpdate``: a request's first token (its prefill load is gone)
     RELEASE = 2  # ``RequestUpdate``: a request left its worker
     PARAMS = 3  # ``ParamsUpdate``: the router's knobs from now on (retune)
-
-
-class Enqueue(NamedTuple):
-    rank: int  # the attention-data rank that admits the request
-    request: object  # the Request (direct host) or its wire form
-    transferred: bool  # the prompt's KV arrived from a prefill worker (admitted as computed)
+    HANDED_OFF = 4  # ``RequestUpdate``: a prefill worker handed the request off (first token, then release)
 
 
 class HostInput(NamedTuple):
@@ -64,7 +59,9 @@ class HostInput(NamedTuple):
     source_id: int  # request index (arrival) or transfer ordinal
     op: int  # Op
     worker_id: int
-    payload: object  # Enqueue (ENQUEUE) or the request index (RELEASE)
+    payload: object  # ENQUEUE: the Request (direct host) or its wire form; RELEASE: the request's index
+    rank: int = 0  # ENQUEUE: the attention-data rank that admits the request
+    transferred: bool = False  # ENQUEUE: the prompt's KV arrived from a prefill worker (admitted as computed)
 
 
 class Control(NamedTuple):
@@ -86,13 +83,6 @@ class HostEvent(NamedTuple):
     payload: object
 
 
-class KvEvent(NamedTuple):
-    worker_id: int
-    rank: int
-    kind: int  # the KV cache's event kind (stored | removed)
-    hashes: object  # the blocks' hashes (a view, or bytes over msgpack)
-
-
 class WorkerStatus(NamedTuple):
     """What the coordinator keeps of a worker between steps (it picks edges from it)."""
 
@@ -108,7 +98,7 @@ class HostOutput(NamedTuple):
     """What ``WorkerHost.step`` and ``deliver`` return."""
 
     events: list  # HostEvent
-    kv: list  # KvEvent
+    kv: list  # KvUpdate per worker with KV events, addressed to its pool's router
     status: list  # WorkerStatus of every worker whose status may have changed
     reached: float | None  # where the step ended (None from deliver)
     fpm: list | None = None  # (worker id, its ranks' Fpm) per worker, from deliver
@@ -157,17 +147,19 @@ class RouteDecision(NamedTuple):
 
 
 class KvUpdate(NamedTuple):
-    pool: str
+    """A worker's KV events since its last ones, in order: an engine host emits them, the
+    coordinator forwards them to the router as they are."""
+
+    pool: str  # the worker's pool (which router hears them)
     tag: int  # UpdateKind.KV
     worker_id: int
-    rank: int
-    kind: int
-    hashes: object
+    events: list  # (rank, kind, hashes) each: the KV cache's event kind (stored | removed) and the
+    # blocks' hashes (a view, or bytes over msgpack)
 
 
 class RequestUpdate(NamedTuple):
     pool: str
-    tag: int  # UpdateKind.FIRST_TOKEN | UpdateKind.RELEASE
+    tag: int  # UpdateKind.FIRST_TOKEN | RELEASE | HANDED_OFF
     index: int
 
 

@@ -72,10 +72,8 @@ from aisim.actors.messages import (
 )
 from aisim.actors.protocol import (
     Control,
-    Enqueue,
     EventKind,
     HostInput,
-    KvUpdate,
     Op,
     ParamsUpdate,
     Phase,
@@ -427,13 +425,11 @@ class Coordinator:
         """Merge the hosts' events into lockstep order and apply them."""
         events = []
         updates = self._updates
-        pool_of = self._pool_of
         status = self._status
         active_on = self._active_on
         n = self.rt.num_hosts
         for out in outs:  # HostOutput
-            for wid, rank, kind, hashes in out.kv:  # KvEvent
-                updates.append(_new(KvUpdate, (pool_of[wid].role, _UP_KV, wid, rank, kind, hashes)))
+            updates.extend(out.kv)  # KvUpdate: the router hears the workers' KV events in their order
             for st in out.status:  # WorkerStatus
                 wid = st[0]
                 status[wid] = st
@@ -444,7 +440,8 @@ class Coordinator:
             events.extend(out.events)
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
-        for t, _phase, sid, _seq, kind, payload in events:  # HostEvent
+        for e in events:  # HostEvent, read by index (a NamedTuple indexes faster than it unpacks)
+            t, sid, kind, payload = e[0], e[2], e[4], e[5]
             if kind == _TERMINAL:
                 self._terminal(payload, t)
             elif kind == _FIRST_TOKEN:
@@ -516,8 +513,7 @@ class Coordinator:
             placing = self._handoffs
             self._handoffs = []
             for t_h, src, req in placing:
-                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_FIRST_TOKEN, req.index)))
-                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_RELEASE, req.index)))
+                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_HANDED_OFF, req.index)))
                 requests.append(_new(RouteCall, ("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
                                           now, len(eligible) - 1)))
         while self._ready and self._ready[0][0] <= now:
@@ -571,7 +567,8 @@ class Coordinator:
     def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
         """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
         wire = self._wire
-        for req, (wid, rank, info) in zip(arriving, decisions):  # RouteDecision
+        for req, d in zip(arriving, decisions):  # RouteDecision, read by index
+            wid, rank, info = d[0], d[1], d[2]
             at = max(req.arrival_ms, now)
             self.num_offered += 1
             if self.log.capture:
@@ -584,7 +581,7 @@ class Coordinator:
                     self._traffic.arrive(req)
                 else:
                     self._late.append(req)
-            self._send(wid, _new(HostInput, (at, _ARRIVAL, req.index, _ENQUEUE, wid, _new(Enqueue, (rank, wire(req), False)))))
+            self._send(wid, _new(HostInput, (at, _ARRIVAL, req.index, _ENQUEUE, wid, wire(req), rank, False)))
 
     def _route_hashes(self, pool: Pool, req: Request):
         return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
@@ -604,7 +601,8 @@ class Coordinator:
                 for (k, _), n in zip(qs, hits[h]):
                     tokens_of[k] -= n * bs
         wire = self._wire
-        for (t_h, src, req), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):
+        for (t_h, src, req), d, tokens in zip(placing, decisions, tokens_of):  # d: RouteDecision
+            wid, rank, info = d[0], d[1], d[2]
             if self.log.capture:
                 req.routing.append(routing_entry(pool.record_pool, now, info))
             delay = self.transfer.delay_ms(tokens)
@@ -616,8 +614,8 @@ class Coordinator:
             heapq.heappush(self._transfer_times, (done, seq))
             self.stats.num_transfers += 1
             # the source releases the KV, then the decode worker admits the prompt as computed
-            self._send(src, _new(HostInput, (done, _TRANSFER, seq, _RELEASE, src, req.index)))
-            self._send(wid, _new(HostInput, (done, _TRANSFER, seq, _ENQUEUE, wid, _new(Enqueue, (rank, wire(req), True)))))
+            self._send(src, _new(HostInput, (done, _TRANSFER, seq, _RELEASE, src, req.index, 0, False)))
+            self._send(wid, _new(HostInput, (done, _TRANSFER, seq, _ENQUEUE, wid, wire(req), rank, True)))
 
     def _tick(self, now: float) -> None:
         self._tick_ms = None
@@ -865,7 +863,8 @@ _ARRIVAL, _TRANSFER = int(Phase.ARRIVAL), int(Phase.TRANSFER)
 _ENQUEUE, _RELEASE = int(Op.ENQUEUE), int(Op.RELEASE)
 _FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
                                                                   EventKind.HANDOFF, EventKind.DRAINED))
-_UP_KV, _UP_FIRST_TOKEN, _UP_RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
+_UP_FIRST_TOKEN, _UP_RELEASE, _UP_HANDED_OFF = (int(k) for k in (UpdateKind.FIRST_TOKEN, UpdateKind.RELEASE,
+                                                                  UpdateKind.HANDED_OFF))
 
 
 def _same(req):

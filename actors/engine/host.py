@@ -18,7 +18,7 @@ early in the same way at the first instant at which a worker hands a request off
 ``reached`` says where it ended).
 
 The messages in and out are the NamedTuples of ``actors.protocol`` (``HostInput``, ``Control``,
-``HostEvent``, ``KvEvent``, ``WorkerStatus``, ``HostOutput``, ``HostFinish``). Output events carry
+``HostEvent``, ``KvUpdate``, ``WorkerStatus``, ``HostOutput``, ``HostFinish``). Output events carry
 ``(time, phase, id, seq)`` so the coordinator can merge every host's events into the same-time
 order (``actors.protocol.Phase``): pass-end events (completions, first tokens, handoffs, drain
 settlements) at ``(t, PASS_END, worker)``, release-triggered drain settlements at
@@ -34,11 +34,23 @@ from operator import itemgetter
 from aisim.actors.engine.request import WAITING, Request, request_from_wire, request_to_wire
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.hashing import hash_view
-from aisim.actors.protocol import EventKind, HostEvent, HostFinish, HostOutput, KvEvent, Op, Phase, WorkerStatus, WorkerTotals
+from aisim.actors.protocol import (
+    EventKind,
+    HostEvent,
+    HostFinish,
+    HostOutput,
+    KvUpdate,
+    Op,
+    Phase,
+    UpdateKind,
+    WorkerStatus,
+    WorkerTotals,
+)
 
 # the protocol's numbers as plain ints in the hot loops
 _PASS_END, _SETTLE = int(Phase.PASS_END), int(Phase.SETTLE)
 _ENQUEUE = int(Op.ENQUEUE)
+_UP_KV = int(UpdateKind.KV)
 _FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
                                                                   EventKind.HANDOFF, EventKind.DRAINED))
 
@@ -145,8 +157,7 @@ class WorkerHost:
 
     def _take_kv(self, wid: int, worker: EngineWorker) -> None:
         if worker.kv_events:
-            for rank, kind, hashes in worker.take_kv_events():
-                self._kv.append(_new(KvEvent, (wid, rank, kind, hashes)))
+            self._kv.append(_new(KvUpdate, (self.pool_of[wid], _UP_KV, wid, worker.take_kv_events())))
 
     def _check_drain(self, wid: int, t: float, phase: int, sid: int) -> None:
         w = self.workers[wid]
@@ -189,14 +200,13 @@ class WorkerHost:
             self._check_drain(wid, t, _PASS_END, wid)
 
     def _apply_input(self, item) -> None:
-        t, phase, sid, op, wid, payload = item  # HostInput
+        t, phase, sid, op, wid, payload, rank, transferred = item  # HostInput (as an exact tuple)
         self._pending_for[wid] -= 1
         heapq.heappop(self._inputs_of[wid])
         self._touched.add(wid)
         worker = self.workers[wid]
         if op == _ENQUEUE:
-            rank, state, transferred = payload  # Enqueue
-            req = self._decode(state, self.source)
+            req = self._decode(payload, self.source)
             if transferred:  # the prompt's KV arrived: admitted as computed (after the source let go)
                 req.materialized = True
                 req.num_computed = 0
@@ -259,7 +269,8 @@ class WorkerHost:
         if control:
             self._control(control)
         for item in inputs:
-            item = tuple(item)  # (a HostInput, or its list form over msgpack)
+            item = tuple(item)  # an exact tuple (a HostInput, or its list form over msgpack): the heap
+            # compares it and _apply_input unpacks it, both faster on an exact tuple
             heapq.heappush(self._pending, item)
             self._pending_for[item[4]] += 1
             heapq.heappush(self._inputs_of[item[4]], item[0])

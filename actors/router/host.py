@@ -10,7 +10,8 @@ from __future__ import annotations
 from aisim.actors.hashing import hash_view
 from aisim.actors.protocol import RouteDecision, UpdateKind
 
-_KV, _FIRST_TOKEN, _RELEASE = int(UpdateKind.KV), int(UpdateKind.FIRST_TOKEN), int(UpdateKind.RELEASE)
+_KV, _FIRST_TOKEN, _RELEASE, _HANDED_OFF = (int(k) for k in (UpdateKind.KV, UpdateKind.FIRST_TOKEN, UpdateKind.RELEASE,
+                                                              UpdateKind.HANDED_OFF))
 _new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 
 
@@ -40,15 +41,22 @@ class RouterHost:
             router = routers[u[0]]
             kind = u[1]
             if kind == _KV:
-                router.on_kv_events(u[2], u[3], u[4], hash_view(u[5]))
+                wid = u[2]
+                for rank, k, hashes in u[3]:
+                    router.on_kv_events(wid, rank, k, hash_view(hashes))
             elif kind == _FIRST_TOKEN:
                 router.on_first_token(RouteRequest(u[2]))
             elif kind == _RELEASE:
                 router.on_release(RouteRequest(u[2]))
+            elif kind == _HANDED_OFF:
+                r = RouteRequest(u[2])
+                router.on_first_token(r)
+                router.on_release(r)
             else:
                 router.set_parameters(u[2])
         out = []
-        for pool, index, prompt_len, hashes, now_ms, ref in requests:  # RouteCall
+        for c in requests:  # RouteCall, read by index (a NamedTuple indexes faster than it unpacks)
+            pool, index, prompt_len, hashes, now_ms, ref = c[0], c[1], c[2], c[3], c[4], c[5]
             if hashes is not None:
                 hashes = hash_view(hashes)  # (bytes when the request crossed as msgpack)
             wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],

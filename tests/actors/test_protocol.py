@@ -19,12 +19,22 @@ def test_the_same_time_phases_are_the_ones_the_docs_list_in_order():
 def test_a_host_output_crosses_msgpack_and_comes_back_with_named_statuses():
     import msgpack
 
-    from aisim.actors.protocol import EventKind, HostEvent, HostOutput, KvEvent, Phase, WorkerStatus, host_output_from_wire
+    from aisim.actors.protocol import (
+        EventKind,
+        HostEvent,
+        HostOutput,
+        KvUpdate,
+        Phase,
+        UpdateKind,
+        WorkerStatus,
+        host_output_from_wire,
+    )
 
-    out = HostOutput([HostEvent(5.0, Phase.PASS_END, 3, 0, EventKind.FIRST_TOKEN, 17)], [KvEvent(3, 0, 1, b"\x01")],
+    kv = KvUpdate("aggregated", UpdateKind.KV, 3, [(0, 1, b"\x01")])
+    out = HostOutput([HostEvent(5.0, Phase.PASS_END, 3, 0, EventKind.FIRST_TOKEN, 17)], [kv],
                      [WorkerStatus(3, True, True, 9.5, 0, 1)], 10.0, None)
     back = host_output_from_wire(msgpack.unpackb(msgpack.packb(out, use_bin_type=True), raw=False))
     assert back.reached == 10.0 and back.status == [WorkerStatus(3, True, True, 9.5, 0, 1)]
     assert back.status[0].next_event_ms == 9.5 and back.status[0].pending == 1
     assert [tuple(e) for e in back.events] == [tuple(e) for e in out.events]  # field order is the wire form
-    assert [tuple(k) for k in back.kv] == [(3, 0, 1, b"\x01")]
+    assert [tuple(k) for k in back.kv] == [("aggregated", 0, 3, [[0, 1, b"\x01"]])]

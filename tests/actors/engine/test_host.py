@@ -9,7 +9,7 @@ from aisim.actors.engine.request import Request
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
-from aisim.actors.protocol import Enqueue, HostInput, Op, Phase
+from aisim.actors.protocol import HostInput, Op, Phase
 
 # budget 512, 16-token blocks, 400 blocks, no prefix caching (no hashes needed)
 CFG = SchedulerConfig(max_batched_tokens=512, block_size=16, num_gpu_blocks=400, enable_prefix_caching=False)
@@ -26,7 +26,7 @@ def _host() -> WorkerHost:
 def _arrivals() -> list:
     # two 100-token prompts at 0, 300 and 200 tokens out: a 100 ms prefill pass, then a decode
     # run of 10 ms passes (299 planned)
-    return [HostInput(0.0, Phase.ARRIVAL, i, Op.ENQUEUE, 0, Enqueue(0, Request(i, None, 0.0, 100, out), False))
+    return [HostInput(0.0, Phase.ARRIVAL, i, Op.ENQUEUE, 0, Request(i, None, 0.0, 100, out), 0, False)
             for i, out in enumerate((300, 200))]
 
 

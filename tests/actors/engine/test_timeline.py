@@ -15,7 +15,7 @@ from aisim.actors.engine.request import Request, request_to_wire
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
-from aisim.actors.protocol import Enqueue, HostInput, Op, Phase
+from aisim.actors.protocol import HostInput, Op, Phase
 from aisim.simulator.metrics.output import canonical_json
 from aisim.simulator.metrics.timeline import Interval, WorkerTimeline
 from tests.conftest import SLICE
@@ -154,7 +154,7 @@ def test_host_finish_reports_timelines_by_worker_id(direct):
     pools = {"aggregated": HostPool(spawn, False, False)}
     host = WorkerHost(pools, None, [(1, "aggregated"), (0, "aggregated")], direct=direct)
     enc = (lambda r: r) if direct else request_to_wire
-    inputs = [HostInput(t, Phase.ARRIVAL, i, Op.ENQUEUE, 1, Enqueue(0, enc(req(i, p, o, t)), False))
+    inputs = [HostInput(t, Phase.ARRIVAL, i, Op.ENQUEUE, 1, enc(req(i, p, o, t)), 0, False)
               for i, (t, p, o) in enumerate([(0.0, 100, 3), (0.0, 300, 2), (50.0, 200, 1)])]
     host.step([], inputs, 0.0, 1000.0)
     out = host.finish(1000.0)
