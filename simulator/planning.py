@@ -88,6 +88,9 @@ class PlannerPlan:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+# the section's keys that PlannerSettings takes under the same name
+_SAME_NAMES = ("max_throughput_scaling_replicas", "max_num_fpm_samples", "fpm_sample_bucket_size",
+               "load_scaling_down_sensitivity", "load_min_observations", "advisory")
 # target load's thresholds when the section leaves them out (the reference's fixed values)
 LOAD_THRESHOLDS = {"decode_scale_up_kv_rate": 90.0, "decode_scale_down_kv_rate": 70.0}
 LOAD_PREFILL_THRESHOLDS = {"prefill_scale_up_queue_tokens": 1.0, "prefill_scale_down_queue_tokens": 0.0}
@@ -167,13 +170,8 @@ def lower_planner(p: m.Planner, pools: list, sla: m.Sla | None, field: str = "pl
         throughput_interval_s=thr_s,
         load_interval_s=load_s,
         tick_interval_s=tick,
-        max_throughput_scaling_replicas=p.max_throughput_scaling_replicas,
-        max_num_fpm_samples=p.max_num_fpm_samples,
-        fpm_sample_bucket_size=p.fpm_sample_bucket_size,
-        load_scaling_down_sensitivity=p.load_scaling_down_sensitivity,
-        load_min_observations=p.load_min_observations,
+        **{k: getattr(p, k) for k in _SAME_NAMES},
         predictor=spec,
-        advisory=p.advisory,
         max_gpu_budget=p.max_num_gpus,
         min_gpu_budget=p.min_num_gpus,
         min_endpoint=p.min_workers,
