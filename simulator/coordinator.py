@@ -440,8 +440,7 @@ class Coordinator:
             events.extend(out.events)
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
-        for e in events:  # HostEvent, read by index (a NamedTuple indexes faster than it unpacks)
-            t, sid, kind, payload = e[0], e[2], e[4], e[5]
+        for t, _phase, sid, _seq, kind, payload in events:  # HostEvent
             if kind == _TERMINAL:
                 self._terminal(payload, t)
             elif kind == _FIRST_TOKEN:
@@ -567,8 +566,7 @@ class Coordinator:
     def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
         """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
         wire = self._wire
-        for req, d in zip(arriving, decisions):  # RouteDecision, read by index
-            wid, rank, info = d[0], d[1], d[2]
+        for req, (wid, rank, info) in zip(arriving, decisions):  # RouteDecision
             at = max(req.arrival_ms, now)
             self.num_offered += 1
             if self.log.capture:
@@ -601,8 +599,7 @@ class Coordinator:
                 for (k, _), n in zip(qs, hits[h]):
                     tokens_of[k] -= n * bs
         wire = self._wire
-        for (t_h, src, req), d, tokens in zip(placing, decisions, tokens_of):  # d: RouteDecision
-            wid, rank, info = d[0], d[1], d[2]
+        for (t_h, src, req), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):  # RouteDecision
             if self.log.capture:
                 req.routing.append(routing_entry(pool.record_pool, now, info))
             delay = self.transfer.delay_ms(tokens)

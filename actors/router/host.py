@@ -8,11 +8,10 @@ same class runs in process and inside a Ray actor.
 from __future__ import annotations
 
 from aisim.actors.hashing import hash_view
-from aisim.actors.protocol import RouteDecision, UpdateKind
+from aisim.actors.protocol import UpdateKind
 
 _KV, _FIRST_TOKEN, _RELEASE, _HANDED_OFF = (int(k) for k in (UpdateKind.KV, UpdateKind.FIRST_TOKEN, UpdateKind.RELEASE,
                                                               UpdateKind.HANDED_OFF))
-_new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 
 
 class RouteRequest:
@@ -55,11 +54,8 @@ class RouterHost:
             else:
                 router.set_parameters(u[2])
         out = []
-        for c in requests:  # RouteCall, read by index (a NamedTuple indexes faster than it unpacks)
-            pool, index, prompt_len, hashes, now_ms, ref = c[0], c[1], c[2], c[3], c[4], c[5]
+        for pool, index, prompt_len, hashes, now_ms, ref in requests:  # RouteCall
             if hashes is not None:
                 hashes = hash_view(hashes)  # (bytes when the request crossed as msgpack)
-            wid, rank, info = routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref],
-                                                  ranks_of)
-            out.append(_new(RouteDecision, (wid, rank, info)))
+            out.append(routers[pool].route(RouteRequest(index, prompt_len, hashes), now_ms, eligible[ref], ranks_of))
         return out

@@ -21,6 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from aisim.actors.engine.kv_cache import REMOVED, STORED, agreeing
+from aisim.actors.protocol import RouteDecision
+
+_new = tuple.__new__  # builds a RouteDecision without its Python-level __new__ (hot loop)
 
 
 class RoundRobinRouter:
@@ -47,7 +50,7 @@ class RoundRobinRouter:
             raise RuntimeError("no eligible worker to route to")
         w = eligible[self._next_worker % len(eligible)]
         self._next_worker += 1
-        return w, self._rank(w, ranks_of[w]), None
+        return _new(RouteDecision, (w, self._rank(w, ranks_of[w]), None))
 
     def on_first_token(self, req) -> None:
         pass
@@ -75,7 +78,7 @@ class RandomRouter(RoundRobinRouter):
         if not eligible:
             raise RuntimeError("no eligible worker to route to")
         w = eligible[int(self.rng.integers(len(eligible)))]
-        return w, self._rank(w, ranks_of[w]), None
+        return _new(RouteDecision, (w, self._rank(w, ranks_of[w]), None))
 
 
 class _Run:
@@ -367,7 +370,7 @@ class KvRouter:
             "reported_overlap_tokens": overlaps[i] * bs,
             "cost": costs[i],
         }
-        return key[0], key[1], info
+        return _new(RouteDecision, (key[0], key[1], info))
 
     def _select(self, costs: list[float]) -> int:
         lo = min(costs)
