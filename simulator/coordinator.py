@@ -463,7 +463,9 @@ class Coordinator:
     def _terminal(self, payload, t: float) -> None:
         req = self._local(payload)
         del self.requests[req.index]
-        self._updates.append(_new(RequestUpdate, (self._pool_of[req.worker].role, _UP_RELEASE, req.index)))
+        pool = self._pool_of[req.worker]
+        if pool.router.tracks_requests:
+            self._updates.append(_new(RequestUpdate, (pool.role, _UP_RELEASE, req.index)))
         self.log.add(req)
         if self.has_planner:
             self._traffic.complete(req)
@@ -511,8 +513,10 @@ class Coordinator:
             eligible.append(list(self.decode.eligible))
             placing = self._handoffs
             self._handoffs = []
+            tracked = self.entry.router.tracks_requests
             for t_h, src, req in placing:
-                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_HANDED_OFF, req.index)))
+                if tracked:
+                    self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_HANDED_OFF, req.index)))
                 requests.append(_new(RouteCall, ("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
                                           now, len(eligible) - 1)))
         while self._ready and self._ready[0][0] <= now:

@@ -10,7 +10,9 @@ Every policy implements the same small interface (tested by one contract suite):
 - ``on_kv_events(worker, rank, kind, hashes)``: blocks stored/removed on a worker, as
   published at pass end;
 - flags telling the coordinator what the policy reads: ``needs_worker_state`` (sync every
-  worker to ``now`` before routing), ``needs_kv_events``, ``tracks_first_tokens``.
+  worker to ``now`` before routing), ``needs_kv_events``, ``tracks_first_tokens``,
+  ``tracks_requests`` (False: ``on_first_token`` / ``on_release`` change nothing, so the
+  coordinator does not send them).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class RoundRobinRouter:
     needs_worker_state = False
     needs_kv_events = False
     tracks_first_tokens = False
+    tracks_requests = False  # on_first_token / on_release change nothing (the coordinator sends neither)
 
     def __init__(self) -> None:
         self._next_worker = 0
@@ -276,6 +279,7 @@ class KvRouter:
 
     needs_worker_state = True
     tracks_first_tokens = True
+    tracks_requests = True
 
     def __init__(
         self,
