@@ -73,7 +73,6 @@ from aisim.actors.messages import (
 from aisim.actors.protocol import (
     Control,
     EventKind,
-    HostInput,
     Op,
     ParamsUpdate,
     Phase,
@@ -380,6 +379,9 @@ class Coordinator:
         return wid % self.rt.num_hosts
 
     def _send(self, wid: int, item: tuple) -> None:
+        """Queue a ``HostInput`` for worker ``wid``'s host. The coordinator builds it as an exact
+        tuple in HostInput's field order: the host keeps its inputs in a heap as exact tuples
+        (they compare and unpack faster), so a NamedTuple would only be copied there."""
         self._inputs[self._host(wid)].append(item)
 
     def _next_arrival(self) -> float | None:
@@ -583,7 +585,7 @@ class Coordinator:
                     self._traffic.arrive(req)
                 else:
                     self._late.append(req)
-            self._send(wid, _new(HostInput, (at, _ARRIVAL, req.index, _ENQUEUE, wid, wire(req), rank, False)))
+            self._send(wid, (at, _ARRIVAL, req.index, _ENQUEUE, wid, wire(req), rank, False))  # HostInput
 
     def _route_hashes(self, pool: Pool, req: Request):
         return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
@@ -615,8 +617,8 @@ class Coordinator:
             heapq.heappush(self._transfer_times, (done, seq))
             self.stats.num_transfers += 1
             # the source releases the KV, then the decode worker admits the prompt as computed
-            self._send(src, _new(HostInput, (done, _TRANSFER, seq, _RELEASE, src, req.index, 0, False)))
-            self._send(wid, _new(HostInput, (done, _TRANSFER, seq, _ENQUEUE, wid, wire(req), rank, True)))
+            self._send(src, (done, _TRANSFER, seq, _RELEASE, src, req.index, 0, False))  # HostInput
+            self._send(wid, (done, _TRANSFER, seq, _ENQUEUE, wid, wire(req), rank, True))  # HostInput
 
     def _tick(self, now: float) -> None:
         self._tick_ms = None
