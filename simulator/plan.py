@@ -28,6 +28,9 @@ from aisim.simulator.traffic.build import TrafficPlan, build_traffic
 from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.workload import Workload
 
+# the rank scheduler's capacity policy of each backend (actors.engine.capacity)
+CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict"}
+
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
 
@@ -171,6 +174,7 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         preemption_mode=wk.scheduler.preemption_mode,
         prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
         prefill_only=role == "prefill",
+        capacity_policy=CAPACITY_POLICY[e.backend],
     )
     timing = TimingSpec(t.type, t.prefill_ms, t.decode_ms, t.compute_efficiency, t.memory_efficiency, t.overhead_ms,
                         wk.speedup_ratio, wk.decode_speedup_ratio)

@@ -11,9 +11,12 @@ A pass (per rank):
 3. Waiting requests next, FCFS with head-of-line blocking, only if nothing was preempted,
    while ``running < max_sequences`` and budget is left: reject requests that can never run
    (``Request.reject_reason``: ``context_length``, ``kv_capacity`` or ``max_batched_tokens``),
-   look up the cached prefix (only full blocks, never the whole prompt), admit when the whole
-   sequence's blocks minus its active cached blocks fit in the blocks not held by live
-   requests, and schedule ``min(remaining, budget)`` tokens.
+   look up the cached prefix (full blocks, up to the capacity policy's limit), admit when the
+   capacity policy says the request fits, and schedule ``min(remaining, budget)`` tokens.
+
+What a request needs to be admitted, how much of a prefix it may reuse and whether running
+requests are preempted is the rank's capacity policy (``actors.engine.capacity``: vLLM's
+recompute policy, or TensorRT-LLM's GUARANTEED_NO_EVICT, which never preempts).
 
 The output is a plain ``RankPass``; effects are applied at pass end by ``finish``.
 """
@@ -25,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from operator import mul
 
+from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.kv_cache import KVCache
 from aisim.actors.engine.request import (
     COMPLETED,
@@ -52,6 +56,7 @@ class SchedulerConfig:
     preemption_mode: str = "lifo"  # or "fifo"
     prefill_schedule_interval: int = 1
     prefill_only: bool = False  # disaggregated prefill role: no decode, one hidden token
+    capacity_policy: str = "vllm"  # actors.engine.capacity.POLICIES: vllm | guaranteed_no_evict (TRT-LLM)
 
 
 @dataclass(slots=True)
@@ -110,6 +115,7 @@ class RankScheduler:
         self.config = config
         self.timing = timing
         self.kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching, record_kv_events)
+        self.policy = POLICIES[config.capacity_policy](config, self.kv)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
@@ -144,6 +150,7 @@ class RankScheduler:
     # -- queue ------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
         req.status = WAITING
+        self.policy.prepare(req)
         self.waiting.append(req)
 
     @property
@@ -202,6 +209,9 @@ class RankScheduler:
             ):
                 can_schedule = True
                 while not kv.grow(req, target, req.hashes):
+                    if not self.policy.preempts:  # (its admission reserved the blocks: cannot happen)
+                        can_schedule = False
+                        break
                     victim = running.pop() if self._lifo else running.pop(0)
                     num_running -= 1
                     was_decode = victim.prefill_done
@@ -249,10 +259,12 @@ class RankScheduler:
                 if fit is None:
                     break
                 hashes, reused, hits = fit
-                if req.materialized:
-                    # transferred KV: the prompt is computed but its last token, whose decode
-                    # step emits the client-visible first token
+                if req.materialized or reused == known:
+                    # transferred KV, or the whole sequence cached (a policy that reuses every
+                    # full block): the prompt is computed but its last token, whose decode step
+                    # emits the client-visible first token
                     start, n = known - 1, 1
+                    req.prefill_done = True
                 else:
                     start, n = reused, known - reused
                     if n > budget:
@@ -401,10 +413,10 @@ class RankScheduler:
         bs = self.config.block_size
         hashes = req.block_hashes(bs) if self.config.enable_prefix_caching else None
         if hashes is not None:
-            num_hits, active_hits, hits = kv.match_prefix(hashes, (known - 1) // bs)
+            num_hits, active_hits, hits = kv.match_prefix(hashes, self.policy.reuse_limit(known))
         else:
             num_hits, active_hits, hits = 0, 0, []
-        if -(-known // bs) - active_hits > kv.capacity - kv.num_active:
+        if not self.policy.fits(req, known, active_hits):
             return None
         return hashes, num_hits * bs, hits
 
@@ -422,6 +434,7 @@ class RankScheduler:
             self.waiting.appendleft(req)
             return False
         req.status = RUNNING
+        self.policy.admitted(req)
         req.admissions.append((now_ms, reused, self.pool_label))
         if req.first_admit_ms is None:
             req.first_admit_ms = now_ms
@@ -433,7 +446,7 @@ class RankScheduler:
         cfg = self.config
         if req.prompt_len >= self.context_limit:
             return REJECT_CONTEXT_LENGTH
-        if -(-req.prompt_len // cfg.block_size) > cfg.num_gpu_blocks:
+        if self.policy.too_large(req):
             return REJECT_KV_CAPACITY
         if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_batched_tokens:
             return REJECT_BATCH_TOKENS
@@ -462,6 +475,7 @@ class RankScheduler:
         self.rejected.append(req)
 
     def _preempt(self, req: Request) -> None:
+        self.policy.left(req, False)
         self.kv.release(req)
         req.num_computed = 0
         req.prefill_done = False
@@ -562,6 +576,7 @@ class RankScheduler:
         self.release_completed([r for r in left if r.status == COMPLETED], completed)
         for req in left:
             if req.status != COMPLETED:  # HANDED_OFF
+                self.policy.left(req, True)
                 self.handoffs.append(req)
                 running.remove(req)
 
@@ -570,7 +585,9 @@ class RankScheduler:
         dropped from the running list (found at C speed)."""
         kv = self.kv
         running = self.running
+        left = self.policy.left
         for req in reqs:
+            left(req, False)
             kv.release(req)
             req.hashes = None
             completed.append(req)
@@ -597,6 +614,7 @@ class RankScheduler:
 
     def release_source(self, req: Request) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
+        self.policy.source_released(req)
         self.kv.release(req)
 
     # -- fast-forward support -----------------------------------------------------------

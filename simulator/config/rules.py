@@ -56,8 +56,8 @@ def check_engine_supported(e: m.Engine) -> None:
     """The engine features this build does not model yet."""
     if e.mode == "afd":
         raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
-    if e.backend != "vllm":
-        raise _no("engine.backend", f"backend {e.backend} scheduling", "use backend: vllm")
+    if e.backend == "sglang":
+        raise _no("engine.backend", "backend sglang scheduling", "use backend: vllm or trtllm")
     for key in ("speculation", "nextn_accepted", "tokenization"):
         if getattr(e, key) is not None:
             raise _no(f"engine.{key}", key, f"remove engine.{key}")
@@ -71,9 +71,6 @@ def check_engine_supported(e: m.Engine) -> None:
             raise _no(f"{base}.kv_cache.host_offload", "host (G2) KV offload", "remove kv_cache.host_offload")
         if w.timing.forward_model != "op_level":
             raise _no(f"{base}.timing.forward_model", "forward_model fpm", "remove timing.forward_model")
-        if w.scheduler.prefill_decode_interval:
-            raise NotSupportedError(f"{base}.scheduler.prefill_decode_interval", "prefill_decode_interval is SGLang-only; "
-                                                                                 "remove it with backend vllm")
         p = w.parallelism
         if p.decode_context > 1 and p.tensor % p.decode_context:
             raise NotSupportedError(f"{base}.parallelism.decode_context", "decode_context must divide tensor")
@@ -96,6 +93,13 @@ def check_engine(e: m.Engine) -> None:
     check_engine_supported(e)
     for role, wk in e.workers.items():
         base = f"engine.workers.{role}"
+        sched = wk.scheduler
+        if sched.prefill_decode_interval and e.backend != "sglang":
+            raise InputError(f"{base}.scheduler.prefill_decode_interval", f"is supported only for backend sglang "
+                                                                          f"(backend is {e.backend}); remove it")
+        if sched.prefill_schedule_interval != 1 and e.backend != "vllm":
+            raise InputError(f"{base}.scheduler.prefill_schedule_interval", f"is supported only for backend vllm "
+                                                                            f"(backend is {e.backend}); remove it")
         if e.backend in ("vllm", "trtllm") and block_size(e, wk) < 2:
             raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
         needs = [f"timing type {wk.timing.type}"] if wk.timing.type in ("default", "roofline") else []
