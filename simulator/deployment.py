@@ -86,7 +86,7 @@ def size_kv(geometry, hardware, *, backend: str, block_size: int, max_batched_to
             geometry, hardware, block_size=block_size, max_batched_tokens=max_batched_tokens,
             memory_fraction=fraction, tensor=shape.tensor, pipeline=shape.pipeline,
             attention_data=shape.attention_data, moe_tensor=shape.moe_tensor, moe_expert=shape.moe_expert,
-            cuda_graph_reserved_bytes=cuda_graph_reserved_bytes, bytes_per_token=bpt)
+            cuda_graph_reserved_bytes=cuda_graph_reserved_bytes, bytes_per_token=bpt, backend=backend)
         return PoolKv(sizing.blocks, sizing.bytes_per_token,
                       {"type": "default", "memory_fraction": fraction, **sizing.as_dict()}, sizing.weights_bytes)
     if blocks is None:

@@ -1,10 +1,22 @@
 """KV-cache capacity of one rank from GPU memory (``kv_cache.capacity.type: default``).
 
-vLLM-style budget (``gpu_memory_utilization`` of *total* memory):
+vLLM's budget (``gpu_memory_utilization`` of *total* memory):
 
     kv_bytes = memory_fraction x gpu_memory
                - weights_per_gpu - activation_reserve - runtime_overhead - nccl_reserve
                - cuda_graph_reserved_bytes
+
+TensorRT-LLM's (``free_gpu_memory_fraction`` of the memory left after everything else):
+
+    kv_bytes = memory_fraction x (gpu_memory - weights_per_gpu - activation_reserve
+                                  - runtime_overhead - nccl_reserve - cuda_graph_reserved_bytes)
+
+SGLang's (``mem_fraction_static`` of the memory left after the pre-load overhead; its activations
+are not reserved):
+
+    kv_bytes = memory_fraction x (gpu_memory - 1.2 x runtime_overhead - nccl_reserve)
+               - weights_per_gpu - cuda_graph_reserved_bytes
+
     tokens   = floor(kv_bytes / kv_bytes_per_token)        (per tensor-parallel shard)
     blocks   = floor(tokens / block_size)
 
@@ -38,6 +50,7 @@ MIN_ACTIVATION_BYTES = 70 * MIB
 _ACT_COEFF_DENSE = {1: 11.0, 2: 6.5, 4: 5.0, 8: 5.0}
 _ACT_COEFF_MOE = {1: 22.0, 2: 13.0, 4: 10.0, 8: 10.0}
 DEFAULT_MEMORY_FRACTION = {"vllm": 0.9, "trtllm": 0.9, "sglang": 0.88}
+SGLANG_OVERHEAD_FACTOR = 1.2  # SGLang's pre-load overhead: 1.2 x the runtime overhead
 
 
 @dataclass(frozen=True)
@@ -104,11 +117,20 @@ def default_capacity(
     moe_expert: int = 1,
     cuda_graph_reserved_bytes: int = 0,
     bytes_per_token: int | None = None,
+    backend: str = "vllm",
 ) -> KvSizing:
     weights = weights_per_gpu(g, tensor, pipeline, attention_data, moe_tensor, moe_expert)
     act = activation_reserve(g, max_batched_tokens, tensor)
     nccl = _by_tp(NCCL_RESERVE_BYTES, tensor)
-    budget = memory_fraction * hw.memory_bytes - weights - act - RUNTIME_OVERHEAD_BYTES - nccl - cuda_graph_reserved_bytes
+    mem = hw.memory_bytes
+    if backend == "trtllm":  # a fraction of the free memory
+        budget = memory_fraction * (mem - weights - act - RUNTIME_OVERHEAD_BYTES - nccl - cuda_graph_reserved_bytes)
+    elif backend == "sglang":  # a fraction of what the pre-load overhead leaves; no activation reserve
+        act = 0
+        budget = (memory_fraction * (mem - SGLANG_OVERHEAD_FACTOR * RUNTIME_OVERHEAD_BYTES - nccl) - weights
+                  - cuda_graph_reserved_bytes)
+    else:
+        budget = memory_fraction * mem - weights - act - RUNTIME_OVERHEAD_BYTES - nccl - cuda_graph_reserved_bytes
     bpt = bytes_per_token or kv_bytes_per_token(g, tensor, pipeline)
     tokens = int(budget // bpt) if budget > 0 else 0
     return KvSizing(tokens // block_size, bpt, max(0, int(budget)), int(weights), int(act), RUNTIME_OVERHEAD_BYTES, int(nccl))

@@ -75,3 +75,17 @@ def test_model_too_big_for_the_gpu_says_what_to_do():
                                       "workers": {"aggregated": {"timing": {"type": "polynomial"}}}}})
     with pytest.raises(InputError, match="raise parallelism.tensor"):
         plan_from_config(cfg)
+
+
+@pytest.mark.parametrize("model,tensor,trtllm,sglang", [
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", 1, 59_146, 1_833_811),
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", 2, 122_140, 3_796_552),
+    ("Qwen/Qwen3-32B-FP8", 1, 23_999, 724_365),
+    ("Qwen/Qwen3-32B-FP8", 2, 55_468, 1_705_736),
+])
+def test_trtllm_and_sglang_size_their_pools_as_the_reference_does(model, tensor, trtllm, sglang):
+    # the reference's blocks per rank on one H200 (max_batched_tokens 8192): TRT-LLM takes 0.9 of
+    # the memory left after weights, activations and overheads (block 32); SGLang 0.88 of what
+    # its pre-load overhead leaves, then the weights (block 1; no activation reserve)
+    assert size(model, tensor=tensor, block_size=32, memory_fraction=0.9, backend="trtllm").blocks == trtllm
+    assert size(model, tensor=tensor, block_size=1, memory_fraction=0.88, backend="sglang").blocks == sglang
