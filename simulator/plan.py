@@ -30,6 +30,9 @@ from aisim.simulator.traffic.workload import Workload
 
 # the rank scheduler's capacity policy of each backend (actors.engine.capacity)
 CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict"}
+# backends whose disaggregated decode workers take a transferred prompt into fresh blocks (no
+# prefix reuse at the destination, so no cache there to reuse from either)
+FRESH_DESTINATIONS = ("trtllm",)
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
@@ -141,7 +144,10 @@ def lower_engine(e: m.Engine) -> tuple[list[PoolPlan], KvTransferModel | None]:
         if bpt is None and kt.bandwidth_gb_per_second is not None:
             raise InputError("engine.kv_transfer.bytes_per_token", "auto needs the model (engine.model) or the "
                                                                    "prefill workers' kv_cache.bytes_per_token; set one")
-        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, kt.timing_mode)
+        # a TensorRT-LLM destination reserves fresh blocks and reuses no cached prefix: every
+        # transfer moves the whole prompt (docs/schedulers.md)
+        mode = "full_prompt" if e.backend in FRESH_DESTINATIONS else kt.timing_mode
+        transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, mode)
     return pools, transfer
 
 
@@ -168,7 +174,7 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         max_sequences=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
         block_size=bs,
         num_gpu_blocks=kv.blocks_per_rank,
-        enable_prefix_caching=wk.kv_cache.prefix_caching,
+        enable_prefix_caching=wk.kv_cache.prefix_caching and not (role == "decode" and e.backend in FRESH_DESTINATIONS),
         enable_chunked_prefill=e.enable_chunked_prefill,
         context_length=context_length,
         preemption_mode=wk.scheduler.preemption_mode,
