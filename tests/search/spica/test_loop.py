@@ -205,3 +205,26 @@ def test_a_signal_whose_handler_runs_during_storage_writes_waits_for_them():
             done.append("written")
     assert done == ["written"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_search_over_two_backends_replays_each_candidate_on_its_own_and_on_ray(tmp_path, ray_session):
+    cfg = config(search_space__backend=["vllm", "trtllm"], search_space__router_mode=["round_robin"],
+                 search_space__agg_max_num_seqs=[256], optimizer__max_trials=8)
+    local = run_search(cfg, tmp_path / "local", parallelism=2)
+    cands = local.recommendation["candidates"]
+    assert local.counts["evaluated"] == 8 and {c["config"]["backend"] for c in cands} == {"vllm", "trtllm"}
+    for c in cands:  # each candidate's predict config replays its own backend
+        assert c["prediction_config"]["engine"]["backend"] == c["config"]["backend"]
+    by_backend = {}
+    for c in cands:
+        by_backend.setdefault(c["config"]["backend"], []).append(c["metrics"]["mean_ttft_ms"])
+    assert by_backend["vllm"] != by_backend["trtllm"]  # the schedulers differ on this load
+    ray = run_search(cfg, tmp_path / "ray", backend="ray", parallelism=2)
+    assert ledger(ray) == ledger(local)
+    best = local.best
+    path = local.output_dir / "recommendations" / "0000.yaml"
+    p = subprocess.run([sys.executable, "-m", "aisim", "predict", "-c", str(path), "--format", "json"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert {k: summary[k] for k in best["metrics"]} == best["metrics"]
