@@ -44,6 +44,7 @@ engine:
   mode: {mode}
   model: meta-llama/Llama-3.1-8B-Instruct
   hardware: h200_sxm
+  backend: {engine_backend}
 {transfer}  workers:
 {workers}
 router: {{policy: {router}}}
@@ -81,6 +82,7 @@ def render_config(args) -> str:
         workers = ROLE.format(role="aggregated", replicas=args.workers, seqs=256, **common)
         transfer, mode = "", "aggregated"
     return CONFIG.format(trace=json.dumps(str(args.trace.resolve())), mode=mode, transfer=transfer,
+                         engine_backend=getattr(args, "engine_backend", "vllm"),
                          workers=workers.rstrip("\n"), router=args.router, planner=PLANNER if args.planner else "")
 
 
@@ -210,6 +212,8 @@ def main() -> int:
                     help="default = measured kernel data; its first run builds the timing tables (cold), "
                          "later runs load them from the cache (warm)")
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
+    ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "trtllm"),
+                    help="engine.backend: the scheduling semantics (default: %(default)s)")
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
                     help="disaggregated with this many prefill and decode workers (instead of --workers)")
     ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")
