@@ -41,6 +41,10 @@ from aisim.simulator.errors import InputError
 
 __all__ = ["validate_config_file", "render", "detect_kind"]
 
+# how each capacity policy schedules (docs/schedulers.md)
+SCHEDULER_LABELS = {"vllm": "vllm (admit by current blocks; recompute preemption)",
+                    "guaranteed_no_evict": "trtllm GUARANTEED_NO_EVICT (reserve prompt + max output; no preemption)"}
+
 
 # -- entry point -------------------------------------------------------------------------------
 def detect_kind(data: dict) -> str:
@@ -106,6 +110,8 @@ def plan_summary(plan) -> dict:
             "context_length": sched.context_length,
             "max_batched_tokens": sched.max_batched_tokens,
             "max_sequences": sched.max_sequences,
+            "scheduler": SCHEDULER_LABELS[sched.capacity_policy],
+            "prefix_caching": sched.enable_prefix_caching,
             "timing_estimator": provenance.get("estimator"),
             "timing_source": provenance.get("timing_source"),
             "model_source": provenance["model_source"],
@@ -288,6 +294,7 @@ def _render_predict(r: dict, indent: str = "") -> list[str]:
             f"KV {_n(p['kv_blocks_per_rank'])} blocks/rank x {p['block_size']} tokens "
             f"({pv['kv_sizing']['type'] if pv.get('kv_sizing') else '-'}); context {_n(p['context_length'])}; "
             f"batch {_n(p['max_batched_tokens'])} tokens / {_n(p['max_sequences'])} seqs")
+        lines.append(f"{indent}    scheduler {p['scheduler']}; prefix caching {'on' if p['prefix_caching'] else 'off'}")
         lines.append(f"{indent}    timing {p['timing_estimator']} (source {p['timing_source']}); "
                      f"model {pv['model']} ({p['model_source']}) on {pv['hardware']}, backend {pv['backend']}")
         if p["planner_gpus_per_replica"] != p["gpus_per_worker"]:
