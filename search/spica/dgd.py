@@ -1,6 +1,6 @@
 """The deployment output of a Spica search (``--output dgd``, section ``dgd``; reference §7.7): the
 winning candidate (scalar targets) or every Pareto-front member rendered as a Dynamo
-``DynamoGraphDeployment`` for the vLLM backend.
+``DynamoGraphDeployment`` for its backend (vLLM or TensorRT-LLM workers).
 
 Invariants: ``render_manifest`` is pure (the same candidate config gives the same dict, the config
 is not modified); every flag is written explicitly (no choice rides on a default); a field the
@@ -29,24 +29,35 @@ from aisim.simulator.errors import InputError, NotSupportedError
 from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
 __all__ = ["render_manifest", "manifest_yaml", "write_dgd", "DEFAULT_RUNTIME_VERSION", "DEFAULT_RUNTIME_IMAGE_REPO",
-           "WORKER_WORKDIR", "API_VERSION", "KIND"]
+           "RUNTIME_IMAGE_REPOS", "WORKER_WORKDIR", "API_VERSION", "KIND"]
 
 API_VERSION = "nvidia.com/v1alpha1"
 KIND = "DynamoGraphDeployment"
 DEFAULT_RUNTIME_VERSION = "1.5.0"
 DEFAULT_RUNTIME_IMAGE_REPO = "nvcr.io/nvidia/ai-dynamo/vllm-runtime"
+RUNTIME_IMAGE_REPOS = {"vllm": DEFAULT_RUNTIME_IMAGE_REPO, "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime"}
 WORKER_WORKDIR = "/workspace/examples/backends/vllm"
+WORKER_WORKDIRS = {"vllm": WORKER_WORKDIR, "trtllm": "/workspace/"}
 DEFAULT_OUTPUT_FILE = "dgd.yaml"
 INDEX_FILE = "index.json"
 KUSTOMIZATION_FILE = "kustomization.yaml"
 PLANNER_TARGETS = ("throughput", "latency", "load", "sla")
 _SEMVER = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
 # per mode: (service name, subComponentType, parallel-field prefix, engine-knob prefix, role flag)
-_WORKERS: dict[str, tuple[tuple[str, str | None, str, str, str | None], ...]] = {
-    "agg": (("VllmDecodeWorker", None, "", "agg_", None),),
-    "disagg": (("VllmPrefillWorker", "prefill", "prefill_", "prefill_", "--is-prefill-worker"),
-               ("VllmDecodeWorker", "decode", "decode_", "decode_", "--is-decode-worker")),
+# per backend and mode: (service name, subComponentType, parallel-field prefix, engine-knob prefix, role)
+_WORKERS: dict[str, dict[str, tuple[tuple[str, str | None, str, str, str | None], ...]]] = {
+    "vllm": {
+        "agg": (("VllmDecodeWorker", None, "", "agg_", None),),
+        "disagg": (("VllmPrefillWorker", "prefill", "prefill_", "prefill_", "prefill"),
+                   ("VllmDecodeWorker", "decode", "decode_", "decode_", "decode")),
+    },
+    "trtllm": {
+        "agg": (("TRTLLMWorker", None, "", "agg_", None),),
+        "disagg": (("prefill", "prefill", "prefill_", "prefill_", "prefill"),
+                   ("decode", "decode", "decode_", "decode_", "decode")),
+    },
 }
+_VLLM_ROLE_FLAGS = {"prefill": "--is-prefill-worker", "decode": "--is-decode-worker"}
 
 
 # -- small helpers -----------------------------------------------------------------------------
@@ -95,10 +106,10 @@ def _check_renderer(dgd: Dgd) -> None:
                                                 "use renderer: direct (the built-in vLLM renderer)")
 
 
-def _image(dgd: Dgd) -> str:
+def _image(dgd: Dgd, backend: str) -> str:
     if dgd.runtime_image is not None:
         return dgd.runtime_image
-    return f"{DEFAULT_RUNTIME_IMAGE_REPO}:{dgd.runtime_version_override or DEFAULT_RUNTIME_VERSION}"
+    return f"{RUNTIME_IMAGE_REPOS[backend]}:{dgd.runtime_version_override or DEFAULT_RUNTIME_VERSION}"
 
 
 def _version_override(dgd: Dgd) -> str | None:
@@ -121,9 +132,9 @@ def _name(dgd: Dgd, index: int | None) -> str:
 # -- the candidate ------------------------------------------------------------------------------
 def _check_supported(config: Mapping[str, Any]) -> None:
     backend = _need(config, "backend")
-    if backend != "vllm":
-        raise NotSupportedError("backend", f"{backend} workers are not rendered yet; only vllm candidates render "
-                                           "to a DGD")
+    if backend not in _WORKERS:
+        raise NotSupportedError("backend", f"{backend} workers are not rendered yet; vllm and trtllm candidates "
+                                           "render to a DGD")
     if config.get("num_g2_blocks"):
         raise NotSupportedError("num_g2_blocks", "host (G2) KV offload is not rendered: the replay never scores "
                                                  "it; set num_g2_blocks 0")
@@ -158,6 +169,54 @@ def _expert_args(config: Mapping[str, Any], par: str) -> list[str]:
                                                 f"--enable-expert-parallel spans all tp x data-parallel ranks "
                                                 f"({tp * adp}) with no expert tensor split")
     return ["--enable-expert-parallel"]
+
+
+def _trtllm_worker_args(config: Mapping[str, Any], par: str, eng: str, role: str | None) -> list[str]:
+    """A TensorRT-LLM worker (``python3 -m dynamo.trtllm``): first-class flags plus one
+    ``--override-engine-args`` JSON for what has no flag (docs/dgd.md, "TensorRT-LLM workers")."""
+    model = str(_need(config, "model_name"))
+    tp, adp = _count(config, f"{par}tp"), _count(config, f"{par}attention_dp")
+    if adp > 1 and tp > 1:
+        raise NotSupportedError(f"{par}attention_dp", f"tp {tp} with attention_dp {adp} is not expressible in "
+                                                      "TensorRT-LLM: its attention-DP size is its tensor-parallel "
+                                                      "size (use tp 1 with attention_dp)")
+    moe_tp, moe_ep = _count(config, f"{par}moe_tp"), _count(config, f"{par}moe_ep")
+    if moe_tp * moe_ep not in (1, tp * adp):
+        raise NotSupportedError(f"{par}moe_ep", f"moe_tp {moe_tp} x moe_ep {moe_ep} must span the worker's "
+                                                f"{tp * adp} GPUs in TensorRT-LLM")
+    block = _arg(_need(config, f"{eng}block_size"), f"{eng}block_size")
+    seqs = _arg(_need(config, f"{eng}max_num_seqs"), f"{eng}max_num_seqs")
+    fraction = _need(config, f"{eng}gpu_memory_utilization")
+    _arg(fraction, f"{eng}gpu_memory_utilization")
+    caching = _need(config, f"{eng}enable_prefix_caching")
+    if not isinstance(caching, bool):
+        raise InputError(f"{eng}enable_prefix_caching", f"must be true or false, got {caching!r}")
+    args = ["--model-path", model, "--served-model-name", model,
+            "--tensor-parallel-size", str(tp * adp),
+            "--pipeline-parallel-size", _arg(_count(config, f"{par}pp"), f"{par}pp"),
+            "--expert-parallel-size", str(moe_ep),
+            "--enable-attention-dp" if adp > 1 else "--no-enable-attention-dp",
+            "--max-num-tokens", _arg(_need(config, f"{eng}max_num_batched_tokens"), f"{eng}max_num_batched_tokens"),
+            "--max-batch-size", seqs, "--kv-block-size", block,
+            "--free-gpu-memory-fraction", _arg(fraction, f"{eng}gpu_memory_utilization")]
+    if config.get("context_length") is not None:
+        args += ["--max-seq-len", _arg(config["context_length"], "context_length")]
+    if role is not None:
+        args += ["--disaggregation-mode", role]
+    if config.get("router_mode") == "kv_router" and role != "decode":
+        args.append("--publish-events-and-metrics")
+    engine: dict[str, Any] = {
+        "kv_cache_config": {"tokens_per_block": int(block), "enable_block_reuse": caching,
+                            "free_gpu_memory_fraction": float(fraction)},
+        "enable_chunked_prefill": True, "trust_remote_code": True,
+        "cuda_graph_config": {"max_batch_size": int(seqs)},
+    }
+    if moe_tp > 1:
+        engine["moe_tensor_parallel_size"] = moe_tp
+    if role is not None:
+        engine["cache_transceiver_config"] = {"backend": "DEFAULT"}
+        engine["disable_overlap_scheduler"] = role == "prefill"
+    return args + ["--override-engine-args", json.dumps(engine, sort_keys=True, separators=(",", ":"))]
 
 
 def _worker_args(config: Mapping[str, Any], par: str, eng: str, role_flag: str | None) -> list[str]:
@@ -224,15 +283,20 @@ def _frontend(config: Mapping[str, Any], name: str, image: str, override: str | 
 
 
 def _worker(config: Mapping[str, Any], name: str, image: str, override: str | None, per_node: int | None,
-            sub: str | None, par: str, eng: str, role_flag: str | None) -> dict[str, Any]:
+            sub: str | None, par: str, eng: str, role: str | None) -> dict[str, Any]:
+    backend = config["backend"]
     service = _service_head(name, "worker", sub, _count(config, f"{par}replicas"), override)
     nodes, per_pod = _placement(_gpus_per_worker(config, par), per_node)
     if nodes is not None:
         service["multinode"] = {"nodeCount": nodes}
     service["resources"] = {"limits": {"gpu": str(per_pod)}}
+    if backend == "trtllm":
+        args = _trtllm_worker_args(config, par, eng, role)
+    else:
+        args = _worker_args(config, par, eng, _VLLM_ROLE_FLAGS.get(role) if role else None)
     service["extraPodSpec"] = {"mainContainer": {
-        "image": image, "workingDir": WORKER_WORKDIR, "command": ["python3", "-m", "dynamo.vllm"],
-        "args": _worker_args(config, par, eng, role_flag)}}
+        "image": image, "workingDir": WORKER_WORKDIRS[backend], "command": ["python3", "-m", f"dynamo.{backend}"],
+        "args": args}}
     return service
 
 
@@ -293,14 +357,15 @@ def render_manifest(config: Mapping[str, Any], dgd: Dgd | Mapping[str, Any], ind
     override = _version_override(dgd)
     name = _name(dgd, index)
     mode = _need(config, "deployment_mode")
-    if mode not in _WORKERS:
+    if mode not in ("agg", "disagg"):
         raise InputError("deployment_mode", f"must be agg or disagg, got {mode!r}")
     _check_supported(config)
-    image = _image(dgd)
+    backend = config["backend"]
+    image = _image(dgd, backend)
 
     services: dict[str, Any] = {"Frontend": _frontend(config, name, image, override)}
-    for service, sub, par, eng, role_flag in _WORKERS[mode]:
-        services[service] = _worker(config, name, image, override, dgd.num_gpus_per_node, sub, par, eng, role_flag)
+    for service, sub, par, eng, role in _WORKERS[backend][mode]:
+        services[service] = _worker(config, name, image, override, dgd.num_gpus_per_node, sub, par, eng, role)
     if _need(config, "enable_throughput_scaling") or _need(config, "enable_load_scaling"):
         services["Planner"] = _planner(config, mode, name, image, override, planner_target, sla)
 

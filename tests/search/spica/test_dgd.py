@@ -276,7 +276,7 @@ def test_renderer_aic_is_not_supported(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "where", "error", "message"), [
-    ({"backend": "sglang"}, "backend", NotSupportedError, "only vllm"),
+    ({"backend": "sglang"}, "backend", NotSupportedError, "vllm and trtllm candidates render"),
     ({"num_g2_blocks": 64}, "num_g2_blocks", NotSupportedError, "G2"),
     ({"aic_nextn": 1}, "aic_nextn", NotSupportedError, "speculative"),
     ({"moe_ep": 4}, "moe_ep", NotSupportedError, "tp x data-parallel ranks (2)"),
@@ -316,3 +316,66 @@ def test_write_dgd_checks_the_index_placeholder_against_the_target(tmp_path):
         write_dgd(tmp_path, candidates, DIRECT, "pareto", ["candidate-000000"])
     with pytest.raises(InputError, match="remove {index}"):
         write_dgd(tmp_path, candidates, {"name": "spica-{index}", "renderer": "direct"}, "throughput", [])
+
+
+
+# -- TensorRT-LLM workers ----------------------------------------------------------------------
+TRT_IMAGE = f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DEFAULT_RUNTIME_VERSION}"
+
+
+def _engine_args(args):
+    """The worker's --override-engine-args JSON, parsed."""
+    return json.loads(args[args.index("--override-engine-args") + 1])
+
+
+def test_a_trtllm_aggregated_candidate_renders_trtllm_workers():
+    config = _flat({**AGG_SELECTION, "backend": "trtllm", "router_mode": "round_robin",
+                    "planner_scaling_policy": "disabled"}, AGG_SHAPE, context_length=8192, backend=["trtllm"])
+    manifest = render_manifest(config, Dgd(**DIRECT))
+    services = manifest["spec"]["services"]
+    assert list(services) == ["Frontend", "TRTLLMWorker"]
+    assert services["Frontend"]["extraPodSpec"]["mainContainer"]["image"] == TRT_IMAGE
+    worker = services["TRTLLMWorker"]
+    assert (worker["replicas"], worker["resources"], "subComponentType" in worker) == (3, {"limits": {"gpu": "2"}}, False)
+    c = worker["extraPodSpec"]["mainContainer"]
+    assert (c["image"], c["workingDir"], c["command"]) == (TRT_IMAGE, "/workspace/", ["python3", "-m", "dynamo.trtllm"])
+    args = c["args"]
+    assert args[: args.index("--override-engine-args")] == [
+        "--model-path", MODEL, "--served-model-name", MODEL, "--tensor-parallel-size", "2",
+        "--pipeline-parallel-size", "1", "--expert-parallel-size", "1", "--no-enable-attention-dp",
+        "--max-num-tokens", "16384", "--max-batch-size", "512", "--kv-block-size", "64",
+        "--free-gpu-memory-fraction", "0.9", "--max-seq-len", "8192"]
+    assert _engine_args(args) == {
+        "kv_cache_config": {"tokens_per_block": 64, "enable_block_reuse": True, "free_gpu_memory_fraction": 0.9},
+        "enable_chunked_prefill": True, "trust_remote_code": True, "cuda_graph_config": {"max_batch_size": 512}}
+
+
+def test_a_trtllm_disaggregated_candidate_renders_prefill_and_decode_workers():
+    config = _flat({**DISAGG_SELECTION, "backend": "trtllm"},
+                   {"prefill": {**ONE, "tp": 4, "moe_ep": 4, "replicas": 2},
+                    "decode": {**ONE, "attention_dp": 8, "moe_ep": 8, "replicas": 1}},
+                   context_length=32768, min_endpoint=1, min_gpu_budget=4, backend=["trtllm"])
+    services = render_manifest(config, Dgd(**DIRECT))["spec"]["services"]
+    assert [k for k in services if k not in ("Frontend", "Planner")] == ["prefill", "decode"]
+    pre, dec = services["prefill"], services["decode"]
+    assert (pre["subComponentType"], dec["subComponentType"]) == ("prefill", "decode")
+    pargs = pre["extraPodSpec"]["mainContainer"]["args"]
+    dargs = dec["extraPodSpec"]["mainContainer"]["args"]
+    assert pargs[pargs.index("--disaggregation-mode") + 1] == "prefill"
+    assert "--publish-events-and-metrics" in pargs and "--publish-events-and-metrics" not in dargs  # kv_router
+    # decode: attention DP 8 over tp 1 is TRT-LLM's tensor-parallel size 8 with attention DP on
+    assert dargs[dargs.index("--tensor-parallel-size") + 1] == "8" and "--enable-attention-dp" in dargs
+    assert dargs[dargs.index("--expert-parallel-size") + 1] == "8"
+    assert _engine_args(pargs)["cache_transceiver_config"] == {"backend": "DEFAULT"}
+    assert (_engine_args(pargs)["disable_overlap_scheduler"], _engine_args(dargs)["disable_overlap_scheduler"]) == (
+        True, False)
+    planner = json.loads(services["Planner"]["extraPodSpec"]["mainContainer"]["args"][1])
+    assert planner["backend"] == "trtllm"
+
+
+def test_a_trtllm_shape_it_cannot_express_is_refused():
+    config = _flat({**AGG_SELECTION, "backend": "trtllm", "router_mode": "round_robin",
+                    "planner_scaling_policy": "disabled"}, {**ONE, "tp": 2, "attention_dp": 2}, backend=["trtllm"])
+    with pytest.raises(NotSupportedError) as info:
+        render_manifest(config, Dgd(**DIRECT))
+    assert info.value.where == "agg_attention_dp" or info.value.where == "attention_dp"
