@@ -39,6 +39,7 @@ class EventKind(IntEnum):
     TERMINAL = 1  # payload: the request (completed or rejected)
     HANDOFF = 2  # payload: the request (a prefill worker finished its prompt)
     DRAINED = 3  # payload: the worker id (a draining worker holds nothing any more)
+    RESERVED = 4  # payload: a transfer id (a reserving destination reserved its blocks: the transfer starts)
 
 
 class UpdateKind(IntEnum):
@@ -120,6 +121,15 @@ class HostFinish(NamedTuple):
     leftover: list  # (worker id, requests still in it) per worker
     totals: list  # WorkerTotals per worker
     timelines: list  # per worker its recorded timeline as plain data, or None
+
+
+class ReserveQuery(NamedTuple):
+    """A handed-off request's destination, asked to reserve its blocks before the transfer."""
+
+    worker_id: int
+    rank: int
+    request: object  # the Request (direct host) or its wire form
+    transfer: int  # the transfer id (RESERVED events name it when a waiting reservation succeeds)
 
 
 class PrefixQuery(NamedTuple):

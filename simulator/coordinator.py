@@ -78,6 +78,7 @@ from aisim.actors.protocol import (
     Phase,
     PrefixQuery,
     RequestUpdate,
+    ReserveQuery,
     RouteCall,
     UpdateKind,
     WorkerStatus,
@@ -106,6 +107,7 @@ class Pool:
     startup_ms: float = 0.0  # delay before a worker added during the run is ready
     spawn: Callable[[int], EngineWorker] | None = None  # builds a new worker with the given id
     num_ranks: int = 1  # attention-data ranks per worker
+    reserves: bool = False  # a decode pool whose workers reserve a handoff's blocks before its transfer
 
     def __post_init__(self) -> None:
         if not self.eligible:
@@ -297,14 +299,18 @@ class Coordinator:
         # the workers whose pass ends may need the coordinator at that very instant (exact edges): a
         # prefill worker's (a handoff is placed when it happens), everyone's (None) when arrivals
         # follow terminals; a decode worker's pass ends otherwise concern no one else
-        self._edge_workers: list[int] | None = None if arrivals.follows_terminal else entry.worker_ids
+        # (a reserving decode pool's pass ends start the transfers its completions made room for)
+        self._reserving = decode is not None and decode.reserves
+        self._edge_workers: list[int] | None = (None if arrivals.follows_terminal or self._reserving
+                                                else entry.worker_ids)
         # a window only matters where the router reads worker state or one worker's events cause
         # work elsewhere; otherwise every window gives the lockstep result and none is needed
         self._windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
         # with one host, a disaggregated run (arrivals not following terminals, no window) steps
         # the host until the next arrival or fixed edge and lets it stop at the first handoff
-        self._stop_at_handoff = (self._coupled and not self._windowed and self._edge_workers is not None
+        self._stop_at_handoff = (self._coupled and not self._windowed and not arrivals.follows_terminal
                                  and runtime.num_hosts == 1)
+        self._reserved: list[tuple[float, int]] = []  # (time, transfer id): destinations that reserved
         self.num_edges = 0
 
     # -- the Planner's decisions and the worker lifecycle -------------------------------------
@@ -427,18 +433,10 @@ class Coordinator:
         """Merge the hosts' events into lockstep order and apply them."""
         events = []
         updates = self._updates
-        status = self._status
-        active_on = self._active_on
-        n = self.rt.num_hosts
+        take = self._take_statuses
         for out in outs:  # HostOutput
             updates.extend(out.kv)  # KvUpdate: the router hears the workers' KV events in their order
-            for st in out.status:  # WorkerStatus
-                wid = st[0]
-                status[wid] = st
-                if st[1] or st[2] or st[5]:  # busy, has work or inputs pending
-                    active_on[wid % n].add(wid)
-                else:
-                    active_on[wid % n].discard(wid)
+            take(out.status)
             events.extend(out.events)
         if len(outs) > 1:
             events.sort(key=_EVENT_ORDER)
@@ -449,6 +447,8 @@ class Coordinator:
                 updates.append(_new(RequestUpdate, (self.entry.role, _UP_FIRST_TOKEN, payload)))
             elif kind == _HANDOFF:
                 self._handoffs.append((t, sid, self._local(payload)))
+            elif kind == _RESERVED:
+                self._reserved.append((t, payload))
             elif kind == _DRAINED:
                 self._drained(payload, t)
         self.stats.num_events += len(events)
@@ -497,7 +497,7 @@ class Coordinator:
         self._control[self._host(wid)].append(Control("drain", wid))
 
     def _work_remains(self) -> bool:
-        if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs:
+        if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs or self._reserved:
             return True
         return any(self._active_on) or any(self._inputs) or any(self._control)  # (the last two: not sent yet)
 
@@ -511,6 +511,10 @@ class Coordinator:
         requests = []
         eligible = []
         placing = []
+        if self._reserved:  # destinations that reserved their blocks: their transfers start now
+            reserved, self._reserved = self._reserved, []
+            for _, seq in sorted(reserved):
+                self._start_transfer(seq, now)
         if self._handoffs:
             eligible.append(list(self.decode.eligible))
             placing = self._handoffs
@@ -604,21 +608,54 @@ class Coordinator:
             for h, qs in by_host.items():
                 for (k, _), n in zip(qs, hits[h]):
                     tokens_of[k] -= n * bs
-        wire = self._wire
+        seqs = []
         for (t_h, src, req), (wid, rank, info), tokens in zip(placing, decisions, tokens_of):  # RouteDecision
             if self.log.capture:
                 req.routing.append(routing_entry(pool.record_pool, now, info))
-            delay = self.transfer.delay_ms(tokens)
-            req.handoff = handoff_record(src, req.rank, t_h, now, wid, tokens, delay)
+            req.handoff = handoff_record(src, req.rank, t_h, now, wid, tokens, self.transfer.delay_ms(tokens))
             seq = self._next_transfer
             self._next_transfer += 1
-            done = now + delay
-            self._transfers[seq] = [req, src, wid, rank, done]
-            heapq.heappush(self._transfer_times, (done, seq))
+            self._transfers[seq] = [req, src, wid, rank, None]
             self.stats.num_transfers += 1
-            # the source releases the KV, then the decode worker admits the prompt as computed
-            self._send(src, (done, _TRANSFER, seq, _RELEASE, src, req.index, 0, False))  # HostInput
-            self._send(wid, (done, _TRANSFER, seq, _ENQUEUE, wid, wire(req), rank, True))  # HostInput
+            seqs.append(seq)
+        if pool.reserves:  # the destination reserves the blocks first; the rest start when they can
+            by_host: dict[int, list] = {}
+            for seq in seqs:
+                req, _, wid, rank, _ = self._transfers[seq]
+                by_host.setdefault(self._host(wid), []).append(
+                    (seq, ReserveQuery(wid, rank, self._wire(req), seq)))
+            answers, statuses = self.rt.reserve({h: [q for _, q in qs] for h, qs in by_host.items()})
+            self._take_statuses(statuses)
+            seqs = [seq for h, qs in by_host.items() for (seq, _), ok in zip(qs, answers[h]) if ok]
+            seqs.sort()
+        for seq in seqs:
+            self._start_transfer(seq, now)
+
+    def _start_transfer(self, seq: int, now: float) -> None:
+        """The KV transfer ``seq`` starts at ``now`` (its destination holds its blocks): the source
+        releases the KV at its end, then the decode worker admits the prompt as computed."""
+        entry = self._transfers[seq]
+        req, src, wid, rank, _ = entry
+        h = req.handoff
+        h["destination_reserved_ms"] = now
+        done = now + h["transfer_ms"]
+        entry[4] = done
+        heapq.heappush(self._transfer_times, (done, seq))
+        self._send(src, (done, _TRANSFER, seq, _RELEASE, src, req.index, 0, False))  # HostInput
+        self._send(wid, (done, _TRANSFER, seq, _ENQUEUE, wid, self._wire(req), rank, True))  # HostInput
+
+    def _take_statuses(self, statuses: list) -> None:
+        """The workers' statuses a host reported (a step's, or a reservation's that cut a run)."""
+        status = self._status
+        active_on = self._active_on
+        n = self.rt.num_hosts
+        for st in statuses:  # WorkerStatus
+            wid = st[0]
+            status[wid] = st
+            if st[1] or st[2] or st[5]:  # busy, has work or inputs pending
+                active_on[wid % n].add(wid)
+            else:
+                active_on[wid % n].discard(wid)
 
     def _tick(self, now: float) -> None:
         self._tick_ms = None
@@ -864,6 +901,7 @@ def idle_status(wid: int) -> WorkerStatus:
 # the protocol's numbers as plain ints in the hot loops
 _ARRIVAL, _TRANSFER = int(Phase.ARRIVAL), int(Phase.TRANSFER)
 _ENQUEUE, _RELEASE = int(Op.ENQUEUE), int(Op.RELEASE)
+_RESERVED = int(EventKind.RESERVED)
 _FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
                                                                   EventKind.HANDOFF, EventKind.DRAINED))
 _UP_FIRST_TOKEN, _UP_RELEASE, _UP_HANDED_OFF = (int(k) for k in (UpdateKind.FIRST_TOKEN, UpdateKind.RELEASE,

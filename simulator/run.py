@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.host import HostPool
 from aisim.simulator.builders import build_decode_router, build_router, build_timing, build_workers
 from aisim.simulator.catalog.models import resolve_model
@@ -75,7 +76,8 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
                        initial_kv=initial_kv)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.block_size,
                           caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
-                          startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks))
+                          startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks,
+                          reserves=pool.role == "decode" and POLICIES[pool.scheduler.capacity_policy].reserves))
         num_workers += pool.replicas
         provenance[pool.role] = pool_provenance(pool, timing)
     actors = _Actors(pools, entry_router, decode_router, timings, provenance,
@@ -323,7 +325,7 @@ def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_ro
     ``reserve_cpus`` False: Ray engine hosts reserve no CPU (a retuned replay pauses while its
     sweeps' Ray tasks use the CPUs)."""
     host_pools = {p.role: HostPool(p.spawn, p.router.tracks_first_tokens and p.role == "aggregated",
-                                   p.role == "prefill") for p in pools}
+                                   p.role == "prefill", p.reserves) for p in pools}
     roles = [p.role for p in pools for _ in p.worker_ids]
     routers = {pools[0].role: entry_router}
     if decode_router is not None:

@@ -20,6 +20,7 @@ class RecomputeCapacity:
 
     name = "vllm"
     preempts = True
+    reserves = False  # a disaggregated destination admits a transferred prompt as it arrives
 
     __slots__ = ("kv", "block_size")
 
@@ -45,6 +46,11 @@ class RecomputeCapacity:
     def admitted(self, req) -> None:
         pass
 
+    def reserve(self, req) -> bool:
+        """Reserve a transferred request's blocks before its transfer (a reserving destination
+        only); False: it waits."""
+        raise NotImplementedError("vLLM destinations do not reserve before the transfer")
+
     def left(self, req, holds_kv: bool) -> None:
         """``req`` left the running list (completed; ``holds_kv``: handed off, its KV held for the transfer)."""
 
@@ -57,6 +63,7 @@ class GuaranteedNoEvict:
 
     name = "guaranteed_no_evict"
     preempts = False
+    reserves = True  # a disaggregated destination reserves the request's blocks before its transfer
 
     __slots__ = ("kv", "block_size", "capacity_tokens", "prefill_only", "context_limit", "reserved", "held_off")
 
@@ -97,6 +104,14 @@ class GuaranteedNoEvict:
 
     def admitted(self, req) -> None:
         self.reserved += self.completion_blocks(req)
+
+    def reserve(self, req) -> bool:
+        """A disaggregated destination: the request's completion blocks, fresh (no prefix
+        reuse), reserved before its prompt's KV is transferred."""
+        if not self.fits(req, req.prompt_len, 0):
+            return False
+        self.admitted(req)
+        return True
 
     def left(self, req, holds_kv: bool) -> None:
         self.reserved -= self.completion_blocks(req)

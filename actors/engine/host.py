@@ -51,6 +51,7 @@ from aisim.actors.protocol import (
 _PASS_END, _SETTLE = int(Phase.PASS_END), int(Phase.SETTLE)
 _ENQUEUE = int(Op.ENQUEUE)
 _UP_KV = int(UpdateKind.KV)
+_RESERVED = int(EventKind.RESERVED)
 _FIRST_TOKEN, _TERMINAL, _HANDOFF, _DRAINED = (int(k) for k in (EventKind.FIRST_TOKEN, EventKind.TERMINAL,
                                                                   EventKind.HANDOFF, EventKind.DRAINED))
 
@@ -62,12 +63,14 @@ INF = float("inf")
 class HostPool:
     """How a host builds workers of one pool and what it reports about them."""
 
-    __slots__ = ("spawn", "track_first_tokens", "hands_off")
+    __slots__ = ("spawn", "track_first_tokens", "hands_off", "reserves")
 
-    def __init__(self, spawn: Callable[[int], EngineWorker], track_first_tokens: bool, hands_off: bool) -> None:
+    def __init__(self, spawn: Callable[[int], EngineWorker], track_first_tokens: bool, hands_off: bool,
+                 reserves: bool = False) -> None:
         self.spawn = spawn  # worker id -> a new EngineWorker
         self.track_first_tokens = track_first_tokens  # report first tokens (the router tracks them)
         self.hands_off = hands_off  # prefill pool: finished prompts leave through handoffs
+        self.reserves = reserves  # decode pool whose destinations reserve before their transfer
 
 
 def _same(req, source=None):
@@ -184,6 +187,10 @@ class WorkerHost:
                 self._emit(t, _PASS_END, wid, _FIRST_TOKEN, req.index)
         if completed:
             self._emit_terminals(wid, completed)
+            if pool.reserves:  # completions freed blocks: waiting destinations may reserve now
+                for transfer in worker.retry_destinations():
+                    self._emit(t, _PASS_END, wid, _RESERVED, transfer)
+                    self._handed_off = True  # (the coordinator starts the transfer at once)
         if pool.hands_off:
             encode = self._encode
             for req in worker.take_handoffs():
@@ -299,6 +306,10 @@ class WorkerHost:
                 if not worker.records_kv_events and worker.exit_due(t):
                     self._sync(wid, worker, t)
 
+    def _status(self, wid: int) -> WorkerStatus:
+        w = self.workers[wid]
+        return WorkerStatus(wid, w.busy, w.has_work, w.next_event_ms, self._held_by[wid], self._pending_for[wid])
+
     def _output(self, reached: float | None, with_fpm: bool = False) -> HostOutput:
         """Events and KV events since the last report, and the status (busy, has_work, pass
         end, held, pending) of every worker whose status may have changed."""
@@ -380,6 +391,22 @@ class WorkerHost:
         self._inputs_at(self.now)
         self._sync_all(self.now)
         return self._output(None, with_fpm)
+
+    def reserve(self, queries) -> tuple[list[bool], list]:
+        """Each ``ReserveQuery``'s destination reserves its blocks now if it can (else it waits
+        and a RESERVED event says when it could); returns the answers and the statuses of the
+        workers asked (a planned run may have been cut so that completions are retried)."""
+        out = []
+        decode = self._decode
+        asked = []
+        for wid, rank, payload, transfer in queries:
+            worker = self.workers[wid]
+            ok, new_end = worker.reserve_destination(decode(payload, self.source), rank, transfer, self.now)
+            if new_end is not None:
+                self._schedule_end(wid, new_end)
+            asked.append(wid)
+            out.append(ok)
+        return out, [self._status(wid) for wid in sorted(set(asked))]
 
     def match_prefix(self, queries) -> list[int]:
         """Blocks each ``PrefixQuery`` (worker, rank, hashes, limit) would reuse now (destination_missing)."""

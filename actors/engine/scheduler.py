@@ -124,6 +124,10 @@ class RankScheduler:
         self.num_generated_tokens = 0
         self.rejected: list[Request] = []
         self.handoffs: list[Request] = []  # prefill role: prompts done, KV held for the transfer
+        # a reserving destination (TRT-LLM decode role): transfers waiting for their blocks, in
+        # order, as (transfer id, request); requests whose blocks are reserved (by index)
+        self.pending_destinations: deque = deque()
+        self.reserved_destinations: set[int] = set()
         self.first_tokens: list[Request] | None = None  # set to a list to be told of first tokens
         self.pool_label = "prefill" if config.prefill_only else "agg"  # "decode" for a decode pool
         # forward-pass metrics of the last pass: (wall_ms, prefill reqs, prefill tokens, prefill KV read,
@@ -152,6 +156,25 @@ class RankScheduler:
         req.status = WAITING
         self.policy.prepare(req)
         self.waiting.append(req)
+
+    def reserve_destination(self, req: Request, transfer: int) -> bool:
+        """Reserve a handed-off request's blocks before its transfer starts; False: it waits
+        behind the destinations already waiting (FIFO) until completions free the blocks."""
+        if not self.pending_destinations and self.policy.reserve(req):
+            self.reserved_destinations.add(req.index)
+            return True
+        self.pending_destinations.append((transfer, req))
+        return False
+
+    def retry_destinations(self) -> list[int]:
+        """The waiting destinations that fit now, in order (their transfer ids)."""
+        pending = self.pending_destinations
+        out = []
+        while pending and self.policy.reserve(pending[0][1]):
+            transfer, req = pending.popleft()
+            self.reserved_destinations.add(req.index)
+            out.append(transfer)
+        return out
 
     @property
     def has_work(self) -> bool:
@@ -416,7 +439,7 @@ class RankScheduler:
             num_hits, active_hits, hits = kv.match_prefix(hashes, self.policy.reuse_limit(known))
         else:
             num_hits, active_hits, hits = 0, 0, []
-        if not self.policy.fits(req, known, active_hits):
+        if req.index not in self.reserved_destinations and not self.policy.fits(req, known, active_hits):
             return None
         return hashes, num_hits * bs, hits
 
@@ -434,7 +457,10 @@ class RankScheduler:
             self.waiting.appendleft(req)
             return False
         req.status = RUNNING
-        self.policy.admitted(req)
+        if req.index in self.reserved_destinations:  # (its blocks were reserved before its transfer)
+            self.reserved_destinations.discard(req.index)
+        else:
+            self.policy.admitted(req)
         req.admissions.append((now_ms, reused, self.pool_label))
         if req.first_admit_ms is None:
             req.first_admit_ms = now_ms
@@ -642,7 +668,8 @@ class RankScheduler:
         first = min(remaining)
         if first <= 0:
             return None
-        k = min(max_passes, max(remaining) if not self.waiting else first)
+        # (something waiting - a request or a destination's reservation - ends the run at the first completion)
+        k = min(max_passes, max(remaining) if not (self.waiting or self.pending_destinations) else first)
         c0 = [r.num_computed for r in running]
         k = self.blocks_bound(c0, remaining, k)
         if k <= 0:

@@ -156,7 +156,7 @@ class EngineWorker:
     @property
     def has_work(self) -> bool:
         for r in self.ranks:
-            if r.running or r.waiting:
+            if r.running or r.waiting or r.pending_destinations:
                 return True
         return False
 
@@ -186,6 +186,11 @@ class EngineWorker:
         self.ranks[rank].enqueue(req)
         if self.timeline is not None:
             self._sample(now_ms)
+        return self._cut_run(run, now_ms)
+
+    def _cut_run(self, run, now_ms: float) -> float | None:
+        """End the planned run after the pass in progress at ``now_ms`` (something joins or waits);
+        the new end time, or None when it ends there anyway."""
         keep = max(1, run.n_sched, bisect_left(run.ends, now_ms) + 1)
         if keep >= run.num_passes:
             run.num_planned = run.num_passes
@@ -195,6 +200,24 @@ class EngineWorker:
         end = run.end_ms
         self.pass_end_ms = end
         return end
+
+    def reserve_destination(self, req: Request, rank: int, transfer: int, now_ms: float) -> tuple[bool, float | None]:
+        """A reserving destination (TRT-LLM decode): reserve ``req``'s blocks on ``rank`` now, before
+        its transfer starts. Returns (reserved, the new end time when a planned run was cut short
+        so that completions can be retried as they come, else None)."""
+        self.sync(now_ms)  # (the run's completions up to now have freed their blocks)
+        if self.ranks[rank].reserve_destination(req, transfer):
+            return True, None
+        run = self._run
+        return False, self._cut_run(run, now_ms) if run is not None else None
+
+    def retry_destinations(self) -> list[int]:
+        """Transfer ids whose destinations could reserve their blocks now (after completions)."""
+        out = []
+        for rank in self.ranks:
+            if rank.pending_destinations:
+                out.extend(rank.retry_destinations())
+        return out
 
     def take_handoffs(self) -> list[Request]:
         """Prefill role: requests whose prompt finished (their KV stays here until released)."""
@@ -596,8 +619,8 @@ class EngineWorker:
         (tested against stepping); False (the run ends as before) when any condition fails."""
         rank = self.ranks[0]
         waiting = rank.waiting
-        if len(waiting) != 1 or rank.first_tokens is not None:
-            return False
+        if len(waiting) != 1 or rank.first_tokens is not None or rank.pending_destinations:
+            return False  # (a destination waiting for blocks: the next run must end at a completion)
         req = waiting[0]
         limit = rank.context_limit
         if (not req.materialized or req.num_generated or req.max_output < 2 or req.prompt_len + 1 >= limit

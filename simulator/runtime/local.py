@@ -18,7 +18,13 @@ import msgpack
 
 from aisim.actors.engine.host import HostPool, WorkerHost
 from aisim.actors.planner.host import PlannerHost
-from aisim.actors.protocol import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
+from aisim.actors.protocol import (
+    HostFinish,
+    HostOutput,
+    WorkerStatus,
+    host_finish_from_wire,
+    host_output_from_wire,
+)
 from aisim.actors.router.host import RouterHost
 
 
@@ -92,6 +98,17 @@ class LocalRuntime:
                 for h, (control, inputs) in calls.items()]
         count_step(self.counters, calls, outs)
         return outs
+
+    def reserve(self, queries: dict) -> tuple[dict, list]:
+        """Each host's destinations reserve their blocks (``ReserveQuery`` lists by host): the
+        answers by host and the statuses of the workers asked."""
+        self.counters.num_calls += len(queries)
+        answers, statuses = {}, []
+        for h, q in queries.items():
+            ok, st = self._w(self.hosts[h].reserve(self._w(q)))
+            answers[h] = ok
+            statuses.extend(WorkerStatus._make(s) for s in st)
+        return answers, statuses
 
     def match_prefix(self, queries: dict) -> dict:
         self.counters.num_calls += len(queries)

@@ -22,7 +22,13 @@ import re
 import socket
 import threading
 
-from aisim.actors.protocol import HostFinish, HostOutput, host_finish_from_wire, host_output_from_wire
+from aisim.actors.protocol import (
+    HostFinish,
+    HostOutput,
+    WorkerStatus,
+    host_finish_from_wire,
+    host_output_from_wire,
+)
 from aisim.simulator.config.env import env_float
 from aisim.simulator.errors import AisimError, InputError, RuntimeFailure
 from aisim.simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
@@ -71,6 +77,9 @@ def _actor_classes():
 
         def match_prefix(self, payload: bytes) -> bytes:
             return pack(self.host.match_prefix(unpack(payload)))
+
+        def reserve(self, payload: bytes) -> bytes:
+            return pack(self.host.reserve(unpack(payload)))
 
         def kv_contents(self, payload: bytes) -> bytes:
             return pack(self.host.kv_contents(unpack(payload)))
@@ -409,6 +418,17 @@ class RayRuntime:
         outs = [host_output_from_wire(unpack(b)) for b in self._get(refs, what="a Planner snapshot")]
         count_step(self.counters, calls, outs)
         return outs
+
+    def reserve(self, queries: dict) -> tuple[dict, list]:
+        self.counters.num_calls += len(queries)
+        hosts = list(queries)
+        refs = [self.hosts[h].reserve.remote(pack(queries[h])) for h in hosts]
+        answers, statuses = {}, []
+        for h, b in zip(hosts, self._get(refs, what="a destination reservation")):
+            ok, st = unpack(b)
+            answers[h] = ok
+            statuses.extend(WorkerStatus._make(s) for s in st)
+        return answers, statuses
 
     def match_prefix(self, queries: dict) -> dict:
         self.counters.num_calls += len(queries)

@@ -94,3 +94,21 @@ def test_a_pass_with_prefill_and_decode_costs_both(tmp_path):
     rep = trtllm(tmp_path, rows, blocks=1000)
     r = by_uuid(rep)
     assert r["r2"]["first_token_ms"] == 21.0 and r["r1"]["last_token_ms"] == 29.0
+
+
+def test_a_trtllm_destination_reserves_before_its_transfer_and_the_source_holds_until_then(tmp_path):
+    # decode pool of 75 blocks of 2 tokens (150): two 100 + 30 requests need 65 blocks each. R1
+    # is prefilled 0-10 and reserved at 10 (zero-time transfer), decodes 11..40; R2, prefilled
+    # 10-20, waits with its KV held on the prefill worker until R1 completes at 40, then reserves,
+    # transfers and decodes 41..70 (vLLM would have moved its KV at 20)
+    from aisim import run_trace_replay
+    from tests.helpers import write_trace
+
+    trace = write_trace(tmp_path / "t.jsonl", [row(0, 100, 30, [1], 1), row(0, 100, 30, [2], 2)])
+    engine = {"engine_type": "trtllm", "block_size": 2, "timing_model": FIXED}
+    rep = run_trace_replay(str(trace), prefill_engine_args={**engine, "num_gpu_blocks": 1000},
+                           decode_engine_args={**engine, "num_gpu_blocks": 75}, capture_per_request=True)
+    r = by_uuid(rep)["r2"]
+    assert (r["prefill_admit_ms"], r["source_held_ms"], r["destination_reserved_ms"]) == (10.0, 20.0, 40.0)
+    assert (r["source_released_ms"], r["decode_admit_ms"]) == (40.0, 40.0)
+    assert (r["first_token_ms"], r["last_token_ms"]) == (41.0, 70.0)
