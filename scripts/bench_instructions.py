@@ -68,8 +68,10 @@ def main(argv=None) -> None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     if not is_commit(args.compare):
         raise SystemExit(f"{args.compare} is not a commit")
+    keep = os.environ.get("AISIM_BENCH_IR_KEEP")  # a folder: keep the callgrind outputs there
     with tempfile.TemporaryDirectory(prefix="aisim-bench-ir-") as tmp:
-        work = Path(tmp)
+        work = Path(keep) if keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         config = work / "config.yaml"
         config.write_text(bench_replay.render_config(args))
         with installed(args.compare, "aisim-ir-base-") as base, installed(WORKTREE, "aisim-ir-this-") as this:

@@ -14,30 +14,38 @@ preempted. The scheduler asks its policy and holds no backend checks of its own
 
 from __future__ import annotations
 
+from collections import deque
+
 
 class RecomputeCapacity:
-    """vLLM's admission test and recompute preemption."""
+    """vLLM's admission test and recompute preemption.
+
+    What the scheduler reads of every policy (data, read once, so that vLLM's hot path makes no
+    call for a hook it does not need): ``preempts``, ``reserves``, ``reuses_whole_prompt`` (a
+    prefix hit may cover every full block of the sequence, else all but its last token),
+    ``tracks`` (``prepare``/``admitted``/``left`` must be called) and
+    ``max_prompt_tokens(config)`` (a longer prompt can never be held)."""
 
     name = "vllm"
     preempts = True
     reserves = False  # a disaggregated destination admits a transferred prompt as it arrives
+    reuses_whole_prompt = False
+    tracks = False
+    pending: tuple | deque = ()  # destinations waiting for their blocks: (transfer id, request), in order
+    reserved_ids: frozenset | set = frozenset()  # requests whose blocks are reserved (by index)
 
     __slots__ = ("kv", "block_size")
 
-    def __init__(self, config, kv) -> None:
+    def __init__(self, config, kv, running: list) -> None:
         self.kv = kv
         self.block_size = config.block_size
 
+    @staticmethod
+    def max_prompt_tokens(config) -> int:
+        return config.num_gpu_blocks * config.block_size
+
     def prepare(self, req) -> None:
         """At enqueue: normalise the request for this policy."""
-
-    def too_large(self, req) -> bool:
-        """The prompt alone can never be held here."""
-        return -(-req.prompt_len // self.block_size) > self.kv.capacity
-
-    def reuse_limit(self, known: int) -> int:
-        """Blocks of a ``known``-token sequence a prefix hit may cover (at least one token is computed)."""
-        return (known - 1) // self.block_size
 
     def fits(self, req, known: int, active_hits: int) -> bool:
         kv = self.kv
@@ -46,16 +54,17 @@ class RecomputeCapacity:
     def admitted(self, req) -> None:
         pass
 
-    def reserve(self, req) -> bool:
-        """Reserve a transferred request's blocks before its transfer (a reserving destination
-        only); False: it waits."""
+    def reserve_destination(self, req, transfer: int) -> bool:
+        """Reserve a handed-off request's blocks before its transfer starts (a reserving
+        destination only); False: it waits behind those already waiting (FIFO)."""
         raise NotImplementedError("vLLM destinations do not reserve before the transfer")
 
-    def left(self, req, holds_kv: bool) -> None:
-        """``req`` left the running list (completed; ``holds_kv``: handed off, its KV held for the transfer)."""
+    def retry_destinations(self) -> list[int]:
+        """The waiting destinations that fit now, in order (their transfer ids)."""
+        return []
 
-    def source_released(self, req) -> None:
-        """A handed-off request's KV is about to be released (its transfer completed)."""
+    def left(self, req) -> None:
+        """``req`` left the running list (completed, handed off or preempted)."""
 
 
 class GuaranteedNoEvict:
@@ -64,31 +73,34 @@ class GuaranteedNoEvict:
     name = "guaranteed_no_evict"
     preempts = False
     reserves = True  # a disaggregated destination reserves the request's blocks before its transfer
+    reuses_whole_prompt = True  # every full cached block, the whole prompt included
+    tracks = True
 
-    __slots__ = ("kv", "block_size", "capacity_tokens", "prefill_only", "context_limit", "reserved", "held_off")
+    __slots__ = ("kv", "running", "block_size", "capacity_tokens", "prefill_only", "context_limit", "reserved",
+                 "pending", "reserved_ids")
 
-    def __init__(self, config, kv) -> None:
+    def __init__(self, config, kv, running: list) -> None:
         self.kv = kv
+        self.running = running  # the rank's running list (the scheduler's own)
         self.block_size = config.block_size
         self.capacity_tokens = config.num_gpu_blocks * config.block_size
         self.prefill_only = config.prefill_only
         cl = config.context_length
         self.context_limit = cl if cl is not None else 1 << 62
-        self.reserved = 0  # completion blocks of the running requests
-        self.held_off = 0  # blocks held by handed-off requests (out of the running list)
+        self.reserved = 0  # completion blocks of the running requests and of the reserved destinations
+        self.pending = deque()
+        self.reserved_ids = set()
+
+    @staticmethod
+    def max_prompt_tokens(config) -> int:
+        return config.num_gpu_blocks * config.block_size - 1  # (room for one output token)
 
     def prepare(self, req) -> None:
         """The maximum output is clamped to the room the pool (and the context length) leaves
-        beside the prompt (a prompt with no room is refused at the head: ``too_large``)."""
+        beside the prompt (a prompt with no room is refused at the head)."""
         room = min(self.capacity_tokens, self.context_limit) - req.prompt_len
         if 0 < room < req.max_output:
             req.max_output = room
-
-    def too_large(self, req) -> bool:
-        return req.prompt_len >= self.capacity_tokens  # (no room for one output token)
-
-    def reuse_limit(self, known: int) -> int:
-        return known // self.block_size  # every full cached block, the whole prompt included
 
     def completion_blocks(self, req) -> int:
         """Blocks ``req`` can hold at most: its prompt and every output token (a prefill worker's
@@ -98,28 +110,38 @@ class GuaranteedNoEvict:
 
     def fits(self, req, known: int, active_hits: int) -> bool:
         kv = self.kv
-        # the running requests' blocks still to come: their completion blocks minus what they hold
-        outstanding = self.reserved - (kv.num_refs - self.held_off)
+        # the blocks still to come of the running requests and reserved destinations: their
+        # completion blocks minus what the running ones hold (each counting its shared blocks)
+        outstanding = self.reserved - sum([r.num_held + r.num_private for r in self.running])
         return self.completion_blocks(req) - active_hits <= kv.capacity - kv.num_active - outstanding
 
     def admitted(self, req) -> None:
         self.reserved += self.completion_blocks(req)
 
-    def reserve(self, req) -> bool:
+    def _reserve(self, req) -> bool:
         """A disaggregated destination: the request's completion blocks, fresh (no prefix
         reuse), reserved before its prompt's KV is transferred."""
         if not self.fits(req, req.prompt_len, 0):
             return False
         self.admitted(req)
+        self.reserved_ids.add(req.index)
         return True
 
-    def left(self, req, holds_kv: bool) -> None:
-        self.reserved -= self.completion_blocks(req)
-        if holds_kv:
-            self.held_off += req.num_held + req.num_private
+    def reserve_destination(self, req, transfer: int) -> bool:
+        if not self.pending and self._reserve(req):
+            return True
+        self.pending.append((transfer, req))
+        return False
 
-    def source_released(self, req) -> None:
-        self.held_off -= req.num_held + req.num_private
+    def retry_destinations(self) -> list[int]:
+        pending = self.pending
+        out = []
+        while pending and self._reserve(pending[0][1]):
+            out.append(pending.popleft()[0])
+        return out
+
+    def left(self, req) -> None:
+        self.reserved -= self.completion_blocks(req)
 
 
 POLICIES = {"vllm": RecomputeCapacity, "guaranteed_no_evict": GuaranteedNoEvict}

@@ -115,19 +115,20 @@ class RankScheduler:
         self.config = config
         self.timing = timing
         self.kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching, record_kv_events)
-        self.policy = POLICIES[config.capacity_policy](config, self.kv)
+        self.running: list[Request] = []  # (never rebound: the capacity policy reads it too)
+        self.policy = policy = POLICIES[config.capacity_policy](config, self.kv, self.running)
+        # (at most 29 instance attributes: CPython 3.11 keeps the fast shared-key attribute
+        # layout only below 30; a test checks it)
+        self._tracks = policy.tracks  # (its hooks are called only when it keeps state)
+        self._max_prompt = policy.max_prompt_tokens(config)
+        self._reuse_last = 0 if policy.reuses_whole_prompt else 1  # tokens a prefix hit leaves to compute
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
         self.total_kv_tokens = config.num_gpu_blocks * config.block_size
         self.num_preemptions = 0
         self.committed_prefill_tokens = 0
         self.num_generated_tokens = 0
         self.rejected: list[Request] = []
         self.handoffs: list[Request] = []  # prefill role: prompts done, KV held for the transfer
-        # a reserving destination (TRT-LLM decode role): transfers waiting for their blocks, in
-        # order, as (transfer id, request); requests whose blocks are reserved (by index)
-        self.pending_destinations: deque = deque()
-        self.reserved_destinations: set[int] = set()
         self.first_tokens: list[Request] | None = None  # set to a list to be told of first tokens
         self.pool_label = "prefill" if config.prefill_only else "agg"  # "decode" for a decode pool
         # forward-pass metrics of the last pass: (wall_ms, prefill reqs, prefill tokens, prefill KV read,
@@ -154,27 +155,9 @@ class RankScheduler:
     # -- queue ------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
         req.status = WAITING
-        self.policy.prepare(req)
+        if self._tracks:
+            self.policy.prepare(req)
         self.waiting.append(req)
-
-    def reserve_destination(self, req: Request, transfer: int) -> bool:
-        """Reserve a handed-off request's blocks before its transfer starts; False: it waits
-        behind the destinations already waiting (FIFO) until completions free the blocks."""
-        if not self.pending_destinations and self.policy.reserve(req):
-            self.reserved_destinations.add(req.index)
-            return True
-        self.pending_destinations.append((transfer, req))
-        return False
-
-    def retry_destinations(self) -> list[int]:
-        """The waiting destinations that fit now, in order (their transfer ids)."""
-        pending = self.pending_destinations
-        out = []
-        while pending and self.policy.reserve(pending[0][1]):
-            transfer, req = pending.popleft()
-            self.reserved_destinations.add(req.index)
-            out.append(transfer)
-        return out
 
     @property
     def has_work(self) -> bool:
@@ -436,10 +419,11 @@ class RankScheduler:
         bs = self.config.block_size
         hashes = req.block_hashes(bs) if self.config.enable_prefix_caching else None
         if hashes is not None:
-            num_hits, active_hits, hits = kv.match_prefix(hashes, self.policy.reuse_limit(known))
+            num_hits, active_hits, hits = kv.match_prefix(hashes, (known - self._reuse_last) // bs)
         else:
             num_hits, active_hits, hits = 0, 0, []
-        if req.index not in self.reserved_destinations and not self.policy.fits(req, known, active_hits):
+        policy = self.policy
+        if req.index not in policy.reserved_ids and not policy.fits(req, known, active_hits):
             return None
         return hashes, num_hits * bs, hits
 
@@ -457,9 +441,10 @@ class RankScheduler:
             self.waiting.appendleft(req)
             return False
         req.status = RUNNING
-        if req.index in self.reserved_destinations:  # (its blocks were reserved before its transfer)
-            self.reserved_destinations.discard(req.index)
-        else:
+        reserved = self.policy.reserved_ids
+        if req.index in reserved:  # (its blocks were reserved before its transfer)
+            reserved.discard(req.index)
+        elif self._tracks:
             self.policy.admitted(req)
         req.admissions.append((now_ms, reused, self.pool_label))
         if req.first_admit_ms is None:
@@ -472,7 +457,7 @@ class RankScheduler:
         cfg = self.config
         if req.prompt_len >= self.context_limit:
             return REJECT_CONTEXT_LENGTH
-        if self.policy.too_large(req):
+        if req.prompt_len > self._max_prompt:
             return REJECT_KV_CAPACITY
         if not cfg.enable_chunked_prefill and req.prompt_len > cfg.max_batched_tokens:
             return REJECT_BATCH_TOKENS
@@ -501,7 +486,8 @@ class RankScheduler:
         self.rejected.append(req)
 
     def _preempt(self, req: Request) -> None:
-        self.policy.left(req, False)
+        if self._tracks:
+            self.policy.left(req)
         self.kv.release(req)
         req.num_computed = 0
         req.prefill_done = False
@@ -602,7 +588,8 @@ class RankScheduler:
         self.release_completed([r for r in left if r.status == COMPLETED], completed)
         for req in left:
             if req.status != COMPLETED:  # HANDED_OFF
-                self.policy.left(req, True)
+                if self._tracks:
+                    self.policy.left(req)
                 self.handoffs.append(req)
                 running.remove(req)
 
@@ -611,9 +598,10 @@ class RankScheduler:
         dropped from the running list (found at C speed)."""
         kv = self.kv
         running = self.running
-        left = self.policy.left
+        left = self.policy.left if self._tracks else None
         for req in reqs:
-            left(req, False)
+            if left is not None:
+                left(req)
             kv.release(req)
             req.hashes = None
             completed.append(req)
@@ -640,7 +628,6 @@ class RankScheduler:
 
     def release_source(self, req: Request) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
-        self.policy.source_released(req)
         self.kv.release(req)
 
     # -- fast-forward support -----------------------------------------------------------
@@ -669,7 +656,7 @@ class RankScheduler:
         if first <= 0:
             return None
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
-        k = min(max_passes, max(remaining) if not (self.waiting or self.pending_destinations) else first)
+        k = min(max_passes, max(remaining) if not (self.waiting or self.policy.pending) else first)
         c0 = [r.num_computed for r in running]
         k = self.blocks_bound(c0, remaining, k)
         if k <= 0:

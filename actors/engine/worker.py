@@ -156,7 +156,7 @@ class EngineWorker:
     @property
     def has_work(self) -> bool:
         for r in self.ranks:
-            if r.running or r.waiting or r.pending_destinations:
+            if r.running or r.waiting or r.policy.pending:
                 return True
         return False
 
@@ -206,7 +206,7 @@ class EngineWorker:
         its transfer starts. Returns (reserved, the new end time when a planned run was cut short
         so that completions can be retried as they come, else None)."""
         self.sync(now_ms)  # (the run's completions up to now have freed their blocks)
-        if self.ranks[rank].reserve_destination(req, transfer):
+        if self.ranks[rank].policy.reserve_destination(req, transfer):
             return True, None
         run = self._run
         return False, self._cut_run(run, now_ms) if run is not None else None
@@ -215,8 +215,8 @@ class EngineWorker:
         """Transfer ids whose destinations could reserve their blocks now (after completions)."""
         out = []
         for rank in self.ranks:
-            if rank.pending_destinations:
-                out.extend(rank.retry_destinations())
+            if rank.policy.pending:
+                out.extend(rank.policy.retry_destinations())
         return out
 
     def take_handoffs(self) -> list[Request]:
@@ -619,7 +619,7 @@ class EngineWorker:
         (tested against stepping); False (the run ends as before) when any condition fails."""
         rank = self.ranks[0]
         waiting = rank.waiting
-        if len(waiting) != 1 or rank.first_tokens is not None or rank.pending_destinations:
+        if len(waiting) != 1 or rank.first_tokens is not None or rank.policy.pending:
             return False  # (a destination waiting for blocks: the next run must end at a completion)
         req = waiting[0]
         limit = rank.context_limit
