@@ -60,6 +60,7 @@ def main(argv=None) -> None:
     ap.add_argument("--blocks", type=int, default=29249)
     ap.add_argument("--timing", default="polynomial", choices=("polynomial", "default", "roofline"))
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
+    ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "trtllm"))
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"))
     ap.add_argument("--transfer-gb-s", type=float, default=50.0)
     ap.add_argument("--planner", action="store_true")

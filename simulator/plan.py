@@ -14,6 +14,7 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
+from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.scheduler import SchedulerConfig
 from aisim.simulator.builders import RouterSpec, TimingSpec
 from aisim.simulator.catalog.hardware import get_hardware
@@ -30,9 +31,12 @@ from aisim.simulator.traffic.workload import Workload
 
 # the rank scheduler's capacity policy of each backend (actors.engine.capacity)
 CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict"}
-# backends whose disaggregated decode workers take a transferred prompt into fresh blocks (no
-# prefix reuse at the destination, so no cache there to reuse from either)
-FRESH_DESTINATIONS = ("trtllm",)
+
+
+def _fresh_destinations(backend: str) -> bool:
+    """Decode workers that reserve a handoff's blocks before its transfer take the prompt into
+    fresh blocks: no prefix reuse at the destination (so no cache there to reuse from either)."""
+    return POLICIES[CAPACITY_POLICY[backend]].reserves
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]
@@ -146,7 +150,7 @@ def lower_engine(e: m.Engine) -> tuple[list[PoolPlan], KvTransferModel | None]:
                                                                    "prefill workers' kv_cache.bytes_per_token; set one")
         # a TensorRT-LLM destination reserves fresh blocks and reuses no cached prefix: every
         # transfer moves the whole prompt (docs/schedulers.md)
-        mode = "full_prompt" if e.backend in FRESH_DESTINATIONS else kt.timing_mode
+        mode = "full_prompt" if _fresh_destinations(e.backend) else kt.timing_mode
         transfer = KvTransferModel(kt.bandwidth_gb_per_second, bpt, mode)
     return pools, transfer
 
@@ -174,7 +178,7 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         max_sequences=wk.scheduler.max_sequences or (1 if role == "prefill" else 256),
         block_size=bs,
         num_gpu_blocks=kv.blocks_per_rank,
-        enable_prefix_caching=wk.kv_cache.prefix_caching and not (role == "decode" and e.backend in FRESH_DESTINATIONS),
+        enable_prefix_caching=wk.kv_cache.prefix_caching and not (role == "decode" and _fresh_destinations(e.backend)),
         enable_chunked_prefill=e.enable_chunked_prefill,
         context_length=context_length,
         preemption_mode=wk.scheduler.preemption_mode,

@@ -23,10 +23,9 @@ class RecomputeCapacity:
     What the scheduler reads of every policy (data, read once, so that vLLM's hot path makes no
     call for a hook it does not need): ``preempts``, ``reserves``, ``reuses_whole_prompt`` (a
     prefix hit may cover every full block of the sequence, else all but its last token),
-    ``tracks`` (``prepare``/``admitted``/``left`` must be called) and
+    ``tracks`` (``prepare``/``admitted``/``left``/``source_released`` must be called) and
     ``max_prompt_tokens(config)`` (a longer prompt can never be held)."""
 
-    name = "vllm"
     preempts = True
     reserves = False  # a disaggregated destination admits a transferred prompt as it arrives
     reuses_whole_prompt = False
@@ -36,7 +35,7 @@ class RecomputeCapacity:
 
     __slots__ = ("kv", "block_size")
 
-    def __init__(self, config, kv, running: list) -> None:
+    def __init__(self, config, kv) -> None:
         self.kv = kv
         self.block_size = config.block_size
 
@@ -63,31 +62,34 @@ class RecomputeCapacity:
         """The waiting destinations that fit now, in order (their transfer ids)."""
         return []
 
-    def left(self, req) -> None:
-        """``req`` left the running list (completed, handed off or preempted)."""
+    def left(self, req, holds_kv: bool = False) -> None:
+        """``req`` left the running list (completed or preempted; ``holds_kv``: handed off, its
+        KV held here until its transfer ends)."""
+
+    def source_released(self, req) -> None:
+        """A handed-off request's KV is about to be released (its transfer ended)."""
 
 
 class GuaranteedNoEvict:
     """TensorRT-LLM's GUARANTEED_NO_EVICT: admission reserves every block a request can need."""
 
-    name = "guaranteed_no_evict"
     preempts = False
     reserves = True  # a disaggregated destination reserves the request's blocks before its transfer
     reuses_whole_prompt = True  # every full cached block, the whole prompt included
     tracks = True
 
-    __slots__ = ("kv", "running", "block_size", "capacity_tokens", "prefill_only", "context_limit", "reserved",
+    __slots__ = ("kv", "block_size", "capacity_tokens", "prefill_only", "context_limit", "reserved", "held_off",
                  "pending", "reserved_ids")
 
-    def __init__(self, config, kv, running: list) -> None:
+    def __init__(self, config, kv) -> None:
         self.kv = kv
-        self.running = running  # the rank's running list (the scheduler's own)
         self.block_size = config.block_size
         self.capacity_tokens = config.num_gpu_blocks * config.block_size
         self.prefill_only = config.prefill_only
         cl = config.context_length
         self.context_limit = cl if cl is not None else 1 << 62
         self.reserved = 0  # completion blocks of the running requests and of the reserved destinations
+        self.held_off = 0  # blocks handed-off requests hold here (out of the running list)
         self.pending = deque()
         self.reserved_ids = set()
 
@@ -111,8 +113,9 @@ class GuaranteedNoEvict:
     def fits(self, req, known: int, active_hits: int) -> bool:
         kv = self.kv
         # the blocks still to come of the running requests and reserved destinations: their
-        # completion blocks minus what the running ones hold (each counting its shared blocks)
-        outstanding = self.reserved - sum([r.num_held + r.num_private for r in self.running])
+        # completion blocks minus what the running ones hold (each counting its shared blocks:
+        # every live holder's blocks, the handed-off ones' aside)
+        outstanding = self.reserved - (kv.num_refs - self.held_off)
         return self.completion_blocks(req) - active_hits <= kv.capacity - kv.num_active - outstanding
 
     def admitted(self, req) -> None:
@@ -140,8 +143,13 @@ class GuaranteedNoEvict:
             out.append(pending.popleft()[0])
         return out
 
-    def left(self, req) -> None:
+    def left(self, req, holds_kv: bool = False) -> None:
         self.reserved -= self.completion_blocks(req)
+        if holds_kv:
+            self.held_off += req.num_held + req.num_private
+
+    def source_released(self, req) -> None:
+        self.held_off -= req.num_held + req.num_private
 
 
 POLICIES = {"vllm": RecomputeCapacity, "guaranteed_no_evict": GuaranteedNoEvict}

@@ -128,6 +128,7 @@ class KVCache:
         "num_active_shared",
         "num_inactive",
         "num_private",
+        "num_refs",
         "events",
         "num_evicted",
         "_heads",
@@ -146,6 +147,7 @@ class KVCache:
         self.num_active_shared = 0
         self.num_inactive = 0
         self.num_private = 0
+        self.num_refs = 0  # blocks the live requests hold, each counted per holder (shared ones too)
         self.events: list[tuple[int, memoryview]] | None = [] if record_events else None
         self.num_evicted = 0
         self._heads: dict[int, _Run] = {}  # first hash of each resident run -> run
@@ -213,6 +215,7 @@ class KVCache:
             total += n
         req.held = held
         req.num_held = total
+        self.num_refs += total
         req.num_full_registered = total
         req.dup_tail = False
 
@@ -318,6 +321,7 @@ class KVCache:
                 return False
             self._evict(evict)
         self.num_private += num_blocks
+        self.num_refs += num_blocks
         return True
 
     def register(self, req, hashes: memoryview, full: int) -> None:
@@ -490,6 +494,7 @@ class KVCache:
     # -- release --------------------------------------------------------------------
     def release(self, req) -> None:
         """Free everything ``req`` holds (completion or preemption)."""
+        self.num_refs -= req.num_held + req.num_private
         held = req.held
         if held:
             zeros = []  # runs no live request holds any more, tail first

@@ -115,8 +115,8 @@ class RankScheduler:
         self.config = config
         self.timing = timing
         self.kv = KVCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching, record_kv_events)
-        self.running: list[Request] = []  # (never rebound: the capacity policy reads it too)
-        self.policy = policy = POLICIES[config.capacity_policy](config, self.kv, self.running)
+        self.running: list[Request] = []
+        self.policy = policy = POLICIES[config.capacity_policy](config, self.kv)
         # (at most 29 instance attributes: CPython 3.11 keeps the fast shared-key attribute
         # layout only below 30; a test checks it)
         self._tracks = policy.tracks  # (its hooks are called only when it keeps state)
@@ -589,7 +589,7 @@ class RankScheduler:
         for req in left:
             if req.status != COMPLETED:  # HANDED_OFF
                 if self._tracks:
-                    self.policy.left(req)
+                    self.policy.left(req, True)
                 self.handoffs.append(req)
                 running.remove(req)
 
@@ -628,6 +628,8 @@ class RankScheduler:
 
     def release_source(self, req: Request) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
+        if self._tracks:
+            self.policy.source_released(req)
         self.kv.release(req)
 
     # -- fast-forward support -----------------------------------------------------------
