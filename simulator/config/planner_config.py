@@ -55,8 +55,8 @@ class PlannerConfig(PlannerKnobs):
 # fields that do not change decisions (listed in the report's planner_config_identity_exclusions)
 IDENTITY_EXCLUSIONS = ("load_predictor_warmup_trace", "report_interval_hours", "live_dashboard_port")
 
-# a YAML ``planner`` key -> its PlannerConfig name (where they differ): how the lowering's errors
-# name a key for an API caller
+# a YAML ``planner`` key -> its PlannerConfig name, where they differ: how the adapter renames
+# PlannerConfig into the section, and how the lowering's errors name a key for an API caller
 API_NAMES = {
     "target": "optimization_target", "max_num_gpus": "max_gpu_budget", "min_num_gpus": "min_gpu_budget",
     "min_workers": "min_endpoint", "prefill_min_workers": "prefill_min_endpoint",
@@ -90,14 +90,10 @@ def planner_section(pc: PlannerConfig, engine_mode: str, engine_backend: str,
                 raise InputError(f"{field}.{key}", "target load needs its thresholds; set "
                                                    f"{' and '.join(need)}")
     data = {
-        **pc.model_dump(include=set(PlannerKnobs.model_fields)),
-        "policy": "enabled", "target": pc.optimization_target,
+        **pc.model_dump(include=set(PlannerKnobs.model_fields)),  # (the same names in both)
+        **{key: _value(pc, name) for key, name in API_NAMES.items()},  # (renamed)
+        "policy": "enabled", "retune": pc.retune,
         "enable_throughput_scaling": pc.enable_throughput_scaling, "enable_load_scaling": pc.enable_load_scaling,
-        "throughput_adjustment_interval_seconds": pc.throughput_adjustment_interval,
-        "load_adjustment_interval_seconds": pc.load_adjustment_interval,
-        "max_num_gpus": pc.max_gpu_budget, "min_num_gpus": pc.min_gpu_budget, "min_workers": pc.min_endpoint,
-        "prefill_min_workers": pc.prefill_min_endpoint, "decode_min_workers": pc.decode_min_endpoint,
-        "scale_interval_seconds": pc.scheduling.scale_interval_seconds, "retune": pc.retune,
     }
     for key in ("ttft_ms", "itl_ms"):
         if pc.optimization_target == "sla" or key in pc.model_fields_set:
@@ -107,6 +103,14 @@ def planner_section(pc: PlannerConfig, engine_mode: str, engine_backend: str,
     except ValidationError as exc:
         err = format_validation_error(exc)
         raise InputError(f"{field}.{api_name(err.where)}", err.message, category=err.category) from None
+
+
+def _value(pc: PlannerConfig, name: str):
+    """PlannerConfig's field ``name`` (a dotted path into a nested section)."""
+    value = pc
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def api_name(path: str) -> str:
