@@ -75,12 +75,6 @@ class PlannerPlan:
         return dataclasses.replace(self, settings=self.settings.with_knobs(changes) if changes else self.settings,
                                    retune=self.retune if retune else None)
 
-    @property
-    def retune_only(self) -> bool:
-        """Retune set and neither scaling loop on: the Planner never scales."""
-        s = self.settings
-        return self.retune is not None and not s.enable_throughput_scaling and not s.enable_load_scaling
-
     def digest(self) -> str:
         """sha256 of what decides (settings and retune, not I/O): ``planner_config_digest``."""
         doc = {"settings": dataclasses.asdict(self.settings),
