@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aisim.actors.engine.scheduler import RankScheduler
+from aisim.actors.engine.scheduler import make_rank
 from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
@@ -103,7 +103,7 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
     cfg = pool.scheduler
     workers = []
     for i in range(pool.replicas if replicas is None else replicas):
-        ranks = [RankScheduler(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
+        ranks = [make_rank(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
         for rank, hashes in zip(ranks, (initial_kv or {}).get(first_id + i, ())):
             rank.kv.preload(list(hashes))
         if pool_label:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.scheduler import SchedulerConfig
+from aisim.actors.engine.sglang import SGLangKnobs
 from aisim.simulator.builders import RouterSpec, TimingSpec
 from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.models import load_geometry
@@ -30,7 +31,7 @@ from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.workload import Workload
 
 # the rank scheduler's capacity policy of each backend (actors.engine.capacity)
-CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict"}
+CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict", "sglang": "vllm"}  # (sglang: its own rank)
 
 
 def _fresh_destinations(backend: str) -> bool:
@@ -185,11 +186,20 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         prefill_schedule_interval=wk.scheduler.prefill_schedule_interval,
         prefill_only=role == "prefill",
         capacity_policy=CAPACITY_POLICY[e.backend],
+        sglang=_sglang_knobs(wk) if e.backend == "sglang" else None,
     )
     timing = TimingSpec(t.type, t.prefill_ms, t.decode_ms, t.compute_efficiency, t.memory_efficiency, t.overhead_ms,
                         wk.speedup_ratio, wk.decode_speedup_ratio)
     return PoolPlan(role, par.replicas, scheduler, timing, shape, e.model, hardware.name if hardware else None,
                     e.backend, e.backend_version, kv.bytes_per_token, wk.startup_seconds, kv.provenance)
+
+
+def _sglang_knobs(wk: m.Worker) -> SGLangKnobs:
+    """SGLang's scheduler knobs of a worker (its ``scheduler.sglang`` extension, else the engine's
+    defaults); the chunk budget is per attention-data rank."""
+    k = wk.scheduler.sglang or m.SGLangScheduler()
+    return SGLangKnobs(k.schedule_policy, k.max_prefill_tokens, k.chunked_prefill_size // wk.parallelism.attention_data,
+                       k.clip_max_new_tokens, float(k.schedule_conservativeness), wk.scheduler.prefill_decode_interval)
 
 
 def retune_router(spec: RouterSpec, rc) -> RouterSpec:

@@ -75,6 +75,8 @@ class Request:
         # admission rejection: a code (REJECT_*) and a sentence with the numbers; None otherwise
         "reject_reason",
         "reject_detail",
+        # SGLang ranks: the KV lease of a running (or chunking) request (actors.engine.sglang.Lease)
+        "lease",
     )
 
     def __init__(
@@ -120,6 +122,7 @@ class Request:
         self.handoff: dict | None = None  # disaggregated timestamps and placement
         self.reject_reason: str | None = None
         self.reject_detail: str | None = None
+        self.lease = None
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

@@ -57,6 +57,7 @@ class SchedulerConfig:
     prefill_schedule_interval: int = 1
     prefill_only: bool = False  # disaggregated prefill role: no decode, one hidden token
     capacity_policy: str = "vllm"  # actors.engine.capacity.POLICIES: vllm | guaranteed_no_evict (TRT-LLM)
+    sglang: object = None  # SGLang's knobs (actors.engine.sglang.SGLangKnobs): an SGLang rank, not this one
 
 
 @dataclass(slots=True)
@@ -106,6 +107,35 @@ class GapSink:
         for name, raw in zip(cls.__slots__, data, strict=True):
             getattr(g, name).frombytes(raw)
         return g
+
+
+def queue_stats(waiting) -> tuple:
+    """(prefill requests, their prompt tokens, variance; decode requests, their KV tokens, variance)
+    of a waiting queue: fresh prompts queue for prefill; preempted and transferred requests wait to
+    resume decoding."""
+    np_ = tok = sq_t = nd = kv = sq_kv = 0
+    for req in waiting:
+        if req.num_generated == 0 and not req.materialized:
+            np_ += 1
+            tok += req.prompt_len
+            sq_t += req.prompt_len * req.prompt_len
+        else:
+            k = req.prompt_len + req.num_generated
+            nd += 1
+            kv += k
+            sq_kv += k * k
+    var_t = sq_t / np_ - (tok / np_) ** 2 if np_ else 0.0
+    var_kv = sq_kv / nd - (kv / nd) ** 2 if nd else 0.0
+    return np_, tok, var_t, nd, kv, var_kv
+
+
+def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: bool = False):
+    """The rank scheduler a config names: SGLang's when it carries SGLang knobs, else this module's."""
+    if config.sglang is not None:
+        from aisim.actors.engine.sglang import SGLangRank
+
+        return SGLangRank(config, timing, record_kv_events)
+    return RankScheduler(config, timing, record_kv_events)
 
 
 class RankScheduler:
@@ -608,23 +638,7 @@ class RankScheduler:
             running.remove(req)
 
     def queue_stats(self) -> tuple:
-        """(prefill requests, their prompt tokens, variance; decode requests, their KV tokens, variance)
-        of the waiting queue: fresh prompts queue for prefill; preempted and transferred requests
-        wait to resume decoding."""
-        np_ = tok = sq_t = nd = kv = sq_kv = 0
-        for req in self.waiting:
-            if req.num_generated == 0 and not req.materialized:
-                np_ += 1
-                tok += req.prompt_len
-                sq_t += req.prompt_len * req.prompt_len
-            else:
-                k = req.prompt_len + req.num_generated
-                nd += 1
-                kv += k
-                sq_kv += k * k
-        var_t = sq_t / np_ - (tok / np_) ** 2 if np_ else 0.0
-        var_kv = sq_kv / nd - (kv / nd) ** 2 if nd else 0.0
-        return np_, tok, var_t, nd, kv, var_kv
+        return queue_stats(self.waiting)
 
     def release_source(self, req: Request) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from aisim.simulator.config.models import Fraction01, NonNegFloat, PosFloat, PosInt, Strict
+from aisim.simulator.config.models import Fraction01, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
 from aisim.simulator.errors import InputError
 
 
@@ -56,6 +56,7 @@ class EngineArgs(Strict):
     speedup_ratio: PosFloat = 1.0
     decode_speedup_ratio: PosFloat = 1.0
     prefill_schedule_interval: PosInt = 1
+    prefill_decode_interval: NonNegInt = 0  # SGLang only
     # disaggregated KV transfer (read from the prefill role's arguments)
     kv_transfer_bandwidth: PosFloat | None = None  # GB/s
     kv_transfer_bytes_per_token: PosInt | None = None  # None: the prefill role's KV bytes per token
@@ -86,6 +87,7 @@ class EngineArgs(Strict):
                             "moe_tensor": self.moe_tensor_parallel_size, "moe_expert": self.moe_expert_parallel_size},
             "scheduler": {"max_batched_tokens": self.max_num_batched_tokens, "max_sequences": self.max_num_seqs,
                           "prefill_schedule_interval": self.prefill_schedule_interval,
+                          "prefill_decode_interval": self.prefill_decode_interval,
                           "preemption_mode": self.preemption_mode},
             "kv_cache": {"block_size": self.block_size, "prefix_caching": self.enable_prefix_caching,
                          "bytes_per_token": self.kv_cache_bytes_per_token or "auto", "capacity": capacity},

@@ -168,12 +168,30 @@ class Parallelism(Strict):
     decode_context: PosInt = 1
 
 
+class SGLangScheduler(Strict):
+    """aisim extension (``scheduler.sglang``): SGLang's own scheduler settings, the engine's defaults."""
+
+    schedule_policy: Literal["fifo", "lpm"] = "fifo"
+    max_prefill_tokens: PosInt = 16384
+    chunked_prefill_size: PosInt = 8192  # per worker; attention-data ranks split it
+    clip_max_new_tokens: PosInt = 4096
+    schedule_conservativeness: Annotated[Float, Field(gt=0)] = 1.0
+
+
+class TrtllmScheduler(Strict):
+    """aisim extension (``scheduler.trtllm``): TensorRT-LLM's capacity scheduler (its one policy)."""
+
+    capacity_scheduler_policy: Literal["guaranteed_no_evict"] = "guaranteed_no_evict"
+
+
 class Scheduler(Strict):
     max_batched_tokens: PosInt = 8192
     max_sequences: PosInt | None = None  # 256 (aggregated, decode) / 1 (prefill)
     prefill_schedule_interval: PosInt = 1
     prefill_decode_interval: NonNegInt = 0
     preemption_mode: Literal["lifo", "fifo"] = "lifo"  # aisim: which running request a full cache preempts
+    sglang: SGLangScheduler | None = None  # aisim: backend sglang only
+    trtllm: TrtllmScheduler | None = None  # aisim: backend trtllm only
 
 
 class Capacity(Strict):

@@ -44,6 +44,9 @@ def _check_supported(cfg: m.PredictConfig) -> None:
     if isinstance(src, m.TraceSource) and src.format not in ("mooncake", "dynamo"):
         raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
     r = cfg.router
+    if r.policy == "kv_router" and cfg.engine.backend == "sglang":
+        raise _no("router.policy", "the KV router over SGLang workers (their radix cache publishes no KV events yet)",
+                  "use round_robin or random with backend sglang")
     for key, reason in ROUTER_RESERVED.items():
         if getattr(r, key) is not None:
             raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
@@ -56,8 +59,8 @@ def check_engine_supported(e: m.Engine) -> None:
     """The engine features this build does not model yet."""
     if e.mode == "afd":
         raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
-    if e.backend == "sglang":
-        raise _no("engine.backend", "backend sglang scheduling", "use backend: vllm or trtllm")
+    if e.backend == "sglang" and e.mode == "disaggregated":
+        raise _no("engine.mode", "disaggregated prefill/decode with backend sglang", "use mode aggregated with sglang")
     for key in ("speculation", "nextn_accepted", "tokenization"):
         if getattr(e, key) is not None:
             raise _no(f"engine.{key}", key, f"remove engine.{key}")
@@ -102,6 +105,21 @@ def check_engine(e: m.Engine) -> None:
                                                                             f"(backend is {e.backend}); remove it")
         if e.backend in ("vllm", "trtllm") and block_size(e, wk) < 2:
             raise InputError(f"{base}.kv_cache.block_size", f"must be >= 2 with backend {e.backend}")
+        for key in ("sglang", "trtllm"):
+            if getattr(sched, key) is not None and e.backend != key:
+                raise InputError(f"{base}.scheduler.{key}", f"holds backend {key}'s knobs (backend is {e.backend}); "
+                                                            f"remove it or set engine.backend: {key}")
+        if e.backend == "sglang":
+            knobs = sched.sglang or m.SGLangScheduler()
+            chunk = knobs.chunked_prefill_size // wk.parallelism.attention_data
+            if chunk <= 0:
+                raise InputError(f"{base}.parallelism.attention_data", f"SGLang attention DP size "
+                                 f"{wk.parallelism.attention_data} reduces chunked_prefill_size "
+                                 f"{knobs.chunked_prefill_size} to zero; lower attention_data")
+            if knobs.chunked_prefill_size % block_size(e, wk):
+                raise InputError(f"{base}.kv_cache.block_size", f"SGLang's chunked_prefill_size "
+                                 f"{knobs.chunked_prefill_size} must be divisible by the block (page) size "
+                                 f"{block_size(e, wk)}; pick a block size that divides it")
         needs = [f"timing type {wk.timing.type}"] if wk.timing.type in ("default", "roofline") else []
         if wk.kv_cache.capacity.type == "default":
             needs.append("kv_cache.capacity type default")

@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from aisim.actors import hashing
+from aisim.actors.engine.radix_cache import TokenSeq
 
 OUTPUT_TAG = 0x0_0777  # generated-output pieces
 UNIQUE_PROMPT_TAG = 0x0_0888  # prompt tokens private to one request (synthetic traffic)
@@ -151,6 +152,18 @@ class BlockHashStore:
         raw, starts = got
         j = index - c * self.CHUNK
         return hashing.hash_view(raw[starts[j] : starts[j + 1]])  # (a copy: the chunk is not kept alive)
+
+    def token_pieces(self, index: int) -> TokenSeq:
+        """The request's tokens as pieces (its prompt's, then its output's): what an SGLang radix
+        cache compares."""
+        w = self.w
+        p0, p1 = int(w.piece_ptr[index]), int(w.piece_ptr[index + 1])
+        src = w.piece_src[p0:p1].tolist()
+        ends = np.cumsum(w.piece_len[p0:p1]).tolist()
+        end = ends[-1] if ends else 0
+        src.append(int(self._out_src[index]))
+        ends.append(end + max(int(w.output_len[index]), 1))
+        return TokenSeq(src, ends)
 
     def _compute(self, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
         w = self.w

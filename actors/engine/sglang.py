@@ -1,0 +1,560 @@
+"""SGLang's cache-aware scheduler of one attention-data rank (docs/schedulers.md).
+
+A pass is either a prefill pass or a decode pass, never both:
+
+1. ``prefill_decode_interval`` gate: for N rounds after a prefill no prefill starts (rounds with
+   nothing to decode are idle: no time passes, and the gate's idle rounds reset the ratio).
+2. Prefill admission (``_admit``): the waiting queue in order (FIFO, or longest prefix match
+   when the queue is short), strict head-of-line, under three budgets: the running-request cap,
+   the chunk budget (``chunked_prefill_size`` page-rounded tokens a pass, a request truncated to
+   what is left) and memory: ``free + evictable - sum(running min(remaining, clip) x
+   new_token_ratio)`` must exceed the candidate's pages plus its clipped output.
+3. If anything was admitted the pass prefills it and running requests stall; a request finishing
+   its prompt gets its first token from that forward. Otherwise the pass decodes every running
+   request; when the pages for the new tokens are not there, running requests are *retracted*
+   (fewest generated tokens first; their cached prefix stays in the tree) back to the end of the
+   queue and ``new_token_ratio`` is raised, else it decays a step.
+
+KV lives in a radix tree of pages (``actors.engine.radix_cache``). A request's ``lease`` is its
+locked tree path (``node``, ``cached`` tokens) plus the pages it owns outside the tree; its
+materialized tokens (``num_computed``) always equal its sequence once it runs (each emitted
+token gets its slot). Tokens generated while running enter the tree when it finishes or is
+retracted (nobody else can match them, so caching them earlier changes nothing).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from aisim.actors.engine.radix_cache import RadixCache, TokenSeq
+from aisim.actors.engine.request import (
+    COMPLETED,
+    HANDED_OFF,
+    REJECT_CONTEXT_LENGTH,
+    REJECT_KV_CAPACITY,
+    REJECTED,
+    RUNNING,
+    WAITING,
+    Request,
+)
+from aisim.actors.engine.scheduler import GapSink, RankPass, queue_stats
+from aisim.actors.engine.timing import PassShape, TimingModel
+
+LPM_MAX_QUEUE = 128  # longest-prefix-match ordering only while the queue is this short (else FIFO)
+LPM_DEPRIORITIZE_TOKENS = 32  # a short match whose first tokens another queued request shares goes last
+RETRACT_OUTPUT_BONUS = 20  # tokens per surviving request in the ratio a retraction sets
+
+
+@dataclass(frozen=True)
+class SGLangKnobs:
+    """SGLang's scheduler settings (the engine's defaults; aisim extensions in the config)."""
+
+    schedule_policy: str = "fifo"  # fifo | lpm
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 8192  # per attention-data rank (the lowering divides it)
+    clip_max_new_tokens: int = 4096
+    schedule_conservativeness: float = 1.0
+    prefill_decode_interval: int = 0
+
+
+class Lease:
+    """A running (or chunking) request's KV: its locked tree path and the pages it owns beyond it."""
+
+    __slots__ = ("seq", "node", "cached", "own_pages")
+
+    def __init__(self, seq: TokenSeq, node, cached: int, own_pages: int) -> None:
+        self.seq = seq
+        self.node = node  # the deepest locked node (the tree's root when nothing is cached)
+        self.cached = cached  # tokens on the locked path (whole pages)
+        self.own_pages = own_pages  # pages held outside the tree
+
+
+class _NoReservations:
+    """SGLang's aggregated ranks reserve no destinations (what the worker asks of a policy)."""
+
+    pending = ()
+    reserves = False
+
+
+class _KvView:
+    """The KV figures the worker, host and timeline read of a rank (``KVCache``'s names)."""
+
+    events = None  # (KV events for the KV router are not published by SGLang ranks yet)
+
+    __slots__ = ("tree", "prefix_caching", "block_size", "capacity")
+
+    def __init__(self, tree: RadixCache, prefix_caching: bool) -> None:
+        self.tree = tree
+        self.prefix_caching = prefix_caching
+        self.block_size = tree.page
+        self.capacity = tree.num_pages
+
+    @property
+    def num_active(self) -> int:
+        """Pages held by live requests (free and unlocked cached pages aside)."""
+        t = self.tree
+        return t.num_pages - t.free_pages - t.evictable_tokens // t.page
+
+    def contents(self) -> list:
+        return []
+
+    def preload(self, hashes: list) -> None:
+        if hashes:
+            raise NotImplementedError("a warm start of an SGLang rank's cache is not modelled yet")
+
+
+def token_seq(req: Request) -> TokenSeq:
+    """The request's tokens as pieces: from its source's ``token_pieces`` when it has them, else
+    one piece per token from its one-token block hashes (chained: equal means an equal prefix)."""
+    src = req.source
+    pieces = getattr(src, "token_pieces", None)
+    if pieces is not None:
+        return pieces(req.index)
+    n = req.prompt_len + max(req.max_output, 1)
+    hashes = list(src.block_hashes(req.index, 1))[:n]
+    hashes += [(req.index << 32) ^ (0xA15E << 16) ^ i for i in range(len(hashes), n)]
+    return TokenSeq(hashes, list(range(1, n + 1)))
+
+
+class SGLangRank:
+    """Scheduler + radix KV cache of one SGLang rank (the interface of ``RankScheduler``)."""
+
+    def __init__(self, config, timing: TimingModel, record_kv_events: bool = False) -> None:
+        self.config = config
+        self.timing = timing
+        k = config.sglang
+        self.knobs = k
+        page = self.page = config.block_size
+        self.tree = RadixCache(config.num_gpu_blocks, page)
+        self.kv = _KvView(self.tree, config.enable_prefix_caching)
+        self.caching = config.enable_prefix_caching
+        self.policy = _NoReservations()
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.total_kv_tokens = config.num_gpu_blocks * page
+        self.num_preemptions = 0
+        self.committed_prefill_tokens = 0
+        self.num_generated_tokens = 0
+        self.rejected: list[Request] = []
+        self.handoffs: list[Request] = []
+        self.first_tokens: list[Request] | None = None
+        self.pool_label = "prefill" if config.prefill_only else "agg"
+        self.last_pass: tuple | None = None
+        self.pass_count = 0
+        cl = config.context_length
+        self.context_limit = cl if cl is not None else 1 << 62
+        init = min(1.0, 0.7 * k.schedule_conservativeness)
+        self.ratio_init = init
+        self.ratio_min = 0.14 * init
+        self.ratio_step = (init - self.ratio_min) / 600
+        self.new_token_ratio = init
+        self.prefill_rounds_left = 0  # rounds until a prefill may start again (prefill_decode_interval)
+        self.max_running = config.max_sequences
+        self.chunk_tokens = k.chunked_prefill_size
+        self.num_retractions = 0
+
+    # -- queue ------------------------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        req.status = WAITING
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def _remaining(self, req: Request) -> int:
+        return min(req.max_output, self.context_limit - req.prompt_len) - req.num_generated
+
+    # -- a pass -------------------------------------------------------------------------------
+    def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
+        waiting = self.waiting
+        if self.prefill_rounds_left and not self.running:
+            # rounds with nothing to decode are idle: they take no time, and count down
+            self.prefill_rounds_left = 0
+            self.new_token_ratio = self.ratio_init
+        if waiting and not self.prefill_rounds_left:
+            rp = self._prefill_pass(now_ms)
+            if rp is not None:
+                self.prefill_rounds_left = self.knobs.prefill_decode_interval
+                return rp
+        if not self.running:
+            if waiting:  # (a round with nothing to do: retried at once until the ratio settles)
+                self.new_token_ratio = self.ratio_min
+            return None
+        if self.prefill_rounds_left:
+            self.prefill_rounds_left -= 1
+        return self._decode_pass(now_ms)
+
+    # -- prefill ------------------------------------------------------------------------------
+    def _order(self) -> None:
+        """Longest prefix match first (a chunk continuation stays at the head)."""
+        waiting = self.waiting
+        if self.knobs.schedule_policy != "lpm" or not self.caching or len(waiting) > LPM_MAX_QUEUE:
+            return
+        head = [waiting.popleft()] if waiting and waiting[0].num_computed else []
+        page = self.page
+        span = -(-LPM_DEPRIORITIZE_TOKENS // page) * page
+        seen = set()
+        scored = []
+        for i, req in enumerate(waiting):
+            seq = req.lease.seq if req.lease is not None else token_seq(req)
+            score = self.tree.peek(seq, req.prompt_len + req.num_generated)
+            low = False
+            if score <= LPM_DEPRIORITIZE_TOKENS and req.prompt_len + req.num_generated >= span:
+                key = tuple(seq.page_key(p, page) for p in range(0, span, page))
+                low = key in seen
+                seen.add(key)
+            scored.append((low, -score, i, req))
+        scored.sort()
+        waiting.clear()
+        waiting.extend(head + [s[3] for s in scored])
+
+    def _never_fits(self, req: Request) -> str | None:
+        if req.prompt_len >= self.context_limit:
+            return REJECT_CONTEXT_LENGTH
+        page = self.page
+        need = -(-req.prompt_len // page) * page + min(self._remaining(req), self.knobs.clip_max_new_tokens)
+        if need >= self.total_kv_tokens:
+            return REJECT_KV_CAPACITY
+        return None
+
+    def rejection_detail(self, req: Request, code: str) -> str:
+        n = req.prompt_len
+        if code == REJECT_CONTEXT_LENGTH:
+            return f"prompt of {n:,} tokens >= context length {self.context_limit:,}"
+        out = min(self._remaining(req), self.knobs.clip_max_new_tokens)
+        cache = "the cache" if self.pool_label == "agg" else f"the {self.pool_label} cache"
+        return (f"prompt of {n:,} tokens and {out:,} reserved output tokens need {n + out:,} KV tokens, "
+                f"{cache} holds {self.total_kv_tokens:,}")
+
+    def _reject(self, req: Request, now_ms: float, code: str) -> None:
+        req.reject_reason = code
+        req.reject_detail = self.rejection_detail(req, code)
+        req.status = REJECTED
+        req.terminal_ms = now_ms
+        self.rejected.append(req)
+
+    def _prefill_pass(self, now_ms: float) -> RankPass | None:
+        """Admit from the waiting queue (§3.1 of docs/dev/reference-sglang-trtllm.md); the pass, or
+        None when nothing was admitted."""
+        self._order()
+        k = self.knobs
+        page = self.page
+        tree = self.tree
+        running = self.running
+        waiting = self.waiting
+        clip = k.clip_max_new_tokens
+        ratio = self.new_token_ratio
+        reserved = sum([min(self._remaining(r), clip) for r in running]) * ratio
+        rem_total = tree.headroom_tokens - reserved
+        rem_input = k.max_prefill_tokens
+        rem_chunk = self.chunk_tokens
+        slots = self.max_running - len(running)
+        items = []
+        sum_isl = sum_prefix = sq = 0
+        while len(items) < slots and waiting:
+            req = waiting[0]
+            lease = req.lease
+            if lease is None and req.num_generated == 0:
+                why = self._never_fits(req)
+                if why:
+                    waiting.popleft()
+                    self._reject(req, now_ms, why)
+                    continue
+            seq_len = req.prompt_len + req.num_generated
+            if lease is None:
+                seq = token_seq(req)
+                # (a read-only look: the path is matched, split and refreshed only when admitted)
+                limit = seq_len if self._remaining(req) <= 0 else seq_len - 1
+                cached = tree.peek(seq, limit - limit % page) if self.caching else 0
+                start = cached
+            else:
+                start = req.num_computed
+            extend = seq_len - start
+            if extend <= 0:
+                break
+            if -(-extend // page) * page <= rem_chunk:
+                chunk = extend
+            else:
+                chunk = min(rem_chunk // page * page, extend)
+                if chunk <= 0:
+                    break
+            charged = -(-chunk // page) * page
+            reserve = 0 if chunk < extend else min(self._remaining(req), clip)
+            if charged + reserve >= rem_total or charged > rem_input or charged > rem_chunk:
+                break
+            end = start + chunk
+            if lease is None:
+                node, _ = tree.match(seq, cached, now_ms) if cached else (tree.root, 0)
+                tree.lock(node)
+                pages = -(-end // page) - cached // page
+                if pages * page > tree.headroom_tokens or not tree.take_pages(pages):
+                    tree.unlock(node)
+                    break
+                req.lease = Lease(seq, node, cached, pages)
+                req.admissions.append((now_ms, cached, self.pool_label))
+                if req.first_admit_ms is None:
+                    req.first_admit_ms = now_ms
+            else:
+                pages = -(-end // page) - (lease.cached // page + lease.own_pages)
+                if pages > 0:
+                    if not tree.take_pages(pages):
+                        break
+                    lease.own_pages += pages
+            waiting.popleft()
+            req.status = RUNNING
+            req.num_computed = end
+            running.append(req)
+            items.append((req, chunk))
+            sum_isl += end
+            sum_prefix += start
+            sq += chunk * chunk
+            rem_total -= charged + reserve
+            rem_input -= charged
+            rem_chunk -= charged
+            if rem_chunk <= 0:
+                break
+        if not items:
+            return None
+        n = len(items)
+        new_tokens = sum_isl - sum_prefix
+        shape = PassShape(n, new_tokens, sum_isl, sum_prefix, 0, 0, self.total_kv_tokens)
+        var = sq / n - (new_tokens / n) ** 2
+        return RankPass(items, shape, self.timing.pass_ms(shape), 0, var, 0.0)
+
+    # -- decode -------------------------------------------------------------------------------
+    def _growth_pages(self, req: Request) -> int:
+        """Pages ``req`` needs for its next token."""
+        lease = req.lease
+        return -(-(req.prompt_len + req.num_generated + 1) // self.page) - lease.cached // self.page - lease.own_pages
+
+    def _decode_pass(self, now_ms: float) -> RankPass | None:
+        running = self.running
+        tree = self.tree
+        page = self.page
+        growth = [self._growth_pages(r) for r in running]
+        need = sum(growth)
+        retracted = []
+        while need * page > tree.headroom_tokens and len(running) > 1:
+            outs = [r.num_generated for r in running]
+            i = outs.index(min(outs))
+            victim = running.pop(i)
+            need -= growth.pop(i)
+            self._retract(victim, now_ms)
+            retracted.append(victim)
+        if retracted:
+            self.num_preemptions += len(retracted)
+            self.num_retractions += len(retracted)
+            gen = sum([r.num_generated for r in running])
+            cap = sum([min(r.max_output, self.context_limit - r.prompt_len) for r in running])
+            self.new_token_ratio = min(1.0, (gen + RETRACT_OUTPUT_BONUS * len(running)) / (cap + 1))
+            self.waiting.extend(retracted)
+        else:
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_step, self.ratio_min)
+        if not tree.take_pages(need):
+            return None  # (a lone request whose next page is not there: nothing runs)
+        for r, g in zip(running, growth):
+            if g:
+                r.lease.own_pages += g
+        n = len(running)
+        kv = [r.prompt_len + r.num_generated for r in running]
+        total = sum(kv)
+        shape = PassShape(0, 0, 0, 0, n, total, self.total_kv_tokens)
+        var = sum([x * x for x in kv]) / n - (total / n) ** 2
+        return RankPass([(r, 1) for r in running], shape, self.timing.pass_ms(shape), len(retracted), 0.0, var)
+
+    def _retract(self, req: Request, now_ms: float) -> None:
+        """Back to the queue keeping its generated tokens; its cached prefix stays in the tree."""
+        self._release_kv(req, now_ms)
+        req.num_computed = 0
+        req.prefill_done = False
+        req.status = WAITING
+
+    def _release_kv(self, req: Request, now_ms: float) -> None:
+        """Cache the request's whole pages, free the rest, unlock its path."""
+        lease = req.lease
+        tree = self.tree
+        page = self.page
+        if self.caching:
+            upto = min(req.num_computed, req.prompt_len + req.num_generated) // page * page
+            if upto > lease.cached:
+                self._cache(req, upto, now_ms, keep_lock=False)
+            else:
+                tree.unlock(lease.node)
+        tree.give_pages(lease.own_pages)
+        req.lease = None
+
+    def _cache(self, req: Request, upto: int, now_ms: float, keep_lock: bool) -> None:
+        """Insert the request's tokens up to ``upto`` (whole pages) into the tree; its copies of
+        tokens someone else cached first are freed. ``keep_lock``: its lock moves to the new path's
+        end, else its path is unlocked."""
+        lease = req.lease
+        tree = self.tree
+        page = self.page
+        old = lease.node
+        node, dup = tree.insert(old, lease.seq, upto, now_ms)
+        moved = (upto - lease.cached) // page
+        lease.own_pages -= moved
+        tree.give_pages(dup // page)
+        if keep_lock:
+            tree.lock(node)
+            tree.unlock(old)
+            lease.node = node
+            lease.cached = upto
+        else:
+            tree.unlock(old)
+            tree.release_leaf(node)
+
+    # -- pass end -----------------------------------------------------------------------------
+    def finish(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+        sh = rp.shape
+        self.last_pass = (end_ms - start_ms, sh.num_prefill, sh.prefill_new_tokens, sh.prefill_sum_prefix,
+                          rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
+        self.pass_count += 1
+        if sh.num_prefill:
+            self._finish_prefill(rp, start_ms, end_ms, gaps, completed)
+        else:
+            self._finish_decode(rp, start_ms, end_ms, gaps, completed)
+
+    def _finish_prefill(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+        page = self.page
+        tree = self.tree
+        running = self.running
+        chunked = None
+        fresh = []
+        for req, n in rp.items:
+            self.committed_prefill_tokens += n
+            seq_len = req.prompt_len + req.num_generated
+            if self.caching:
+                upto = req.num_computed // page * page
+                if upto > req.lease.cached:
+                    self._cache(req, upto, end_ms, keep_lock=True)
+            if req.num_computed < seq_len:
+                chunked = req
+            else:
+                req.prefill_done = True
+                fresh.append(req)
+        if chunked is not None:
+            running.remove(chunked)
+            chunked.status = WAITING
+            self.waiting.appendleft(chunked)
+        if self.config.prefill_only:  # (disaggregated prefill: hand the prompt's KV over)
+            for req in fresh:
+                req.status = HANDED_OFF
+                running.remove(req)
+                self.handoffs.append(req)
+            return
+        done = []
+        for req in fresh:
+            left = self._remaining(req)
+            if left <= 0:
+                req.status = COMPLETED
+                req.terminal_ms = end_ms
+                done.append(req)
+                continue
+            if left > 1:  # its first token needs a slot; without one it comes at the next decode
+                g = self._growth_pages(req)
+                if g:
+                    if not tree.take_pages(g):
+                        continue
+                    req.lease.own_pages += g
+                req.num_computed += 1
+            if self._emit(req, start_ms, end_ms, gaps):
+                done.append(req)
+        if done:
+            self._complete(done, end_ms, completed)
+
+    def _emit(self, req: Request, start_ms: float, end_ms: float, gaps: GapSink) -> bool:
+        """One token at ``end_ms``; True when it was the request's last."""
+        g = req.num_generated + 1
+        req.num_generated = g
+        if g == 1:
+            req.first_token_ms = end_ms
+            if self.first_tokens is not None:
+                self.first_tokens.append(req)
+        else:
+            if g == 2:
+                req.second_token_ms = end_ms
+            last = req.last_token_ms
+            if last == start_ms:
+                gaps.pooled_values.append(end_ms - start_ms)
+                gaps.pooled_weights.append(1)
+            else:
+                gaps.individual.append(end_ms - last)
+        req.last_token_ms = end_ms
+        self.num_generated_tokens += 1
+        if g >= req.max_output or req.prompt_len + g >= self.context_limit:
+            req.status = COMPLETED
+            req.terminal_ms = end_ms
+            return True
+        return False
+
+    def _finish_decode(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+        done = []
+        pooled = 0
+        individual = gaps.individual
+        limit = self.context_limit
+        for req, _ in rp.items:
+            g = req.num_generated + 1
+            req.num_generated = g
+            req.num_computed = req.prompt_len + g
+            if g == 1:
+                req.first_token_ms = end_ms
+                if self.first_tokens is not None:
+                    self.first_tokens.append(req)
+            else:
+                if g == 2:
+                    req.second_token_ms = end_ms
+                if req.last_token_ms == start_ms:
+                    pooled += 1
+                else:
+                    individual.append(end_ms - req.last_token_ms)
+            req.last_token_ms = end_ms
+            if g >= req.max_output or req.prompt_len + g >= limit:
+                req.status = COMPLETED
+                req.terminal_ms = end_ms
+                done.append(req)
+        self.num_generated_tokens += len(rp.items)
+        if pooled:
+            gaps.pooled_values.append(end_ms - start_ms)
+            gaps.pooled_weights.append(pooled)
+        if done:
+            self._complete(done, end_ms, completed)
+
+    def _complete(self, reqs: list, now_ms: float, completed: list) -> None:
+        running = self.running
+        for req in reqs:
+            self._release_kv(req, now_ms)
+            req.hashes = None
+            completed.append(req)
+            running.remove(req)
+
+    def release_completed(self, reqs: list, completed: list) -> None:
+        for req in reqs:
+            self._complete([req], req.terminal_ms, completed)
+
+    def reap_completed(self, completed: list) -> None:  # (completions are taken as they happen)
+        pass
+
+    def release_source(self, req: Request) -> None:
+        self._release_kv(req, req.terminal_ms or 0.0)
+
+    # -- queries ------------------------------------------------------------------------------
+    def queue_stats(self) -> tuple:
+        return queue_stats(self.waiting)
+
+    def plan_decode_run(self, max_passes: int):
+        return None
+
+    def check(self) -> None:
+        """Every page is free, in the tree or owned by one live request (a test aid)."""
+        t = self.tree
+        owned = sum(r.lease.own_pages for r in list(self.running) + list(self.waiting) if r.lease is not None)
+        tree_tokens = t.evictable_tokens + t.protected_tokens
+        assert tree_tokens % t.page == 0
+        assert t.free_pages + tree_tokens // t.page + owned == t.num_pages, (t.free_pages, tree_tokens, owned)
