@@ -65,13 +65,16 @@ evaluation:
 ROLE = """    {role}:
       parallelism: {{replicas: {replicas}}}
       scheduler: {{max_batched_tokens: 8192, max_sequences: {seqs}}}
-      kv_cache: {{block_size: 64, capacity: {{type: fixed, blocks: {blocks}}}}}
+      kv_cache: {{block_size: {block_size}, capacity: {{type: fixed, blocks: {blocks}}}}}
       timing: {{type: {timing}}}
 """
 
 
 def render_config(args) -> str:
-    common = dict(blocks=args.blocks, timing=args.timing)
+    # SGLang's default page is one token: the same KV tokens in pages of 1
+    sglang = getattr(args, "engine_backend", "vllm") == "sglang"
+    common = dict(blocks=args.blocks * 64 if sglang else args.blocks, block_size=1 if sglang else 64,
+                  timing=args.timing)
     if args.disaggregated:
         p, d = args.disaggregated
         workers = ROLE.format(role="prefill", replicas=p, seqs=1, **common) + ROLE.format(
@@ -212,8 +215,9 @@ def main() -> int:
                     help="default = measured kernel data; its first run builds the timing tables (cold), "
                          "later runs load them from the cache (warm)")
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
-    ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "trtllm"),
-                    help="engine.backend: the scheduling semantics (default: %(default)s)")
+    ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "sglang", "trtllm"),
+                    help="engine.backend: the scheduling semantics (default: %(default)s; sglang: pages of one "
+                         "token, as many KV tokens as --blocks of 64)")
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
                     help="disaggregated with this many prefill and decode workers (instead of --workers)")
     ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")

@@ -129,6 +129,32 @@ def queue_stats(waiting) -> tuple:
     return np_, tok, var_t, nd, kv, var_kv
 
 
+def blocks_bound(computed: list[int], remaining: list[int], k: int, bs: int, avail: int) -> int:
+    """At most ``k`` decode passes of requests with ``computed`` tokens (request i leaving after
+    ``remaining[i]`` of them) before their blocks of ``bs`` tokens would need more than ``avail``
+    new ones: pass j of a request with c tokens needs a new block when (c + j) % bs == 0."""
+    # each request needs at most k // bs + 1 of them
+    if len(computed) * (k // bs + 1) <= avail:
+        return k
+    ends = [r if r < k else k for r in remaining]
+    if bs == 1:  # every pass takes one block per request still there: the first pass past avail
+        ends.sort()
+        n = len(ends)
+        used = j = 0
+        for i, e in enumerate(ends):  # passes j..e-1 take n - i blocks each
+            if e > j:
+                if used + (e - j) * (n - i) > avail:
+                    return j + (avail - used) // (n - i)
+                used += (e - j) * (n - i)
+                j = e
+        return k
+    firsts = [(-c) % bs for c in computed]
+    total = sum([(e - 1 - a) // bs + 1 for a, e in zip(firsts, ends) if a < e])
+    if total > avail:
+        k = sorted(j for a, e in zip(firsts, ends) for j in range(a, e, bs))[avail]
+    return k
+
+
 def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: bool = False):
     """The rank scheduler a config names: SGLang's when it carries SGLang knobs, else this module's."""
     if config.sglang is not None:
@@ -679,21 +705,31 @@ class RankScheduler:
             return None
         return k, list(running), c0, g0, known, remaining
 
+    def grow_run(self, batch: list, computed: list[int], upto: int) -> None:
+        """A decode run's schedule-time effects up to pass ``upto``: the blocks of the batch's
+        requests (``computed`` tokens at the run's start) for ``computed + upto`` tokens."""
+        kv = self.kv
+        bs = kv.block_size
+        caching = kv.prefix_caching
+        # most passes neither cross a block boundary nor fill a block
+        # kv.grow's test for t = c + upto tokens: ceil(t / bs) > held + private blocks, or
+        # t // bs > registered full blocks (prefix caching); integer forms of it
+        items = [(req, c + upto) for req, c in zip(batch, computed)
+                 if c + upto > (req.num_held + req.num_private) * bs
+                 or (caching and c + upto >= (req.num_full_registered + 1) * bs)]
+        if not items:
+            return
+        done = kv.grow_decode(items)
+        if done is None:
+            done = all([kv.grow(req, t, req.hashes) for req, t in items])
+        if not done:  # pragma: no cover - the horizon guarantees it
+            raise AssertionError("fast-forward run ran out of KV blocks")
+
     def blocks_bound(self, computed: list[int], remaining: list[int], k: int) -> int:
         """At most ``k`` decode passes of requests with ``computed`` tokens, request i leaving
         after ``remaining[i]`` of them, before one would need a block that is not free or
         evictable now (releases at completions only add room)."""
-        bs = self.config.block_size
-        avail = self.kv.num_reclaimable
-        # pass j of a request with c computed tokens needs a new block when (c + j) % bs == 0;
-        # each request needs at most k // bs + 1 of them
-        if len(computed) * (k // bs + 1) > avail:
-            firsts = [(-c) % bs for c in computed]
-            ends = [r if r < k else k for r in remaining]
-            total = sum([(e - 1 - a) // bs + 1 for a, e in zip(firsts, ends) if a < e])
-            if total > avail:
-                k = sorted(j for a, e in zip(firsts, ends) for j in range(a, e, bs))[avail]
-        return k
+        return blocks_bound(computed, remaining, k, self.config.block_size, self.kv.num_reclaimable)
 
     def _admission_blocked(self, num_running: int) -> bool:
         """No waiting request can be admitted (and none rejected) while the batch decodes.

@@ -38,7 +38,7 @@ from aisim.actors.engine.request import (
     WAITING,
     Request,
 )
-from aisim.actors.engine.scheduler import GapSink, RankPass, queue_stats
+from aisim.actors.engine.scheduler import GapSink, RankPass, blocks_bound, queue_stats
 from aisim.actors.engine.timing import PassShape, TimingModel
 
 LPM_MAX_QUEUE = 128  # longest-prefix-match ordering only while the queue is this short (else FIFO)
@@ -105,16 +105,23 @@ class _KvView:
 
 
 def token_seq(req: Request) -> TokenSeq:
-    """The request's tokens as pieces: from its source's ``token_pieces`` when it has them, else
+    """The request's tokens as pieces, kept in ``req.hashes`` while it is live (an SGLang rank
+    compares tokens, not block hashes): from its source's ``token_pieces`` when it has them, else
     one piece per token from its one-token block hashes (chained: equal means an equal prefix)."""
+    seq = req.hashes
+    if seq is not None:
+        return seq
     src = req.source
     pieces = getattr(src, "token_pieces", None)
     if pieces is not None:
-        return pieces(req.index)
-    n = req.prompt_len + max(req.max_output, 1)
-    hashes = list(src.block_hashes(req.index, 1))[:n]
-    hashes += [(req.index << 32) ^ (0xA15E << 16) ^ i for i in range(len(hashes), n)]
-    return TokenSeq(hashes, list(range(1, n + 1)))
+        seq = pieces(req.index)
+    else:
+        n = req.prompt_len + max(req.max_output, 1)
+        hashes = list(src.block_hashes(req.index, 1))[:n]
+        hashes += [(req.index << 32) ^ (0xA15E << 16) ^ i for i in range(len(hashes), n)]
+        seq = TokenSeq(hashes, list(range(1, n + 1)))
+    req.hashes = seq
+    return seq
 
 
 class SGLangRank:
@@ -153,10 +160,14 @@ class SGLangRank:
         self.max_running = config.max_sequences
         self.chunk_tokens = k.chunked_prefill_size
         self.num_retractions = 0
+        self._passes_seen = 0  # pass_count when the ratio and the gate were last brought up to date
 
     # -- queue ------------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
         req.status = WAITING
+        room = self.context_limit - req.prompt_len
+        if 0 < room < req.max_output:  # (the output is capped by the context length, as SGLang does)
+            req.max_output = room
         self.waiting.append(req)
 
     @property
@@ -167,11 +178,27 @@ class SGLangRank:
     def num_requests(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    def _remaining(self, req: Request) -> int:
-        return min(req.max_output, self.context_limit - req.prompt_len) - req.num_generated
+    @staticmethod
+    def _remaining(req: Request) -> int:
+        return req.max_output - req.num_generated
 
     # -- a pass -------------------------------------------------------------------------------
+    def _catch_up(self) -> None:
+        """The decode passes of a fast-forwarded run (counted by the worker) decayed the ratio and
+        counted the gate down, one pass at a time."""
+        m = self.pass_count - self._passes_seen
+        if m:
+            self._passes_seen = self.pass_count
+            r, step, low = self.new_token_ratio, self.ratio_step, self.ratio_min
+            for _ in range(m):
+                if r == low:
+                    break
+                r = max(r - step, low)
+            self.new_token_ratio = r
+            self.prefill_rounds_left = max(0, self.prefill_rounds_left - m)
+
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
+        self._catch_up()
         waiting = self.waiting
         if self.prefill_rounds_left and not self.running:
             # rounds with nothing to decode are idle: they take no time, and count down
@@ -202,7 +229,7 @@ class SGLangRank:
         seen = set()
         scored = []
         for i, req in enumerate(waiting):
-            seq = req.lease.seq if req.lease is not None else token_seq(req)
+            seq = token_seq(req)
             score = self.tree.peek(seq, req.prompt_len + req.num_generated)
             low = False
             if score <= LPM_DEPRIORITIZE_TOKENS and req.prompt_len + req.num_generated >= span:
@@ -237,6 +264,7 @@ class SGLangRank:
         req.reject_detail = self.rejection_detail(req, code)
         req.status = REJECTED
         req.terminal_ms = now_ms
+        req.hashes = None
         self.rejected.append(req)
 
     def _prefill_pass(self, now_ms: float) -> RankPass | None:
@@ -250,7 +278,7 @@ class SGLangRank:
         waiting = self.waiting
         clip = k.clip_max_new_tokens
         ratio = self.new_token_ratio
-        reserved = sum([min(self._remaining(r), clip) for r in running]) * ratio
+        reserved = sum([min(r.max_output - r.num_generated, clip) for r in running]) * ratio
         rem_total = tree.headroom_tokens - reserved
         rem_input = k.max_prefill_tokens
         rem_chunk = self.chunk_tokens
@@ -334,39 +362,48 @@ class SGLangRank:
         return -(-(req.prompt_len + req.num_generated + 1) // self.page) - lease.cached // self.page - lease.own_pages
 
     def _decode_pass(self, now_ms: float) -> RankPass | None:
+        """Every running request's next token (items: (request, pages taken for it), assigned to
+        its lease at the pass end); retractions first when the pages are not there."""
         running = self.running
         tree = self.tree
         page = self.page
-        growth = [self._growth_pages(r) for r in running]
-        need = sum(growth)
+        # a running request holds the pages of exactly its tokens (its last one's included): its
+        # next token needs a page when they fill their pages
+        if page == 1:
+            growth = None
+            need = len(running)
+        else:
+            growth = [1 if (r.prompt_len + r.num_generated) % page == 0 else 0 for r in running]
+            need = sum(growth)
         retracted = []
-        while need * page > tree.headroom_tokens and len(running) > 1:
-            outs = [r.num_generated for r in running]
-            i = outs.index(min(outs))
-            victim = running.pop(i)
-            need -= growth.pop(i)
-            self._retract(victim, now_ms)
-            retracted.append(victim)
+        if need * page > tree.headroom_tokens and len(running) > 1:
+            if growth is None:
+                growth = [1] * len(running)
+            while need * page > tree.headroom_tokens and len(running) > 1:
+                outs = [r.num_generated for r in running]
+                i = outs.index(min(outs))
+                victim = running.pop(i)
+                need -= growth.pop(i)
+                self._retract(victim, now_ms)
+                retracted.append(victim)
         if retracted:
             self.num_preemptions += len(retracted)
             self.num_retractions += len(retracted)
             gen = sum([r.num_generated for r in running])
-            cap = sum([min(r.max_output, self.context_limit - r.prompt_len) for r in running])
+            cap = sum([r.max_output for r in running])
             self.new_token_ratio = min(1.0, (gen + RETRACT_OUTPUT_BONUS * len(running)) / (cap + 1))
             self.waiting.extend(retracted)
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_step, self.ratio_min)
         if not tree.take_pages(need):
             return None  # (a lone request whose next page is not there: nothing runs)
-        for r, g in zip(running, growth):
-            if g:
-                r.lease.own_pages += g
         n = len(running)
         kv = [r.prompt_len + r.num_generated for r in running]
         total = sum(kv)
         shape = PassShape(0, 0, 0, 0, n, total, self.total_kv_tokens)
         var = sum([x * x for x in kv]) / n - (total / n) ** 2
-        return RankPass([(r, 1) for r in running], shape, self.timing.pass_ms(shape), len(retracted), 0.0, var)
+        items = [(r, 1) for r in running] if growth is None else list(zip(running, growth))
+        return RankPass(items, shape, self.timing.pass_ms(shape), len(retracted), 0.0, var)
 
     def _retract(self, req: Request, now_ms: float) -> None:
         """Back to the queue keeping its generated tokens; its cached prefix stays in the tree."""
@@ -416,6 +453,7 @@ class SGLangRank:
         self.last_pass = (end_ms - start_ms, sh.num_prefill, sh.prefill_new_tokens, sh.prefill_sum_prefix,
                           rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
         self.pass_count += 1
+        self._passes_seen += 1
         if sh.num_prefill:
             self._finish_prefill(rp, start_ms, end_ms, gaps, completed)
         else:
@@ -499,7 +537,9 @@ class SGLangRank:
         pooled = 0
         individual = gaps.individual
         limit = self.context_limit
-        for req, _ in rp.items:
+        for req, pages in rp.items:
+            if pages:
+                req.lease.own_pages += pages
             g = req.num_generated + 1
             req.num_generated = g
             req.num_computed = req.prompt_len + g
@@ -548,8 +588,107 @@ class SGLangRank:
     def queue_stats(self) -> tuple:
         return queue_stats(self.waiting)
 
+    # -- fast-forward --------------------------------------------------------------------------
     def plan_decode_run(self, max_passes: int):
-        return None
+        """``RankScheduler.plan_decode_run``'s contract: the next passes decode the running batch
+        and nothing else happens - no admission (the waiting head's memory test is evaluated pass
+        by pass with the ratio's decay, the reserve's shrinking and the pages taken; the run stops
+        before the first pass that would admit it, and at the first completion) and no
+        retraction."""
+        self._catch_up()
+        running = self.running
+        n = len(running)
+        if not n or self.config.prefill_only:
+            return None
+        for r in running:
+            if not r.num_generated or r.num_computed != r.prompt_len + r.num_generated:
+                return None  # (fresh, or still without its first token's slot)
+        remaining = [r.max_output - r.num_generated for r in running]
+        first = min(remaining)
+        if first <= 0:
+            return None
+        waiting = self.waiting
+        k = min(max_passes, first if waiting else max(remaining))
+        c0 = [r.num_computed for r in running]
+        tree = self.tree
+        page = self.page
+        # evicting for the batch can only shorten the head's cached prefix (making it harder to
+        # admit: a run stopped early stays exact), but it can reorder a longest-prefix-match queue
+        lpm = waiting and self.knobs.schedule_policy == "lpm"
+        k = blocks_bound(c0, remaining, k, page, tree.free_pages + (0 if lpm else tree.evictable_tokens // page))
+        if waiting and n < self.max_running:
+            k = min(k, self._admission_pass(c0, remaining, k))
+        if k < 2:
+            return None
+        known = [r.prompt_len + r.num_generated for r in running]
+        g0 = [r.num_generated for r in running]
+        return k, list(running), c0, g0, known, remaining
+
+    def _admission_pass(self, c0: list[int], remaining: list[int], k: int) -> int:
+        """The first of the next ``k`` passes at whose start the waiting head would be admitted
+        (``_prefill_pass``'s tests with the state that pass would see), else ``k``."""
+        self._order()
+        head = self.waiting[0]
+        if head.lease is None and head.num_generated == 0 and self._never_fits(head):
+            return 0
+        k_ = self.knobs
+        page = self.page
+        tree = self.tree
+        seq_len = head.prompt_len + head.num_generated
+        if head.lease is None:
+            limit = seq_len if head.max_output - head.num_generated <= 0 else seq_len - 1
+            start = tree.peek(token_seq(head), limit - limit % page) if self.caching else 0
+        else:
+            start = head.num_computed
+        extend = seq_len - start
+        budget = self.chunk_tokens
+        if extend <= 0:
+            return k
+        chunk = extend if -(-extend // page) * page <= budget else min(budget // page * page, extend)
+        if chunk <= 0:
+            return k
+        charged = -(-chunk // page) * page
+        if charged > k_.max_prefill_tokens or charged > budget:
+            return k
+        clip = k_.clip_max_new_tokens
+        need = charged + (0 if chunk < extend else min(head.max_output - head.num_generated, clip))
+        reserve = sum([min(r, clip) for r in remaining])
+        headroom = tree.headroom_tokens
+        ratio = self.new_token_ratio
+        gate = self.prefill_rounds_left
+        if not gate and need < headroom - reserve * ratio:
+            return 0  # (admitted now: the checks below are for the passes after this one)
+        # the reserve's sum drops by one per pass for each request within clip of its end
+        over = sorted(r - clip for r in remaining)  # request i is clipped while j < remaining_i - clip
+        clipped = 0
+        while clipped < len(over) and over[clipped] <= 0:
+            clipped += 1
+        crossings = [0] * page  # requests needing a new page at passes j = residue (mod page)
+        for c in c0:
+            crossings[(-c) % page] += 1
+        step, low = self.ratio_step, self.ratio_min
+        for j in range(k):
+            if j >= gate and need < headroom - reserve * ratio:
+                return j
+            headroom -= crossings[j % page] * page
+            ratio = max(ratio - step, low)
+            reserve -= clipped  # (those with over <= j)
+            while clipped < len(over) and over[clipped] <= j + 1:
+                clipped += 1
+        return k
+
+    def grow_run(self, batch: list, computed: list[int], upto: int) -> None:
+        """A decode run's pages up to pass ``upto``: each request's for ``computed + upto`` tokens."""
+        page = self.page
+        total = 0
+        for req, c in zip(batch, computed):
+            lease = req.lease
+            want = -(-(c + upto) // page) - lease.cached // page
+            if want > lease.own_pages:
+                total += want - lease.own_pages
+                lease.own_pages = want
+        if total and not self.tree.take_pages(total):  # pragma: no cover - the plan's bound guarantees it
+            raise AssertionError("fast-forward run ran out of KV pages")
 
     def check(self) -> None:
         """Every page is free, in the tree or owned by one live request (a test aid)."""

@@ -567,22 +567,7 @@ class EngineWorker:
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
         for rank, batch, c0, _, _ in run.ranks:
-            kv = rank.kv
-            bs = kv.block_size
-            caching = kv.prefix_caching
-            # most passes neither cross a block boundary nor fill a block
-            # kv.grow's test for t = c + upto tokens: ceil(t / bs) > held + private blocks, or
-            # t // bs > registered full blocks (prefix caching); integer forms of it
-            items = [(req, c + upto) for req, c in zip(batch, c0)
-                     if c + upto > (req.num_held + req.num_private) * bs
-                     or (caching and c + upto >= (req.num_full_registered + 1) * bs)]
-            if not items:
-                continue
-            done = kv.grow_decode(items)
-            if done is None:
-                done = all([kv.grow(req, t, req.hashes) for req, t in items])
-            if not done:  # pragma: no cover - the horizon guarantees it
-                raise AssertionError("fast-forward run ran out of KV blocks")
+            rank.grow_run(batch, c0, upto)
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time
