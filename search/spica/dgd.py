@@ -35,9 +35,10 @@ API_VERSION = "nvidia.com/v1alpha1"
 KIND = "DynamoGraphDeployment"
 DEFAULT_RUNTIME_VERSION = "1.5.0"
 DEFAULT_RUNTIME_IMAGE_REPO = "nvcr.io/nvidia/ai-dynamo/vllm-runtime"
-RUNTIME_IMAGE_REPOS = {"vllm": DEFAULT_RUNTIME_IMAGE_REPO, "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime"}
+RUNTIME_IMAGE_REPOS = {"vllm": DEFAULT_RUNTIME_IMAGE_REPO, "trtllm": "nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime",
+                       "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime"}
 WORKER_WORKDIR = "/workspace/examples/backends/vllm"
-WORKER_WORKDIRS = {"vllm": WORKER_WORKDIR, "trtllm": "/workspace/"}
+WORKER_WORKDIRS = {"vllm": WORKER_WORKDIR, "trtllm": "/workspace/", "sglang": "/workspace/examples/backends/sglang"}
 DEFAULT_OUTPUT_FILE = "dgd.yaml"
 INDEX_FILE = "index.json"
 KUSTOMIZATION_FILE = "kustomization.yaml"
@@ -50,6 +51,11 @@ _WORKERS: dict[str, dict[str, tuple[tuple[str, str | None, str, str, str | None]
         "agg": (("VllmDecodeWorker", None, "", "agg_", None),),
         "disagg": (("VllmPrefillWorker", "prefill", "prefill_", "prefill_", "prefill"),
                    ("VllmDecodeWorker", "decode", "decode_", "decode_", "decode")),
+    },
+    "sglang": {
+        "agg": (("decode", None, "", "agg_", None),),
+        "disagg": (("prefill", "prefill", "prefill_", "prefill_", "prefill"),
+                   ("decode", "decode", "decode_", "decode_", "decode")),
     },
     "trtllm": {
         "agg": (("TRTLLMWorker", None, "", "agg_", None),),
@@ -133,8 +139,8 @@ def _name(dgd: Dgd, index: int | None) -> str:
 def _check_supported(config: Mapping[str, Any]) -> None:
     backend = _need(config, "backend")
     if backend not in _WORKERS:
-        raise NotSupportedError("backend", f"{backend} workers are not rendered yet; vllm and trtllm candidates "
-                                           "render to a DGD")
+        raise NotSupportedError("backend", f"{backend} workers are not rendered; vllm, sglang and trtllm "
+                                           "candidates render to a DGD")
     if config.get("num_g2_blocks"):
         raise NotSupportedError("num_g2_blocks", "host (G2) KV offload is not rendered: the replay never scores "
                                                  "it; set num_g2_blocks 0")
@@ -219,6 +225,59 @@ def _trtllm_worker_args(config: Mapping[str, Any], par: str, eng: str, role: str
     return args + ["--override-engine-args", json.dumps(engine, sort_keys=True, separators=(",", ":"))]
 
 
+def _sglang_worker_args(config: Mapping[str, Any], par: str, eng: str, role: str | None) -> list[str]:
+    """An SGLang worker (``python3 -m dynamo.sglang``): SGLang's own flags (docs/dgd.md, "SGLang
+    workers"). The prefill budgets are the ones the replay simulated (SGLang's defaults; its
+    scheduler does not read max_num_batched_tokens); per-rank limits become the worker totals
+    SGLang divides over its attention-data ranks."""
+    model = str(_need(config, "model_name"))
+    tp, adp = _count(config, f"{par}tp"), _count(config, f"{par}attention_dp")
+    moe_tp, moe_ep = _count(config, f"{par}moe_tp"), _count(config, f"{par}moe_ep")
+    if adp > 1 and moe_ep == 1:
+        raise NotSupportedError(f"{par}attention_dp", f"attention_dp {adp} on a dense model is not expressible in "
+                                                      "SGLang (its DP attention serves MoE models); use tp instead")
+    if moe_ep > 1 and moe_tp * moe_ep != tp * adp:
+        raise NotSupportedError(f"{par}moe_ep", f"moe_tp {moe_tp} x moe_ep {moe_ep} must span the worker's "
+                                                f"{tp * adp} GPUs in SGLang (it has no MoE tensor-parallel flag)")
+    if moe_ep == 1 and moe_tp not in (1, tp * adp):
+        raise NotSupportedError(f"{par}moe_tp", f"moe_tp {moe_tp} is not expressible in SGLang: without expert "
+                                                f"parallelism the experts split over all {tp * adp} ranks")
+    from aisim.simulator.config.models import SGLangScheduler
+
+    knobs = SGLangScheduler()
+    seqs = _count(config, f"{eng}max_num_seqs")
+    block = _count(config, f"{eng}block_size")
+    if knobs.chunked_prefill_size % block:
+        raise NotSupportedError(f"{eng}block_size", f"SGLang needs chunked_prefill_size {knobs.chunked_prefill_size} "
+                                                    f"divisible by the page size {block}")
+    args = ["--model-path", model, "--served-model-name", model, "--tp-size", str(tp * adp),
+            "--pp-size", _arg(_count(config, f"{par}pp"), f"{par}pp")]
+    if adp > 1:
+        args += ["--dp-size", str(adp), "--enable-dp-attention"]
+    if moe_ep > 1:
+        args += ["--ep-size", str(moe_ep)]
+    args += ["--page-size", str(block),
+             "--mem-fraction-static", _arg(_need(config, f"{eng}gpu_memory_utilization"), f"{eng}gpu_memory_utilization"),
+             "--max-running-requests", str(seqs * adp),
+             "--chunked-prefill-size", str(knobs.chunked_prefill_size),
+             "--max-prefill-tokens", str(knobs.max_prefill_tokens)]
+    caching = _need(config, f"{eng}enable_prefix_caching")
+    if not isinstance(caching, bool):
+        raise InputError(f"{eng}enable_prefix_caching", f"must be true or false, got {caching!r}")
+    if not caching:
+        args.append("--disable-radix-cache")
+    if config.get("context_length") is not None:
+        args += ["--context-length", _arg(config["context_length"], "context_length")]
+    args += ["--trust-remote-code", "--skip-tokenizer-init"]
+    if config.get("router_mode") == "kv_router" and role != "decode":
+        args += ["--kv-events-config", json.dumps({"publisher": "zmq", "topic": "kv-events",
+                                                   "endpoint": "tcp://*:5557"}, separators=(",", ":"))]
+    if role is not None:
+        args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl",
+                 "--disaggregation-bootstrap-port", "12345", "--host", "0.0.0.0"]
+    return args
+
+
 def _worker_args(config: Mapping[str, Any], par: str, eng: str, role_flag: str | None) -> list[str]:
     args = ["--model", str(_need(config, "model_name")),
             "--tensor-parallel-size", _arg(_count(config, f"{par}tp"), f"{par}tp"),
@@ -292,6 +351,8 @@ def _worker(config: Mapping[str, Any], name: str, image: str, override: str | No
     service["resources"] = {"limits": {"gpu": str(per_pod)}}
     if backend == "trtllm":
         args = _trtllm_worker_args(config, par, eng, role)
+    elif backend == "sglang":
+        args = _sglang_worker_args(config, par, eng, role)
     else:
         args = _worker_args(config, par, eng, _VLLM_ROLE_FLAGS.get(role) if role else None)
     service["extraPodSpec"] = {"mainContainer": {

@@ -150,9 +150,7 @@ def resolve_load(cfg: SearchConfig, flat: Mapping[str, Any], kv_load_ratio: floa
 
 # -- the predict config --------------------------------------------------------------------------
 def _check_supported(flat: Mapping[str, Any]) -> None:
-    backend = _need(flat, "backend")
-    if backend == "sglang":
-        raise _unsupported("backend", "sglang scheduling is not modelled yet; search backend [vllm, trtllm]")
+    _need(flat, "backend")
     if flat.get("num_g2_blocks"):
         raise _unsupported("num_g2_blocks", "host (G2) KV offload is not modelled: the replay simulates only the GPU "
                                             "KV tier; set num_g2_blocks 0")

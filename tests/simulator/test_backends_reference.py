@@ -1,4 +1,4 @@
-"""TensorRT-LLM scheduling side by side with the reference simulator on the full conversation
+"""TensorRT-LLM and SGLang scheduling side by side with the reference simulator on the full conversation
 trace (12,031 requests, 1 h): the reference's summary numbers are recorded here (from
 `scripts/compare_reference.py` runs of the same YAML, BENCHMARKS.md "Engines"); every compared
 metric must stay within 3% with polynomial timing and 5% with measured timing. Slow: a few
@@ -26,7 +26,7 @@ def worker(blocks: int, timing: str) -> dict:
             "timing": {"type": timing}}
 
 
-def config(mode: str, blocks: int, timing: str) -> dict:
+def config(mode: str, blocks: int, timing: str, backend: str = "trtllm") -> dict:
     if mode == "aggregated":
         workers = {"aggregated": {**worker(blocks, timing), "parallelism": {"replicas": 2}}}
         extra = {}
@@ -37,7 +37,7 @@ def config(mode: str, blocks: int, timing: str) -> dict:
         extra = {"kv_transfer": {"bandwidth_gb_per_second": 50, "bytes_per_token": 131072}}
     return {"traffic": {"source": {"type": "trace", "format": "mooncake", "paths": [str(TRACE)], "block_size": 512},
                         "load": {"type": "trace_timestamps"}},
-            "engine": {"mode": mode, "model": MODEL, "hardware": "h200_sxm", "backend": "trtllm", **extra,
+            "engine": {"mode": mode, "model": MODEL, "hardware": "h200_sxm", "backend": backend, **extra,
                        "workers": workers},
             "evaluation": {"sla": {"ttft_ms": 2000, "itl_ms": 50}}}
 
@@ -60,5 +60,24 @@ def test_trtllm_matches_the_reference(case):
     summary = run_config(validate_config(config(mode, blocks, timing))).summary
     tolerance = 3.0 if timing == "polynomial" else 5.0
     ref = dict(zip(METRICS, REFERENCE[case], strict=True))
+    off = {k: round((summary[k] - ref[k]) / ref[k] * 100, 2) for k in METRICS}
+    assert all(abs(v) <= tolerance for v in off.values()), off
+
+
+# SGLang, aggregated, 2 workers, (KV pages of one token per rank, timing) -> the reference's summary
+SGLANG_REFERENCE = {
+    (512000, "polynomial"): (12031, 4006.001, 1399.428, 33006.69, 52.13020, 21814.66, 1159.551, 321.2176),
+    (512000, "default"): (12031, 1603.371, 703.3475, 10647.39, 16.13247, 7114.526, 1161.623, 865.4691),
+    # retractions and a queue that never drains
+    (256000, "polynomial"): (12031, 851416.5, 867324.7, 1668405.0, 61.62061, 872467.2, 784.5274, 3.584004),
+}
+
+
+@pytest.mark.parametrize("case", list(SGLANG_REFERENCE), ids=lambda c: "-".join(map(str, c)))
+def test_sglang_matches_the_reference(case):
+    blocks, timing = case
+    summary = run_config(validate_config(config("aggregated", blocks, timing, backend="sglang"))).summary
+    tolerance = 3.0 if timing == "polynomial" else 5.0
+    ref = dict(zip(METRICS, SGLANG_REFERENCE[case], strict=True))
     off = {k: round((summary[k] - ref[k]) / ref[k] * 100, 2) for k in METRICS}
     assert all(abs(v) <= tolerance for v in off.values()), off

@@ -276,7 +276,7 @@ def test_renderer_aic_is_not_supported(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "where", "error", "message"), [
-    ({"backend": "sglang"}, "backend", NotSupportedError, "vllm and trtllm candidates render"),
+    ({"backend": "tgi"}, "backend", NotSupportedError, "vllm, sglang and trtllm candidates render"),
     ({"num_g2_blocks": 64}, "num_g2_blocks", NotSupportedError, "G2"),
     ({"aic_nextn": 1}, "aic_nextn", NotSupportedError, "speculative"),
     ({"moe_ep": 4}, "moe_ep", NotSupportedError, "tp x data-parallel ranks (2)"),
@@ -371,6 +371,44 @@ def test_a_trtllm_disaggregated_candidate_renders_prefill_and_decode_workers():
         True, False)
     planner = json.loads(services["Planner"]["extraPodSpec"]["mainContainer"]["args"][1])
     assert planner["backend"] == "trtllm"
+
+
+SGL_IMAGE = "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.5.0"
+
+
+def test_an_sglang_aggregated_candidate_renders_sglang_workers():
+    config = _flat({**AGG_SELECTION, "backend": "sglang", "router_mode": "round_robin",
+                    "planner_scaling_policy": "disabled"}, AGG_SHAPE, context_length=8192, backend=["sglang"])
+    services = render_manifest(config, Dgd(**DIRECT))["spec"]["services"]
+    assert list(services) == ["Frontend", "decode"]  # (SGLang's aggregated worker is named decode)
+    worker = services["decode"]
+    assert (worker["replicas"], worker["resources"], "subComponentType" in worker) == (3, {"limits": {"gpu": "2"}}, False)
+    c = worker["extraPodSpec"]["mainContainer"]
+    assert (c["image"], c["workingDir"], c["command"]) == (
+        SGL_IMAGE, "/workspace/examples/backends/sglang", ["python3", "-m", "dynamo.sglang"])
+    # the prefill budgets the replay simulated (SGLang's own; it does not read max_num_batched_tokens)
+    assert c["args"] == [
+        "--model-path", MODEL, "--served-model-name", MODEL, "--tp-size", "2", "--pp-size", "1",
+        "--page-size", "64", "--mem-fraction-static", "0.9", "--max-running-requests", "512",
+        "--chunked-prefill-size", "8192", "--max-prefill-tokens", "16384", "--context-length", "8192",
+        "--trust-remote-code", "--skip-tokenizer-init"]
+
+
+def test_sglang_disaggregated_workers_take_their_role_and_dp_totals():
+    config = _flat({**DISAGG_SELECTION, "backend": "sglang"},
+                   {"prefill": {**ONE, "tp": 4, "moe_ep": 4, "replicas": 2},
+                    "decode": {**ONE, "attention_dp": 8, "moe_ep": 8, "replicas": 1}},
+                   context_length=32768, min_endpoint=1, min_gpu_budget=4, backend=["sglang"])
+    services = render_manifest(config, Dgd(**DIRECT))["spec"]["services"]
+    pargs = services["prefill"]["extraPodSpec"]["mainContainer"]["args"]
+    dargs = services["decode"]["extraPodSpec"]["mainContainer"]["args"]
+    assert pargs[pargs.index("--disaggregation-mode") + 1] == "prefill" and "--kv-events-config" in pargs
+    assert "--kv-events-config" not in dargs
+    # DP attention 8 over tp 1: SGLang's tp size is the worker's 8 GPUs; per-rank limits x 8
+    assert dargs[dargs.index("--tp-size") + 1] == "8" and dargs[dargs.index("--dp-size") + 1] == "8"
+    assert "--enable-dp-attention" in dargs and dargs[dargs.index("--ep-size") + 1] == "8"
+    seqs = config["decode_max_num_seqs"]
+    assert dargs[dargs.index("--max-running-requests") + 1] == str(seqs * 8)
 
 
 def test_a_trtllm_shape_it_cannot_express_is_refused():

@@ -207,18 +207,19 @@ def test_a_signal_whose_handler_runs_during_storage_writes_waits_for_them():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_search_over_two_backends_replays_each_candidate_on_its_own_and_on_ray(tmp_path, ray_session):
-    cfg = config(search_space__backend=["vllm", "trtllm"], search_space__router_mode=["round_robin"],
-                 search_space__agg_max_num_seqs=[256], optimizer__max_trials=8)
+def test_a_search_over_three_backends_replays_each_candidate_on_its_own_and_on_ray(tmp_path, ray_session):
+    cfg = config(search_space__backend=["vllm", "sglang", "trtllm"], search_space__router_mode=["round_robin"],
+                 search_space__agg_max_num_seqs=[256], optimizer__max_trials=12)
     local = run_search(cfg, tmp_path / "local", parallelism=2)
     cands = local.recommendation["candidates"]
-    assert local.counts["evaluated"] == 8 and {c["config"]["backend"] for c in cands} == {"vllm", "trtllm"}
+    assert local.counts["evaluated"] == 12 and {c["config"]["backend"] for c in cands} == {"vllm", "sglang", "trtllm"}
     for c in cands:  # each candidate's predict config replays its own backend
         assert c["prediction_config"]["engine"]["backend"] == c["config"]["backend"]
     by_backend = {}
     for c in cands:
         by_backend.setdefault(c["config"]["backend"], []).append(c["metrics"]["mean_ttft_ms"])
     assert by_backend["vllm"] != by_backend["trtllm"]  # the schedulers differ on this load
+    assert by_backend["sglang"] != by_backend["vllm"]
     ray = run_search(cfg, tmp_path / "ray", backend="ray", parallelism=2)
     assert ledger(ray) == ledger(local)
     best = local.best

@@ -296,7 +296,6 @@ def test_a_gpu_floor_becomes_the_planners_floor():
 
 # -- unsupported values ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("space", "where", "needle"), [
-    ({"backend": ["sglang"]}, "backend", "sglang scheduling is not modelled"),
     ({"num_g2_blocks": 1000}, "num_g2_blocks", "host (G2) KV offload"),
     ({"aic_nextn": 1}, "aic_nextn", "speculative decoding"),
 ])

@@ -121,7 +121,6 @@ def test_cross_field_rules():
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
         (("engine", "speculation"), {"draft": 3}, "engine.speculation"),
-        (("engine", "backend"), "sglang", "engine.backend"),
     ],
 )
 def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value, key):
@@ -135,6 +134,41 @@ def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value
     with pytest.raises(NotSupportedError) as info:
         plan_from_config(validate_config(d))
     assert info.value.where == key and "not supported" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_sglang_features_not_modelled_yet_say_not_supported():
+    d = base()
+    d["engine"]["backend"] = "sglang"
+    d["router"] = {"policy": "kv_router"}
+    with pytest.raises(NotSupportedError) as info:
+        plan_from_config(validate_config(d))
+    assert info.value.where == "router.policy" and "KV router over SGLang" in str(info.value)
+    d = base()
+    d["engine"]["backend"] = "sglang"
+    d["engine"]["mode"] = "disaggregated"
+    wk = d["engine"]["workers"].pop("aggregated")
+    d["engine"]["workers"] = {"prefill": wk, "decode": wk}
+    with pytest.raises(NotSupportedError) as info:
+        plan_from_config(validate_config(d))
+    assert info.value.where == "engine.mode" and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("backend", "key", "fix"), [
+    ("vllm", "sglang", "set engine.backend: sglang"), ("sglang", "trtllm", "set engine.backend: trtllm")])
+def test_a_backends_own_knobs_with_another_backend_name_the_key(backend, key, fix):
+    d = base()
+    d["engine"]["backend"] = backend
+    d["engine"]["workers"]["aggregated"]["scheduler"] = {key: {}}
+    e = err(d)
+    assert e.where == f"engine.workers.aggregated.scheduler.{key}" and fix in e.message
+
+
+def test_sglang_needs_a_page_size_that_divides_its_chunk():
+    d = base()
+    d["engine"]["backend"] = "sglang"
+    d["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = 3
+    e = err(d)
+    assert e.where == "engine.workers.aggregated.kv_cache.block_size" and "divisible" in e.message
 
 
 def test_set_values_are_yaml_and_may_replace_whole_mappings():
