@@ -19,16 +19,21 @@ from __future__ import annotations
 from bisect import bisect_right
 from heapq import heappop, heappush
 
+from aisim.actors.engine.kv_cache import REMOVED, STORED
+from aisim.actors.hashing import hash_view
+
 
 class TokenSeq:
     """A request's tokens (prompt, then its generated output) as pieces: ``src[i]`` the source of
-    piece i, ``ends[i]`` the token position where it ends (ascending)."""
+    piece i, ``ends[i]`` the token position where it ends (ascending); ``hashes``: the chained
+    hashes of its whole pages, when its rank publishes KV events (page i: tokens [i P, (i+1) P))."""
 
-    __slots__ = ("src", "ends")
+    __slots__ = ("src", "ends", "hashes")
 
     def __init__(self, src: list[int], ends: list[int]) -> None:
         self.src = src
         self.ends = ends
+        self.hashes = None
 
     def page_key(self, pos: int, page: int) -> tuple:
         """The identity of the page starting at ``pos``: its parts (source, offset, tokens)."""
@@ -67,9 +72,9 @@ def common_tokens(a: TokenSeq, b: TokenSeq, pos: int, limit: int) -> int:
 
 
 class RadixNode:
-    __slots__ = ("parent", "children", "seq", "start", "end", "lock", "last_ms", "nid")
+    __slots__ = ("parent", "children", "seq", "start", "end", "lock", "last_ms", "nid", "published")
 
-    def __init__(self, parent, seq, start: int, end: int, nid: int, now_ms: float) -> None:
+    def __init__(self, parent, seq, start: int, end: int, nid: int, now_ms: float, published: bool = False) -> None:
         self.parent = parent
         self.children: dict = {}
         self.seq = seq
@@ -78,12 +83,13 @@ class RadixNode:
         self.lock = 0
         self.last_ms = now_ms
         self.nid = nid
+        self.published = published  # its pages were announced in a STORED event (and go in a REMOVED one)
 
 
 class RadixCache:
     """The page pool and radix tree of one SGLang rank."""
 
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, record_events: bool = False) -> None:
         self.page = page_size
         self.num_pages = num_pages
         self.free_pages = num_pages
@@ -93,6 +99,9 @@ class RadixCache:
         self.protected_tokens = 0
         self._heap: list = []  # (last access ms, node id, node): unlocked leaves, lazily invalidated
         self._next_id = 1
+        # KV events (``actors.engine.kv_cache``'s kinds): STORED when a published span enters the
+        # tree, REMOVED (last page first) when its pages are evicted
+        self.events: list | None = [] if record_events else None
 
     # -- pool ---------------------------------------------------------------------------
     @property
@@ -159,7 +168,7 @@ class RadixCache:
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:
         """Cut ``node``'s edge at depth ``at``: a new node takes ``[start, at)``, ``node`` keeps the rest."""
-        top = RadixNode(node.parent, node.seq, node.start, at, self._next_id, node.last_ms)
+        top = RadixNode(node.parent, node.seq, node.start, at, self._next_id, node.last_ms, node.published)
         self._next_id += 1
         top.lock = node.lock
         page = self.page
@@ -169,10 +178,12 @@ class RadixCache:
         node.start = at
         return top
 
-    def insert(self, node: RadixNode, seq: TokenSeq, upto: int, now_ms: float) -> tuple[RadixNode, int]:
+    def insert(self, node: RadixNode, seq: TokenSeq, upto: int, now_ms: float,
+               publish: bool = False) -> tuple[RadixNode, int]:
         """Cache ``seq`` up to ``upto`` (whole pages) below ``node``, the deepest node of its cached
         prefix: returns the new deepest node and how many of the tokens were already cached (by
-        someone else: the caller's copies of them are duplicates)."""
+        someone else: the caller's copies of them are duplicates). ``publish``: the new pages are
+        announced in a STORED event (when events are recorded)."""
         pos = node.end
         page = self.page
         dup = 0
@@ -180,10 +191,13 @@ class RadixCache:
             key = seq.page_key(pos, page)
             child = node.children.get(key)
             if child is None:
-                leaf = RadixNode(node, seq, pos, upto, self._next_id, now_ms)
+                published = publish and self.events is not None
+                leaf = RadixNode(node, seq, pos, upto, self._next_id, now_ms, published)
                 self._next_id += 1
                 node.children[key] = leaf
                 self.evictable_tokens += upto - pos  # (unlocked until the caller locks it)
+                if published:
+                    self.events.append((STORED, seq.hashes[pos // page: upto // page]))
                 node = leaf
                 pos = upto
                 break
@@ -229,6 +243,7 @@ class RadixCache:
         page = self.page
         heap = self._heap
         freed = 0
+        victims = [] if self.events is not None else None
         while freed < tokens and heap:
             last_ms, nid, node = heappop(heap)
             if node.lock or node.children or node.parent is None or node.last_ms != last_ms:
@@ -236,6 +251,8 @@ class RadixCache:
             size = node.end - node.start
             want = -(-(tokens - freed) // page) * page
             if want < size:
+                if victims is not None and node.published:
+                    victims.extend(node.seq.hashes[(node.end - want) // page: node.end // page][::-1])
                 node.end -= want
                 self.evictable_tokens -= want
                 self.free_pages += want // page
@@ -243,6 +260,8 @@ class RadixCache:
                 heappush(heap, (last_ms, nid, node))
                 continue
             parent = node.parent
+            if victims is not None and node.published:
+                victims.extend(node.seq.hashes[node.start // page: node.end // page][::-1])
             del parent.children[node.seq.page_key(node.start, page)]
             node.parent = None
             self.evictable_tokens -= size
@@ -250,4 +269,6 @@ class RadixCache:
             freed += size
             if parent is not self.root and parent.lock == 0 and not parent.children:
                 heappush(heap, (parent.last_ms, parent.nid, parent))
+        if victims:
+            self.events.append((REMOVED, hash_view(victims)))
         return freed

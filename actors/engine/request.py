@@ -76,7 +76,9 @@ class Request:
         "reject_reason",
         "reject_detail",
         # SGLang ranks: the KV lease of a running (or chunking) request (actors.engine.sglang.Lease)
+        # and its tokens as pieces (actors.engine.radix_cache.TokenSeq), while it is live
         "lease",
+        "tokens",
     )
 
     def __init__(
@@ -123,6 +125,7 @@ class Request:
         self.reject_reason: str | None = None
         self.reject_detail: str | None = None
         self.lease = None
+        self.tokens = None
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

@@ -78,14 +78,15 @@ class _NoReservations:
 
 
 class _KvView:
-    """The KV figures the worker, host and timeline read of a rank (``KVCache``'s names)."""
+    """The KV figures the worker, host and timeline read of a rank (``KVCache``'s names); its
+    ``events`` are the tree's: the prompt pages a prefill caches (STORED) and their evictions
+    (REMOVED); generated tokens' pages, which no other request can match, are not announced."""
 
-    events = None  # (KV events for the KV router are not published by SGLang ranks yet)
-
-    __slots__ = ("tree", "prefix_caching", "block_size", "capacity")
+    __slots__ = ("tree", "prefix_caching", "block_size", "capacity", "events")
 
     def __init__(self, tree: RadixCache, prefix_caching: bool) -> None:
         self.tree = tree
+        self.events = tree.events
         self.prefix_caching = prefix_caching
         self.block_size = tree.page
         self.capacity = tree.num_pages
@@ -105,10 +106,10 @@ class _KvView:
 
 
 def token_seq(req: Request) -> TokenSeq:
-    """The request's tokens as pieces, kept in ``req.hashes`` while it is live (an SGLang rank
+    """The request's tokens as pieces, kept in ``req.tokens`` while it is live (an SGLang rank
     compares tokens, not block hashes): from its source's ``token_pieces`` when it has them, else
     one piece per token from its one-token block hashes (chained: equal means an equal prefix)."""
-    seq = req.hashes
+    seq = req.tokens
     if seq is not None:
         return seq
     src = req.source
@@ -120,7 +121,7 @@ def token_seq(req: Request) -> TokenSeq:
         hashes = list(src.block_hashes(req.index, 1))[:n]
         hashes += [(req.index << 32) ^ (0xA15E << 16) ^ i for i in range(len(hashes), n)]
         seq = TokenSeq(hashes, list(range(1, n + 1)))
-    req.hashes = seq
+    req.tokens = seq
     return seq
 
 
@@ -133,7 +134,7 @@ class SGLangRank:
         k = config.sglang
         self.knobs = k
         page = self.page = config.block_size
-        self.tree = RadixCache(config.num_gpu_blocks, page)
+        self.tree = RadixCache(config.num_gpu_blocks, page, record_kv_events)
         self.kv = _KvView(self.tree, config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
         self.policy = _NoReservations()
@@ -177,6 +178,13 @@ class SGLangRank:
     @property
     def num_requests(self) -> int:
         return len(self.running) + len(self.waiting)
+
+    def _tokens(self, req: Request) -> TokenSeq:
+        """``token_seq``, with its pages' hashes when this rank publishes KV events."""
+        seq = token_seq(req)
+        if seq.hashes is None and self.tree.events is not None:
+            seq.hashes = req.block_hashes(self.page)
+        return seq
 
     @staticmethod
     def _remaining(req: Request) -> int:
@@ -264,7 +272,7 @@ class SGLangRank:
         req.reject_detail = self.rejection_detail(req, code)
         req.status = REJECTED
         req.terminal_ms = now_ms
-        req.hashes = None
+        req.tokens = None
         self.rejected.append(req)
 
     def _prefill_pass(self, now_ms: float) -> RankPass | None:
@@ -296,7 +304,7 @@ class SGLangRank:
                     continue
             seq_len = req.prompt_len + req.num_generated
             if lease is None:
-                seq = token_seq(req)
+                seq = self._tokens(req)
                 # (a read-only look: the path is matched, split and refreshed only when admitted)
                 limit = seq_len if self._remaining(req) <= 0 else seq_len - 1
                 cached = tree.peek(seq, limit - limit % page) if self.caching else 0
@@ -426,7 +434,7 @@ class SGLangRank:
         tree.give_pages(lease.own_pages)
         req.lease = None
 
-    def _cache(self, req: Request, upto: int, now_ms: float, keep_lock: bool) -> None:
+    def _cache(self, req: Request, upto: int, now_ms: float, keep_lock: bool, publish: bool = False) -> None:
         """Insert the request's tokens up to ``upto`` (whole pages) into the tree; its copies of
         tokens someone else cached first are freed. ``keep_lock``: its lock moves to the new path's
         end, else its path is unlocked."""
@@ -434,7 +442,7 @@ class SGLangRank:
         tree = self.tree
         page = self.page
         old = lease.node
-        node, dup = tree.insert(old, lease.seq, upto, now_ms)
+        node, dup = tree.insert(old, lease.seq, upto, now_ms, publish)
         moved = (upto - lease.cached) // page
         lease.own_pages -= moved
         tree.give_pages(dup // page)
@@ -469,8 +477,11 @@ class SGLangRank:
             self.committed_prefill_tokens += n
             seq_len = req.prompt_len + req.num_generated
             if self.caching:
-                upto = req.num_computed // page * page
+                upto = min(req.num_computed, req.prompt_len) // page * page
                 if upto > req.lease.cached:
+                    self._cache(req, upto, end_ms, keep_lock=True, publish=True)
+                upto = req.num_computed // page * page
+                if upto > req.lease.cached:  # (a re-admitted request's own generated tokens)
                     self._cache(req, upto, end_ms, keep_lock=True)
             if req.num_computed < seq_len:
                 chunked = req
@@ -570,7 +581,7 @@ class SGLangRank:
         running = self.running
         for req in reqs:
             self._release_kv(req, now_ms)
-            req.hashes = None
+            req.tokens = req.hashes = None
             completed.append(req)
             running.remove(req)
 

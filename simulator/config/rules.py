@@ -22,6 +22,7 @@ from aisim.simulator.errors import InputError, NotSupportedError
 __all__ = ["BACKEND_BLOCK_SIZE", "check_config", "check_engine", "check_retune_sections", "check_retune_api_arguments",
            "block_size"]
 
+KV_ROUTER_MIN_SGLANG_PAGE = 16  # the smallest SGLang page (kv_cache.block_size) the KV router indexes
 BACKEND_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}  # kv_cache.block_size when not given
 
 
@@ -45,8 +46,13 @@ def _check_supported(cfg: m.PredictConfig) -> None:
         raise _no("traffic.source.format", f"trace format {src.format}", "use format mooncake or dynamo")
     r = cfg.router
     if r.policy == "kv_router" and cfg.engine.backend == "sglang":
-        raise _no("router.policy", "the KV router over SGLang workers (their radix cache publishes no KV events yet)",
-                  "use round_robin or random with backend sglang")
+        for role, wk in cfg.engine.workers.items():
+            if block_size(cfg.engine, wk) < KV_ROUTER_MIN_SGLANG_PAGE:
+                raise InputError(f"engine.workers.{role}.kv_cache.block_size",
+                                 f"the KV router indexes SGLang's pages, and pages of {block_size(cfg.engine, wk)} "
+                                 f"token(s) would publish an event per token or so; set block_size >= "
+                                 f"{KV_ROUTER_MIN_SGLANG_PAGE} (Dynamo's SGLang examples use 16) or router.policy: "
+                                 "round_robin")
     for key, reason in ROUTER_RESERVED.items():
         if getattr(r, key) is not None:
             raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")

@@ -29,6 +29,12 @@ CASES = {
     "kv_router_dp": ("quickstart.yaml", SLICE_SETS + [
         "router={policy: kv_router, temperature: 0.3}",
         "engine.workers.aggregated.parallelism={replicas: 2, attention_data: 2}"]),
+    "sglang_dp": ("quickstart.yaml", SLICE_SETS + [
+        "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 1, capacity: {type: fixed, "
+        "blocks: 60000}}", "engine.workers.aggregated.parallelism={replicas: 3, attention_data: 2}"]),
+    "sglang_kv_router": ("quickstart.yaml", SLICE_SETS + [
+        "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 16, capacity: {type: fixed, "
+        "blocks: 3000}}", "engine.workers.aggregated.parallelism.replicas=4", "router={policy: kv_router}"]),
     "disaggregated_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
         "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2"]),
     "closed_loop": ("quickstart.yaml", [

@@ -136,13 +136,14 @@ def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value
     assert info.value.where == key and "not supported" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_sglang_features_not_modelled_yet_say_not_supported():
+def test_sglang_features_not_modelled_yet_say_not_supported_and_the_kv_router_needs_pages():
     d = base()
     d["engine"]["backend"] = "sglang"
     d["router"] = {"policy": "kv_router"}
-    with pytest.raises(NotSupportedError) as info:
-        plan_from_config(validate_config(d))
-    assert info.value.where == "router.policy" and "KV router over SGLang" in str(info.value)
+    e = err(d)  # (pages of one token: an event per token)
+    assert e.where == "engine.workers.aggregated.kv_cache.block_size" and "block_size >= 16" in e.message
+    d["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = 16
+    plan_from_config(validate_config(d))
     d = base()
     d["engine"]["backend"] = "sglang"
     d["engine"]["mode"] = "disaggregated"
