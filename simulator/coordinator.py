@@ -108,6 +108,7 @@ class Pool:
     spawn: Callable[[int], EngineWorker] | None = None  # builds a new worker with the given id
     num_ranks: int = 1  # attention-data ranks per worker
     reserves: bool = False  # a decode pool whose workers reserve a handoff's blocks before its transfer
+    destination_first: bool = False  # ... and before its prefill starts (SGLang): chosen at arrival
 
     def __post_init__(self) -> None:
         if not self.eligible:
@@ -301,6 +302,11 @@ class Coordinator:
         # follow terminals; a decode worker's pass ends otherwise concern no one else
         # (a reserving decode pool's pass ends start the transfers its completions made room for)
         self._reserving = decode is not None and decode.reserves
+        # destination first (SGLang): an arrival's decode worker is chosen and reserves its prompt's
+        # blocks before the request goes to its prefill worker
+        self._dest_first = decode is not None and decode.destination_first
+        self._awaiting: dict[int, tuple] = {}  # transfer id -> (request, decode worker): reservation waits
+        self._destination: dict[int, list] = {}  # request index -> [transfer id, decode worker, rank, reserved_ms]
         self._edge_workers: list[int] | None = (None if arrivals.follows_terminal or self._reserving
                                                 else entry.worker_ids)
         # a window only matters where the router reads worker state or one worker's events cause
@@ -491,13 +497,17 @@ class Coordinator:
         st = self._status[wid]
         if st.busy or st.has_work or st.held or st.pending:
             return True
+        if any(dst == wid for _, dst in self._awaiting.values()) or any(
+                d[1] == wid for d in self._destination.values()):
+            return True
         return any(src == wid or dst == wid for _, src, dst, _, _ in self._transfers.values())
 
     def _drain_later(self, wid: int) -> None:
         self._control[self._host(wid)].append(Control("drain", wid))
 
     def _work_remains(self) -> bool:
-        if self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs or self._reserved:
+        if (self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs or self._reserved
+                or self._awaiting):
             return True
         return any(self._active_on) or any(self._inputs) or any(self._control)  # (the last two: not sent yet)
 
@@ -514,7 +524,13 @@ class Coordinator:
         if self._reserved:  # destinations that reserved their blocks: their transfers start now
             reserved, self._reserved = self._reserved, []
             for _, seq in sorted(reserved):
-                self._start_transfer(seq, now)
+                if self._dest_first:  # (or their prefill)
+                    self._release_to_prefill(seq, now)
+                else:
+                    self._start_transfer(seq, now)
+        if self._handoffs and self._dest_first:  # (their destinations are reserved: the transfers start)
+            placing, self._handoffs = self._handoffs, []
+            self._place_reserved(placing, now)
         if self._handoffs:
             eligible.append(list(self.decode.eligible))
             placing = self._handoffs
@@ -529,17 +545,30 @@ class Coordinator:
             _, wid = heapq.heappop(self._ready)
             self._worker_ready(wid, now)
         arriving = self._arrivals(now, None if tick_now else until, requests, eligible)
+        if self._dest_first and arriving:
+            self._route_destinations(arriving, requests, eligible, now)
         decisions = self._route(requests, eligible)
         if placing:
             self._place(placing, decisions[: len(placing)], now)
         self._complete_transfers(now)
-        self._dispatch(arriving, decisions[len(placing):], now)
+        if self._dest_first and arriving:
+            n = len(placing) + len(arriving)
+            parked = self._reserve_destinations(arriving, decisions[n:], now)
+            self._dispatch(arriving, decisions[len(placing):n], now, parked)
+        else:
+            self._dispatch(arriving, decisions[len(placing):], now)
         if tick_now:
             self._tick(now)
             if until is not None:  # arrivals after the tick see its scaling
                 requests, eligible = [], []
                 arriving = self._arrivals(now, until, requests, eligible)
-                self._dispatch(arriving, self._route(requests, eligible), now)
+                if self._dest_first and arriving:
+                    self._route_destinations(arriving, requests, eligible, now)
+                    decisions = self._route(requests, eligible)
+                    parked = self._reserve_destinations(arriving, decisions[len(arriving):], now)
+                    self._dispatch(arriving, decisions[: len(arriving)], now, parked)
+                else:
+                    self._dispatch(arriving, self._route(requests, eligible), now)
 
     def _complete_transfers(self, now: float) -> None:
         """The KV transfers done by ``now`` (the hosts applied them at their time): bookkeeping."""
@@ -573,8 +602,9 @@ class Coordinator:
         updates, self._updates = self._updates, []
         return self.rt.route(updates, requests, eligible, self._ranks_of)
 
-    def _dispatch(self, arriving: list[Request], decisions: list, now: float) -> None:
-        """Send routed arrivals to their workers (enqueued at their arrival, or now if late)."""
+    def _dispatch(self, arriving: list[Request], decisions: list, now: float, parked: set | None = None) -> None:
+        """Send routed arrivals to their workers (enqueued at their arrival, or now if late); those
+        in ``parked`` (indices) are sent when their destination has reserved their blocks."""
         wire = self._wire
         for req, (wid, rank, info) in zip(arriving, decisions):  # RouteDecision
             at = max(req.arrival_ms, now)
@@ -589,7 +619,61 @@ class Coordinator:
                     self._traffic.arrive(req)
                 else:
                     self._late.append(req)
+            if parked and req.index in parked:
+                continue
             self._send(wid, (at, _ARRIVAL, req.index, _ENQUEUE, wid, wire(req), rank, False))  # HostInput
+
+    # -- destination first (SGLang) ----------------------------------------------------------
+    def _route_destinations(self, arriving: list[Request], requests: list, eligible: list, now: float) -> None:
+        """Add each arrival's decode routing call (after the arrivals' own)."""
+        eligible.append(list(self.decode.eligible))
+        ref = len(eligible) - 1
+        for req in arriving:
+            requests.append(_new(RouteCall, ("decode", req.index, req.prompt_len, self._route_hashes(self.decode, req),
+                                      max(req.arrival_ms, now), ref)))
+
+    def _reserve_destinations(self, arriving: list[Request], decisions: list, now: float) -> set:
+        """Each arrival's decode worker reserves its prompt's blocks now; returns the indices of
+        those whose reservation waits (their prefill starts when it succeeds)."""
+        by_host: dict[int, list] = {}
+        for req, (wid, rank, info) in zip(arriving, decisions):  # RouteDecision
+            if self.log.capture:
+                req.routing.append(routing_entry(self.decode.record_pool, max(req.arrival_ms, now), info))
+            seq = self._next_transfer
+            self._next_transfer += 1
+            self._destination[req.index] = [seq, wid, rank, None]
+            by_host.setdefault(self._host(wid), []).append((req, ReserveQuery(wid, rank, self._wire(req), seq)))
+        answers, statuses = self.rt.reserve({h: [q for _, q in qs] for h, qs in by_host.items()})
+        self._take_statuses(statuses)
+        parked = set()
+        for h, qs in by_host.items():
+            for (req, q), ok in zip(qs, answers[h]):
+                d = self._destination[req.index]
+                if ok:
+                    d[3] = max(req.arrival_ms, now)
+                else:
+                    self._awaiting[d[0]] = (req, d[1])
+                    parked.add(req.index)
+        return parked
+
+    def _release_to_prefill(self, seq: int, now: float) -> None:
+        """A waiting destination reserved: its request goes to its prefill worker now."""
+        req, _ = self._awaiting.pop(seq)
+        self._destination[req.index][3] = now
+        self._send(req.worker, (now, _ARRIVAL, req.index, _ENQUEUE, req.worker, self._wire(req), req.rank, False))
+
+    def _place_reserved(self, placing: list, now: float) -> None:
+        """Handoffs whose destinations reserved before their prefill: the transfers start now (the
+        whole prompt moves: a destination takes it into fresh blocks)."""
+        for t_h, src, req in placing:
+            if self.entry.router.tracks_requests:
+                self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_HANDED_OFF, req.index)))
+            seq, wid, rank, reserved_ms = self._destination.pop(req.index)
+            tokens = req.prompt_len
+            req.handoff = handoff_record(src, req.rank, t_h, reserved_ms, wid, tokens, self.transfer.delay_ms(tokens))
+            self._transfers[seq] = [req, src, wid, rank, None]
+            self.stats.num_transfers += 1
+            self._start_transfer(seq, now, reserved=False)
 
     def _route_hashes(self, pool: Pool, req: Request):
         return req.block_hashes(pool.block_size) if pool.router.needs_worker_state else None
@@ -631,13 +715,15 @@ class Coordinator:
         for seq in seqs:
             self._start_transfer(seq, now)
 
-    def _start_transfer(self, seq: int, now: float) -> None:
-        """The KV transfer ``seq`` starts at ``now`` (its destination holds its blocks): the source
-        releases the KV at its end, then the decode worker admits the prompt as computed."""
+    def _start_transfer(self, seq: int, now: float, reserved: bool = True) -> None:
+        """The KV transfer ``seq`` starts at ``now`` (its destination holds its blocks: reserved
+        now, unless ``reserved`` is False): the source releases the KV at its end, then the decode
+        worker admits the prompt as computed."""
         entry = self._transfers[seq]
         req, src, wid, rank, _ = entry
         h = req.handoff
-        h["destination_reserved_ms"] = now
+        if reserved:
+            h["destination_reserved_ms"] = now
         done = now + h["transfer_ms"]
         entry[4] = done
         heapq.heappush(self._transfer_times, (done, seq))
@@ -858,6 +944,10 @@ class Coordinator:
                 self.log.add(req, STATUS_INCOMPLETE)
         for seq in sorted(self._transfers):
             self.log.add(self._transfers[seq][0], STATUS_INCOMPLETE)
+        for seq in sorted(self._awaiting):  # (their destination never had room: never sent to a prefill worker)
+            req = self._awaiting[seq][0]
+            del self.requests[req.index]
+            self.log.add(req, STATUS_INCOMPLETE)
         totals = sorted((t for out in outs for t in out.totals), key=itemgetter(0))
         self.worker_totals = [t[1:6] for t in totals]  # WorkerTotals without the id and gaps
         self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else GapSink.from_wire(t[6]) for t in totals]

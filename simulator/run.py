@@ -68,6 +68,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
         timing = build_timing(pool, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
         router = decode_router if pool.role == "decode" else entry_router
+        sglang = pool.scheduler.sglang is not None  # (its destinations reserve before the prefill starts)
         initial_kv = _initial_kv(plan, pool, num_workers, router)
         make = partial(build_workers, pool, replicas=1, timing=timing, fast_forward=plan.fast_forward,
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
@@ -77,7 +78,8 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.block_size,
                           caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
                           startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks,
-                          reserves=pool.role == "decode" and POLICIES[pool.scheduler.capacity_policy].reserves))
+                          reserves=pool.role == "decode" and (sglang or POLICIES[pool.scheduler.capacity_policy].reserves),
+                          destination_first=pool.role == "decode" and sglang))
         num_workers += pool.replicas
         provenance[pool.role] = pool_provenance(pool, timing)
     actors = _Actors(pools, entry_router, decode_router, timings, provenance,

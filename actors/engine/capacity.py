@@ -28,6 +28,7 @@ class RecomputeCapacity:
 
     preempts = True
     reserves = False  # a disaggregated destination admits a transferred prompt as it arrives
+    takes_pages = False  # a reservation allocates physical blocks at once (it only counts them here)
     reuses_whole_prompt = False
     tracks = False
     pending: tuple | deque = ()  # destinations waiting for their blocks: (transfer id, request), in order
@@ -75,6 +76,7 @@ class GuaranteedNoEvict:
 
     preempts = False
     reserves = True  # a disaggregated destination reserves the request's blocks before its transfer
+    takes_pages = False
     reuses_whole_prompt = True  # every full cached block, the whole prompt included
     tracks = True
 

@@ -167,6 +167,8 @@ def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: 
 class RankScheduler:
     """Scheduler + KV cache of one rank."""
 
+    joins_runs = True  # a transferred request may join a decode run (EngineWorker._join)
+
     def __init__(self, config: SchedulerConfig, timing: TimingModel, record_kv_events: bool = False) -> None:
         self.config = config
         self.timing = timing
@@ -666,7 +668,7 @@ class RankScheduler:
     def queue_stats(self) -> tuple:
         return queue_stats(self.waiting)
 
-    def release_source(self, req: Request) -> None:
+    def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
         if self._tracks:
             self.policy.source_released(req)

@@ -70,11 +70,42 @@ class Lease:
         self.own_pages = own_pages  # pages held outside the tree
 
 
-class _NoReservations:
-    """SGLang's aggregated ranks reserve no destinations (what the worker asks of a policy)."""
+class _Destinations:
+    """A decode rank's reservations (SGLang disaggregation is destination first): a request's
+    prompt pages are reserved here before its prefill may start; reservations wait in FIFO order
+    (only the head is tried) and are retried as completions free pages. The destination takes the
+    prompt into fresh pages (no reuse of a cached prefix), so the transfer moves the whole prompt."""
 
-    pending = ()
-    reserves = False
+    reserves = True
+    takes_pages = True  # (a reservation holds its pages from the start)
+
+    __slots__ = ("rank", "pending", "pages")
+
+    def __init__(self, rank: "SGLangRank") -> None:
+        self.rank = rank
+        self.pending: deque = deque()  # (transfer id, request) waiting for their pages, in order
+        self.pages: dict[int, int] = {}  # request index -> its reserved pages (until it arrives)
+
+    def _reserve(self, req: Request) -> bool:
+        rank = self.rank
+        pages = -(-req.prompt_len // rank.page)
+        if pages * rank.page > rank.tree.headroom_tokens or not rank.tree.take_pages(pages):
+            return False
+        self.pages[req.index] = pages
+        return True
+
+    def reserve_destination(self, req: Request, transfer: int) -> bool:
+        if not self.pending and self._reserve(req):
+            return True
+        self.pending.append((transfer, req))
+        return False
+
+    def retry_destinations(self) -> list[int]:
+        pending = self.pending
+        out = []
+        while pending and self._reserve(pending[0][1]):
+            out.append(pending.popleft()[0])
+        return out
 
 
 class _KvView:
@@ -128,6 +159,8 @@ def token_seq(req: Request) -> TokenSeq:
 class SGLangRank:
     """Scheduler + radix KV cache of one SGLang rank (the interface of ``RankScheduler``)."""
 
+    joins_runs = False  # (a transferred request ends a decode run: the next pass promotes it)
+
     def __init__(self, config, timing: TimingModel, record_kv_events: bool = False) -> None:
         self.config = config
         self.timing = timing
@@ -137,7 +170,7 @@ class SGLangRank:
         self.tree = RadixCache(config.num_gpu_blocks, page, record_kv_events)
         self.kv = _KvView(self.tree, config.enable_prefix_caching)
         self.caching = config.enable_prefix_caching
-        self.policy = _NoReservations()
+        self.policy = _Destinations(self)
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.total_kv_tokens = config.num_gpu_blocks * page
@@ -162,10 +195,17 @@ class SGLangRank:
         self.chunk_tokens = k.chunked_prefill_size
         self.num_retractions = 0
         self._passes_seen = 0  # pass_count when the ratio and the gate were last brought up to date
+        self._last_end_ms = 0.0  # when the last pass ended
+        self.num_ready = 0  # transferred requests in the queue, their prompt in reserved pages
 
     # -- queue ------------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
-        req.status = WAITING
+        pages = self.policy.pages.pop(req.index, None) if req.materialized else None
+        if pages is not None:  # its prompt's KV arrived in the pages it reserved: ready to decode
+            req.lease = Lease(self._tokens(req), self.tree.root, 0, pages)
+            req.num_computed = req.prompt_len
+            req.prefill_done = True
+            self.num_ready += 1
         room = self.context_limit - req.prompt_len
         if 0 < room < req.max_output:  # (the output is capped by the context length, as SGLang does)
             req.max_output = room
@@ -186,11 +226,35 @@ class SGLangRank:
             seq.hashes = req.block_hashes(self.page)
         return seq
 
+    def _output_reserve(self, req: Request) -> int:
+        """The output tokens admission sets aside for ``req``: its clipped remaining output (a
+        prefill worker's request: its one token)."""
+        if self.config.prefill_only:
+            return 1
+        return min(req.max_output - req.num_generated, self.knobs.clip_max_new_tokens)
+
     @staticmethod
     def _remaining(req: Request) -> int:
         return req.max_output - req.num_generated
 
     # -- a pass -------------------------------------------------------------------------------
+    def _promote(self, now_ms: float) -> None:
+        waiting = self.waiting
+        running = self.running
+        keep = []
+        while waiting and self.num_ready and len(running) < self.max_running:
+            req = waiting.popleft()
+            if not req.prefill_done:
+                keep.append(req)
+                continue
+            self.num_ready -= 1
+            req.status = RUNNING
+            req.admissions.append((now_ms, 0, self.pool_label))
+            if req.first_admit_ms is None:
+                req.first_admit_ms = now_ms
+            running.append(req)
+        waiting.extendleft(reversed(keep))
+
     def _catch_up(self) -> None:
         """The decode passes of a fast-forwarded run (counted by the worker) decayed the ratio and
         counted the gate down, one pass at a time."""
@@ -208,6 +272,14 @@ class SGLangRank:
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
         self._catch_up()
         waiting = self.waiting
+        running = self.running
+        if self.num_ready:
+            # requests whose prompt arrived (in the queue's order) join the batch while there is
+            # room (reused: none); while one still waits for a slot, nothing is prefilled
+            if len(running) < self.max_running:
+                self._promote(now_ms)
+            if self.num_ready:
+                return self._decode_pass(now_ms) if running else None
         if self.prefill_rounds_left and not self.running:
             # rounds with nothing to decode are idle: they take no time, and count down
             self.prefill_rounds_left = 0
@@ -253,7 +325,7 @@ class SGLangRank:
         if req.prompt_len >= self.context_limit:
             return REJECT_CONTEXT_LENGTH
         page = self.page
-        need = -(-req.prompt_len // page) * page + min(self._remaining(req), self.knobs.clip_max_new_tokens)
+        need = -(-req.prompt_len // page) * page + self._output_reserve(req)
         if need >= self.total_kv_tokens:
             return REJECT_KV_CAPACITY
         return None
@@ -262,7 +334,7 @@ class SGLangRank:
         n = req.prompt_len
         if code == REJECT_CONTEXT_LENGTH:
             return f"prompt of {n:,} tokens >= context length {self.context_limit:,}"
-        out = min(self._remaining(req), self.knobs.clip_max_new_tokens)
+        out = self._output_reserve(req)
         cache = "the cache" if self.pool_label == "agg" else f"the {self.pool_label} cache"
         return (f"prompt of {n:,} tokens and {out:,} reserved output tokens need {n + out:,} KV tokens, "
                 f"{cache} holds {self.total_kv_tokens:,}")
@@ -321,7 +393,7 @@ class SGLangRank:
                 if chunk <= 0:
                     break
             charged = -(-chunk // page) * page
-            reserve = 0 if chunk < extend else min(self._remaining(req), clip)
+            reserve = 0 if chunk < extend else self._output_reserve(req)
             if charged + reserve >= rem_total or charged > rem_input or charged > rem_chunk:
                 break
             end = start + chunk
@@ -462,6 +534,7 @@ class SGLangRank:
                           rp.var_prefill_length, sh.num_decode, sh.decode_kv_tokens, rp.var_decode_kv_tokens)
         self.pass_count += 1
         self._passes_seen += 1
+        self._last_end_ms = end_ms
         if sh.num_prefill:
             self._finish_prefill(rp, start_ms, end_ms, gaps, completed)
         else:
@@ -592,8 +665,9 @@ class SGLangRank:
     def reap_completed(self, completed: list) -> None:  # (completions are taken as they happen)
         pass
 
-    def release_source(self, req: Request) -> None:
-        self._release_kv(req, req.terminal_ms or 0.0)
+    def release_source(self, req: Request, now_ms: float | None = None) -> None:
+        """A handed-off prompt's transfer ended: its pages are cached and released as at a finish."""
+        self._release_kv(req, now_ms if now_ms is not None else self._last_end_ms)
 
     # -- queries ------------------------------------------------------------------------------
     def queue_stats(self) -> tuple:
@@ -619,7 +693,10 @@ class SGLangRank:
         if first <= 0:
             return None
         waiting = self.waiting
-        k = min(max_passes, first if waiting else max(remaining))
+        if self.num_ready and n < self.max_running:
+            return None  # (a transferred prompt joins the batch at the next pass)
+        # (something waiting - a request or a destination's reservation - ends the run at the first completion)
+        k = min(max_passes, first if waiting or self.policy.pending else max(remaining))
         c0 = [r.num_computed for r in running]
         tree = self.tree
         page = self.page

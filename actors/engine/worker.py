@@ -142,7 +142,7 @@ class EngineWorker:
         # (one rank; no timeline, queue tracking or KV events, which a joining pass would have
         # to record as a general pass does): see _join
         self._joins = self._runs and len(ranks) == 1 and not record_timeline and not track_queue \
-            and not self.records_kv_events
+            and not self.records_kv_events and ranks[0].joins_runs
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
@@ -202,13 +202,15 @@ class EngineWorker:
         return end
 
     def reserve_destination(self, req: Request, rank: int, transfer: int, now_ms: float) -> tuple[bool, float | None]:
-        """A reserving destination (TRT-LLM decode): reserve ``req``'s blocks on ``rank`` now, before
-        its transfer starts. Returns (reserved, the new end time when a planned run was cut short
+        """A reserving destination (TRT-LLM, SGLang decode): reserve ``req``'s blocks on ``rank`` now,
+        before its transfer (SGLang: its prefill) starts. Returns (reserved, the new end time when a planned run was cut short
         so that completions can be retried as they come, else None)."""
         self.sync(now_ms)  # (the run's completions up to now have freed their blocks)
-        if self.ranks[rank].policy.reserve_destination(req, transfer):
-            return True, None
+        policy = self.ranks[rank].policy
         run = self._run
+        if policy.reserve_destination(req, transfer):
+            # (an SGLang reservation takes its pages now: the run's later passes must not count on them)
+            return True, self._cut_run(run, now_ms) if run is not None and policy.takes_pages else None
         return False, self._cut_run(run, now_ms) if run is not None else None
 
     def retry_destinations(self) -> list[int]:
@@ -308,7 +310,7 @@ class EngineWorker:
     def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """Free a handed-off request's blocks (its transfer completed); ``now_ms`` (when
         given) is when, for the timeline."""
-        self.ranks[req.rank].release_source(req)
+        self.ranks[req.rank].release_source(req, now_ms)
         if self.timeline is not None and now_ms is not None:
             self._sample(now_ms)
 

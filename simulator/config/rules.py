@@ -65,8 +65,6 @@ def check_engine_supported(e: m.Engine) -> None:
     """The engine features this build does not model yet."""
     if e.mode == "afd":
         raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
-    if e.backend == "sglang" and e.mode == "disaggregated":
-        raise _no("engine.mode", "disaggregated prefill/decode with backend sglang", "use mode aggregated with sglang")
     for key in ("speculation", "nextn_accepted", "tokenization"):
         if getattr(e, key) is not None:
             raise _no(f"engine.{key}", key, f"remove engine.{key}")

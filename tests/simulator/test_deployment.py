@@ -84,11 +84,12 @@ ARGS = {
     "speedup_ratio": (2.0, lambda p, t: p.timing.speedup_ratio == 2.0),
     "decode_speedup_ratio": (3.0, lambda p, t: p.timing.decode_speedup_ratio == 3.0),
     "prefill_schedule_interval": (4, lambda p, t: p.scheduler.prefill_schedule_interval == 4),
+    "prefill_decode_interval": (2, lambda p, t: p.scheduler.sglang.prefill_decode_interval == 2),  # (sglang)
     "kv_transfer_bandwidth": (7.0, lambda p, t: t.bandwidth_gb_per_second == 7.0),
     "kv_transfer_bytes_per_token": (999, lambda p, t: t.bytes_per_token == 999),
     "kv_transfer_timing_mode": ("full_prompt", lambda p, t: t.timing_mode == "full_prompt"),
 }
-NOT_LOWERED = {"worker_type": "the role itself", "engine_type": "engine.backend (only vllm replays today)",
+NOT_LOWERED = {"worker_type": "the role itself", "engine_type": "engine.backend (each backend's scenarios test it)",
                "gpu_memory_utilization": "sizes KV only without num_gpu_blocks (tested below)"}
 
 
@@ -102,8 +103,10 @@ def _lower(prefill: dict, decode: dict | None = None):
 def test_every_engine_argument_has_a_yaml_key_and_reaches_the_pool():
     assert set(ARGS) | set(NOT_LOWERED) == set(EngineArgs.model_fields)
     for name, (value, shows) in ARGS.items():
-        same = name in ("backend_version", "model", "enable_chunked_prefill")  # engine-wide: both roles
-        given = {name: value}
+        same = name in ("backend_version", "model", "enable_chunked_prefill", "prefill_decode_interval")
+        given = {name: value}  # (engine-wide ones for both roles)
+        if name == "prefill_decode_interval":  # (SGLang's: an error with another backend)
+            given["engine_type"] = "sglang"
         if name == "kv_transfer_bandwidth":  # (a transfer needs its bytes per token: no model here)
             given["kv_transfer_bytes_per_token"] = 1000
         pools, transfer = _lower(given, given if same else None)

@@ -117,3 +117,21 @@ def test_the_ratio_does_not_reset_when_the_engine_goes_idle(tmp_path):
     rows = [row(0, 100, 700, 1), row(2000, 100, 500, 2), row(2000, 100, 500, 3)]
     r = run(tmp_path, rows, num_gpu_blocks=1050)
     assert admissions(r["r3"])[0] == (2010.0, 0)  # a fresh ratio would wait until 2012
+
+
+def test_disaggregated_sglang_reserves_the_destination_before_the_prefill(tmp_path):
+    # decode KV 150 tokens: R2's prompt fits only when R1 ends on the decode worker (at 40); its
+    # prefill starts then, and the decode worker produces every output token
+    from aisim import run_trace_replay
+    from tests.helpers import write_trace
+
+    eng = {**SGL, "num_gpu_blocks": 150}
+    trace = write_trace(tmp_path / "t.jsonl", [row(0, 100, 30, 1), row(0, 100, 30, 2)])
+    rep = run_trace_replay(str(trace), prefill_engine_args={**SGL, "max_num_seqs": 1}, decode_engine_args=eng,
+                           capture_per_request=True)
+    r = by_uuid(rep)
+    assert (r["r1"]["prefill_admit_ms"], r["r1"]["first_token_ms"], r["r1"]["last_token_ms"]) == (0.0, 11.0, 40.0)
+    r2 = r["r2"]
+    assert (r2["prefill_admit_ms"], r2["destination_reserved_ms"]) == (40.0, 40.0)
+    assert (r2["decode_admit_ms"], r2["first_token_ms"], r2["last_token_ms"]) == (50.0, 51.0, 80.0)
+    assert r2["kv_transfer_tokens"] == 100
