@@ -35,6 +35,10 @@ CASES = {
     "sglang_kv_router": ("quickstart.yaml", SLICE_SETS + [
         "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 16, capacity: {type: fixed, "
         "blocks: 3000}}", "engine.workers.aggregated.parallelism.replicas=4", "router={policy: kv_router}"]),
+    "sglang_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
+        "engine.backend=sglang", "engine.workers.prefill.parallelism.replicas=2",
+        "engine.workers.decode={parallelism: {replicas: 2}, kv_cache: {block_size: 64, capacity: {type: fixed, "
+        "blocks: 1500}}, timing: {type: polynomial}}"]),
     "disaggregated_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
         "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2"]),
     "closed_loop": ("quickstart.yaml", [

@@ -136,7 +136,7 @@ def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value
     assert info.value.where == key and "not supported" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_sglang_features_not_modelled_yet_say_not_supported_and_the_kv_router_needs_pages():
+def test_the_kv_router_over_sglang_needs_pages_of_16_tokens():
     d = base()
     d["engine"]["backend"] = "sglang"
     d["router"] = {"policy": "kv_router"}
@@ -144,14 +144,6 @@ def test_sglang_features_not_modelled_yet_say_not_supported_and_the_kv_router_ne
     assert e.where == "engine.workers.aggregated.kv_cache.block_size" and "block_size >= 16" in e.message
     d["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = 16
     plan_from_config(validate_config(d))
-    d = base()
-    d["engine"]["backend"] = "sglang"
-    d["engine"]["mode"] = "disaggregated"
-    wk = d["engine"]["workers"].pop("aggregated")
-    d["engine"]["workers"] = {"prefill": wk, "decode": wk}
-    with pytest.raises(NotSupportedError) as info:
-        plan_from_config(validate_config(d))
-    assert info.value.where == "engine.mode" and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(("backend", "key", "fix"), [
