@@ -46,6 +46,17 @@ SCHEDULER_LABELS = {"vllm": "vllm (admit by current blocks; recompute preemption
                     "guaranteed_no_evict": "trtllm GUARANTEED_NO_EVICT (reserve prompt + max output; no preemption)"}
 
 
+def scheduler_label(sched) -> str:
+    """How a pool's scheduler works, with its settings (``SchedulerConfig``)."""
+    k = sched.sglang
+    if k is None:
+        return SCHEDULER_LABELS[sched.capacity_policy]
+    return (f"sglang ({k.schedule_policy}; prefill passes of {k.chunked_prefill_size:,}-token chunks, max prefill "
+            f"{k.max_prefill_tokens:,} tokens (max_batched_tokens sizes KV only); admit by new_token_ratio x "
+            f"outputs clipped at {k.clip_max_new_tokens:,}, conservativeness {k.schedule_conservativeness:g}; "
+            f"prefill_decode_interval {k.prefill_decode_interval}; retraction)")
+
+
 # -- entry point -------------------------------------------------------------------------------
 def detect_kind(data: dict) -> str:
     """``recommend``, ``capacity`` or ``predict`` from a config mapping's top-level keys."""
@@ -110,7 +121,7 @@ def plan_summary(plan) -> dict:
             "context_length": sched.context_length,
             "max_batched_tokens": sched.max_batched_tokens,
             "max_sequences": sched.max_sequences,
-            "scheduler": SCHEDULER_LABELS[sched.capacity_policy],
+            "scheduler": scheduler_label(sched),
             "prefix_caching": sched.enable_prefix_caching,
             "timing_estimator": provenance.get("estimator"),
             "timing_source": provenance.get("timing_source"),

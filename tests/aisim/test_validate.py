@@ -92,6 +92,20 @@ def test_disaggregated_deployment_equals_a_runs():
     assert report["traffic"]["stop_seconds"] == 20
 
 
+@pytest.mark.parametrize(("backend", "says"), [
+    ("vllm", "scheduler vllm (admit by current blocks; recompute preemption)"),
+    ("trtllm", "scheduler trtllm GUARANTEED_NO_EVICT (reserve prompt + max output; no preemption)"),
+    ("sglang", "scheduler sglang (lpm; prefill passes of 4,096-token chunks, max prefill 16,384 tokens"),
+])
+def test_the_backend_and_its_scheduler_settings_are_printed(backend, says):
+    sets = [f"engine.backend={backend}"]
+    if backend == "sglang":  # (its own knobs; attention-data ranks split the chunk budget)
+        sets += ["engine.workers.aggregated.scheduler.sglang={schedule_policy: lpm}",
+                 "engine.workers.aggregated.parallelism.attention_data=2"]
+    text = render(validate_config_file(QUICKSTART, sets))
+    assert says in text and f"backend {backend}" in text
+
+
 def test_spica_example(tmp_path):
     path = CONFIGS / "spica-agg-vs-disagg.yaml"
     report = validate_config_file(path)

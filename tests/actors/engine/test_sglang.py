@@ -135,3 +135,27 @@ def test_disaggregated_sglang_reserves_the_destination_before_the_prefill(tmp_pa
     assert (r2["prefill_admit_ms"], r2["destination_reserved_ms"]) == (40.0, 40.0)
     assert (r2["decode_admit_ms"], r2["first_token_ms"], r2["last_token_ms"]) == (50.0, 51.0, 80.0)
     assert r2["kv_transfer_tokens"] == 100
+
+
+@pytest.mark.parametrize(("policy", "r1_first", "r2_first"), [("fifo", 89.0, 100.0), ("lpm", 100.0, 89.0)])
+def test_lpm_admits_the_longest_cached_prefix_first(tmp_path, policy, r1_first, r2_first):
+    # R0 caches prompt [1, 2]; while R_busy holds the only slot, R1 (nothing cached) and R2 (R0's
+    # prompt again) queue; at 79 FIFO admits R1, LPM admits R2 (a 1,024-token match) first
+    from aisim import run_config
+    from aisim.simulator.config.loading import validate_config
+    from tests.helpers import write_trace
+
+    rows = [row(0, 1024, 1, 0, ids=[1, 2]), row(20, 100, 50, 9), row(40, 1000, 2, 1, ids=[70, 71]),
+            row(50, 1024, 2, 2, ids=[1, 2])]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    cfg = validate_config({
+        "traffic": {"source": {"type": "trace", "format": "mooncake", "paths": [str(trace)], "block_size": 512},
+                    "load": {"type": "trace_timestamps"}},
+        "engine": {"backend": "sglang", "workers": {"aggregated": {
+            "scheduler": {"max_sequences": 1, "sglang": {"schedule_policy": policy}},
+            "kv_cache": {"capacity": {"type": "fixed", "blocks": 100_000}},
+            "timing": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1}}}}})
+    r = by_uuid(run_config(cfg, capture_per_request=True))
+    assert r["r9"]["last_token_ms"] == 79.0
+    assert (r["r1"]["first_token_ms"], r["r2"]["first_token_ms"]) == (r1_first, r2_first)
+    assert r["r2"]["reused_input_tokens"] == 1023
