@@ -71,10 +71,10 @@ ROLE = """    {role}:
 
 
 def render_config(args) -> str:
-    # SGLang's default page is one token: the same KV tokens in pages of 1
-    sglang = getattr(args, "engine_backend", "vllm") == "sglang"
-    common = dict(blocks=args.blocks * 64 if sglang else args.blocks, block_size=1 if sglang else 64,
-                  timing=args.timing)
+    # SGLang's default page is one token (16 under the KV router, which needs 16 or more): the
+    # same KV tokens in smaller pages
+    page = (16 if args.router == "kv_router" else 1) if getattr(args, "engine_backend", "vllm") == "sglang" else 64
+    common = dict(blocks=args.blocks * 64 // page, block_size=page, timing=args.timing)
     if args.disaggregated:
         p, d = args.disaggregated
         workers = ROLE.format(role="prefill", replicas=p, seqs=1, **common) + ROLE.format(
@@ -217,7 +217,7 @@ def main() -> int:
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
     ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "sglang", "trtllm"),
                     help="engine.backend: the scheduling semantics (default: %(default)s; sglang: pages of one "
-                         "token, as many KV tokens as --blocks of 64)")
+                         "token, 16 with the KV router, as many KV tokens as --blocks of 64)")
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
                     help="disaggregated with this many prefill and decode workers (instead of --workers)")
     ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")

@@ -71,7 +71,28 @@ class RecomputeCapacity:
         """A handed-off request's KV is about to be released (its transfer ended)."""
 
 
-class GuaranteedNoEvict:
+class DestinationQueue:
+    """Reservations of a reserving destination, in FIFO order: a request reserves at once when
+    none waits before it and ``_reserve`` (the policy's) succeeds, else it waits in ``pending``;
+    waiting ones are retried in order, the first that does not fit stopping the rest."""
+
+    __slots__ = ()
+
+    def reserve_destination(self, req, transfer: int) -> bool:
+        if not self.pending and self._reserve(req):
+            return True
+        self.pending.append((transfer, req))
+        return False
+
+    def retry_destinations(self) -> list[int]:
+        pending = self.pending
+        out = []
+        while pending and self._reserve(pending[0][1]):
+            out.append(pending.popleft()[0])
+        return out
+
+
+class GuaranteedNoEvict(DestinationQueue):
     """TensorRT-LLM's GUARANTEED_NO_EVICT: admission reserves every block a request can need."""
 
     preempts = False
@@ -131,19 +152,6 @@ class GuaranteedNoEvict:
         self.admitted(req)
         self.reserved_ids.add(req.index)
         return True
-
-    def reserve_destination(self, req, transfer: int) -> bool:
-        if not self.pending and self._reserve(req):
-            return True
-        self.pending.append((transfer, req))
-        return False
-
-    def retry_destinations(self) -> list[int]:
-        pending = self.pending
-        out = []
-        while pending and self._reserve(pending[0][1]):
-            out.append(pending.popleft()[0])
-        return out
 
     def left(self, req, holds_kv: bool = False) -> None:
         self.reserved -= self.completion_blocks(req)

@@ -164,7 +164,21 @@ def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: 
     return RankScheduler(config, timing, record_kv_events)
 
 
-class RankScheduler:
+class RankQueues:
+    """What every rank scheduler answers of its ``running`` and ``waiting`` queues."""
+
+    __slots__ = ()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+
+class RankScheduler(RankQueues):
     """Scheduler + KV cache of one rank."""
 
     joins_runs = True  # a transferred request may join a decode run (EngineWorker._join)
@@ -216,14 +230,6 @@ class RankScheduler:
         if self._tracks:
             self.policy.prepare(req)
         self.waiting.append(req)
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
 
     # -- general pass ---------------------------------------------------------------
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
@@ -664,9 +670,6 @@ class RankScheduler:
             req.hashes = None
             completed.append(req)
             running.remove(req)
-
-    def queue_stats(self) -> tuple:
-        return queue_stats(self.waiting)
 
     def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from aisim.actors.engine.capacity import DestinationQueue
 from aisim.actors.engine.radix_cache import RadixCache, TokenSeq
 from aisim.actors.engine.request import (
     COMPLETED,
@@ -38,7 +39,7 @@ from aisim.actors.engine.request import (
     WAITING,
     Request,
 )
-from aisim.actors.engine.scheduler import GapSink, RankPass, blocks_bound, queue_stats
+from aisim.actors.engine.scheduler import GapSink, RankPass, RankQueues, blocks_bound
 from aisim.actors.engine.timing import PassShape, TimingModel
 
 LPM_MAX_QUEUE = 128  # longest-prefix-match ordering only while the queue is this short (else FIFO)
@@ -70,7 +71,7 @@ class Lease:
         self.own_pages = own_pages  # pages held outside the tree
 
 
-class _Destinations:
+class _Destinations(DestinationQueue):
     """A decode rank's reservations (SGLang disaggregation is destination first): a request's
     prompt pages are reserved here before its prefill may start; reservations wait in FIFO order
     (only the head is tried) and are retried as completions free pages. The destination takes the
@@ -94,18 +95,6 @@ class _Destinations:
         self.pages[req.index] = pages
         return True
 
-    def reserve_destination(self, req: Request, transfer: int) -> bool:
-        if not self.pending and self._reserve(req):
-            return True
-        self.pending.append((transfer, req))
-        return False
-
-    def retry_destinations(self) -> list[int]:
-        pending = self.pending
-        out = []
-        while pending and self._reserve(pending[0][1]):
-            out.append(pending.popleft()[0])
-        return out
 
 
 class _KvView:
@@ -156,7 +145,7 @@ def token_seq(req: Request) -> TokenSeq:
     return seq
 
 
-class SGLangRank:
+class SGLangRank(RankQueues):
     """Scheduler + radix KV cache of one SGLang rank (the interface of ``RankScheduler``)."""
 
     joins_runs = False  # (a transferred request ends a decode run: the next pass promotes it)
@@ -210,14 +199,6 @@ class SGLangRank:
         if 0 < room < req.max_output:  # (the output is capped by the context length, as SGLang does)
             req.max_output = room
         self.waiting.append(req)
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
 
     def _tokens(self, req: Request) -> TokenSeq:
         """``token_seq``, with its pages' hashes when this rank publishes KV events."""
@@ -571,13 +552,12 @@ class SGLangRank:
                 running.remove(req)
                 self.handoffs.append(req)
             return
-        done = []
+        emitting = []
         for req in fresh:
             left = self._remaining(req)
             if left <= 0:
                 req.status = COMPLETED
                 req.terminal_ms = end_ms
-                done.append(req)
                 continue
             if left > 1:  # its first token needs a slot; without one it comes at the next decode
                 g = self._growth_pages(req)
@@ -586,51 +566,28 @@ class SGLangRank:
                         continue
                     req.lease.own_pages += g
                 req.num_computed += 1
-            if self._emit(req, start_ms, end_ms, gaps):
-                done.append(req)
+            emitting.append(req)
+        if emitting:
+            self._emit(emitting, start_ms, end_ms, gaps)
+        done = [req for req in fresh if req.status == COMPLETED]
         if done:
             self._complete(done, end_ms, completed)
 
-    def _emit(self, req: Request, start_ms: float, end_ms: float, gaps: GapSink) -> bool:
-        """One token at ``end_ms``; True when it was the request's last."""
-        g = req.num_generated + 1
-        req.num_generated = g
-        if g == 1:
-            req.first_token_ms = end_ms
-            if self.first_tokens is not None:
-                self.first_tokens.append(req)
-        else:
-            if g == 2:
-                req.second_token_ms = end_ms
-            last = req.last_token_ms
-            if last == start_ms:
-                gaps.pooled_values.append(end_ms - start_ms)
-                gaps.pooled_weights.append(1)
-            else:
-                gaps.individual.append(end_ms - last)
-        req.last_token_ms = end_ms
-        self.num_generated_tokens += 1
-        if g >= req.max_output or req.prompt_len + g >= self.context_limit:
-            req.status = COMPLETED
-            req.terminal_ms = end_ms
-            return True
-        return False
-
-    def _finish_decode(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+    def _emit(self, reqs: list, start_ms: float, end_ms: float, gaps: GapSink) -> list:
+        """One token each at ``end_ms`` (their gaps since their last ones); returns those that
+        ended with it."""
         done = []
         pooled = 0
         individual = gaps.individual
         limit = self.context_limit
-        for req, pages in rp.items:
-            if pages:
-                req.lease.own_pages += pages
+        first_tokens = self.first_tokens
+        for req in reqs:
             g = req.num_generated + 1
             req.num_generated = g
-            req.num_computed = req.prompt_len + g
             if g == 1:
                 req.first_token_ms = end_ms
-                if self.first_tokens is not None:
-                    self.first_tokens.append(req)
+                if first_tokens is not None:
+                    first_tokens.append(req)
             else:
                 if g == 2:
                     req.second_token_ms = end_ms
@@ -643,10 +600,20 @@ class SGLangRank:
                 req.status = COMPLETED
                 req.terminal_ms = end_ms
                 done.append(req)
-        self.num_generated_tokens += len(rp.items)
+        self.num_generated_tokens += len(reqs)
         if pooled:
             gaps.pooled_values.append(end_ms - start_ms)
             gaps.pooled_weights.append(pooled)
+        return done
+
+    def _finish_decode(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
+        reqs = []
+        for req, pages in rp.items:  # (the new token's slot: its pages were taken when the pass started)
+            if pages:
+                req.lease.own_pages += pages
+            req.num_computed += 1
+            reqs.append(req)
+        done = self._emit(reqs, start_ms, end_ms, gaps)
         if done:
             self._complete(done, end_ms, completed)
 
@@ -670,9 +637,6 @@ class SGLangRank:
         self._release_kv(req, now_ms if now_ms is not None else self._last_end_ms)
 
     # -- queries ------------------------------------------------------------------------------
-    def queue_stats(self) -> tuple:
-        return queue_stats(self.waiting)
-
     # -- fast-forward --------------------------------------------------------------------------
     def plan_decode_run(self, max_passes: int):
         """``RankScheduler.plan_decode_run``'s contract: the next passes decode the running batch
