@@ -177,6 +177,9 @@ class RankQueues:
     def num_requests(self) -> int:
         return len(self.running) + len(self.waiting)
 
+    def queue_stats(self) -> tuple:
+        return queue_stats(self.waiting)
+
 
 class RankScheduler(RankQueues):
     """Scheduler + KV cache of one rank."""

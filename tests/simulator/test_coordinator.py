@@ -51,6 +51,7 @@ CASES = {
         "engine.workers.aggregated.startup_seconds=20", "planner.target=load",
         "planner.load_adjustment_interval_seconds=2"]),
     "planner_sla": ("planner-aggregated-fp8.yaml", PLANNER_SLICE),
+    "sglang_planner": ("planner-disaggregated.yaml", PLANNER_SLICE + ["engine.backend=sglang"]),
     "planner_disaggregated": ("planner-disaggregated.yaml", PLANNER_SLICE + [
         "planner.target=load", "planner.load_adjustment_interval_seconds=2",
         "engine.workers.decode.startup_seconds=10"]),
