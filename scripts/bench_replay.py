@@ -71,9 +71,10 @@ ROLE = """    {role}:
 
 
 def render_config(args) -> str:
-    # SGLang's default page is one token (16 under the KV router, which needs 16 or more): the
-    # same KV tokens in smaller pages
-    page = (16 if args.router == "kv_router" else 1) if getattr(args, "engine_backend", "vllm") == "sglang" else 64
+    # SGLang's default page is one token (under the KV router, which needs 16 or more, vLLM's 64):
+    # the same KV tokens in pages of --sglang-page tokens
+    page = args.sglang_page or (64 if args.router == "kv_router" else 1) \
+        if getattr(args, "engine_backend", "vllm") == "sglang" else 64
     common = dict(blocks=args.blocks * 64 // page, block_size=page, timing=args.timing)
     if args.disaggregated:
         p, d = args.disaggregated
@@ -216,8 +217,10 @@ def main() -> int:
                          "later runs load them from the cache (warm)")
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
     ap.add_argument("--engine-backend", default="vllm", choices=("vllm", "sglang", "trtllm"),
-                    help="engine.backend: the scheduling semantics (default: %(default)s; sglang: pages of one "
-                         "token, 16 with the KV router, as many KV tokens as --blocks of 64)")
+                    help="engine.backend: the scheduling semantics (default: %(default)s; sglang: as many KV "
+                         "tokens as --blocks of 64, in pages of --sglang-page)")
+    ap.add_argument("--sglang-page", type=int, default=None,
+                    help="SGLang's page (kv_cache.block_size; default 1, 64 with the KV router)")
     ap.add_argument("--disaggregated", nargs=2, type=int, metavar=("PREFILL", "DECODE"),
                     help="disaggregated with this many prefill and decode workers (instead of --workers)")
     ap.add_argument("--transfer-gb-s", type=float, default=50.0, help="KV transfer bandwidth, disaggregated (GB/s)")

@@ -73,6 +73,16 @@ class PoolPlan:
     def block_size(self) -> int:
         return self.scheduler.block_size
 
+    @property
+    def route_block_size(self) -> int:
+        """The blocks the pool's router hashes prompts in: its KV block, except that an SGLang
+        decode pool's load-only router (no KV events) counts at least 64-token blocks (one-token
+        pages would hash every token of every prompt for the same choices, up to rounding)."""
+        bs = self.scheduler.block_size
+        if self.role == "decode" and self.scheduler.sglang is not None:
+            return max(bs, 64)
+        return bs
+
 
 @dataclass(frozen=True)
 class ExecutionPlan:

@@ -59,7 +59,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
     entry_plan = plan.pools[0]
     decode_plan = plan.pools[1] if len(plan.pools) > 1 else None
     entry_router = build_router(plan.router, entry_plan.block_size, plan.seed, entry_plan.role)
-    decode_router = build_decode_router(decode_plan.block_size, plan.seed) if decode_plan else None
+    decode_router = build_decode_router(decode_plan.route_block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
     timings = {}
     provenance: dict[str, dict] = {}
@@ -75,7 +75,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
                        pool_label="decode" if pool.role == "decode" else None,
                        record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None,
                        initial_kv=initial_kv)
-        pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.block_size,
+        pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.route_block_size,
                           caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
                           startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks,
                           reserves=pool.role == "decode" and (sglang or POLICIES[pool.scheduler.capacity_policy].reserves),
