@@ -54,13 +54,15 @@ class RecomputeCapacity:
     def admitted(self, req) -> None:
         pass
 
-    def reserve_destination(self, req, transfer: int) -> bool:
+    def reserve_destination(self, req, transfer: int, busy: bool = False) -> bool:
         """Reserve a handed-off request's blocks before its transfer starts (a reserving
-        destination only); False: it waits behind those already waiting (FIFO)."""
+        destination only; ``busy``: the rank is in a pass); False: it waits behind those already
+        waiting (FIFO)."""
         raise NotImplementedError("vLLM destinations do not reserve before the transfer")
 
-    def retry_destinations(self) -> list[int]:
-        """The waiting destinations that fit now, in order (their transfer ids)."""
+    def retry_destinations(self, idle: bool = True) -> list[int]:
+        """The waiting destinations that reserve now, in order (their transfer ids); ``idle``:
+        the rank has nothing to run."""
         return []
 
     def left(self, req, holds_kv: bool = False) -> None:
@@ -74,21 +76,27 @@ class RecomputeCapacity:
 class DestinationQueue:
     """Reservations of a reserving destination, in FIFO order: a request reserves at once when
     none waits before it and ``_reserve`` (the policy's) succeeds, else it waits in ``pending``;
-    waiting ones are retried in order, the first that does not fit stopping the rest."""
+    waiting ones are retried in order (when completions freed blocks), the first that does not
+    fit stopping the rest. ``per_round`` (SGLang): a reservation is tried only when the rank
+    starts a round - a busy rank queues it, and each pass end tries the head once (a rank with
+    nothing to run tries them all: its rounds take no time)."""
 
     __slots__ = ()
+    per_round = False
 
-    def reserve_destination(self, req, transfer: int) -> bool:
-        if not self.pending and self._reserve(req):
+    def reserve_destination(self, req, transfer: int, busy: bool = False) -> bool:
+        if not self.pending and not (busy and self.per_round) and self._reserve(req):
             return True
         self.pending.append((transfer, req))
         return False
 
-    def retry_destinations(self) -> list[int]:
+    def retry_destinations(self, idle: bool = True) -> list[int]:
         pending = self.pending
         out = []
         while pending and self._reserve(pending[0][1]):
             out.append(pending.popleft()[0])
+            if self.per_round and not idle:
+                break
         return out
 
 

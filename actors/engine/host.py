@@ -187,10 +187,10 @@ class WorkerHost:
                 self._emit(t, _PASS_END, wid, _FIRST_TOKEN, req.index)
         if completed:
             self._emit_terminals(wid, completed)
-            if pool.reserves:  # completions freed blocks: waiting destinations may reserve now
-                for transfer in worker.retry_destinations():
-                    self._emit(t, _PASS_END, wid, _RESERVED, transfer)
-                    self._handed_off = True  # (the coordinator starts the transfer at once)
+        if pool.reserves:  # (completions freed blocks; SGLang tries a reservation every round)
+            for transfer in worker.retry_destinations(bool(completed)):
+                self._emit(t, _PASS_END, wid, _RESERVED, transfer)
+                self._handed_off = True  # (the coordinator starts the transfer at once)
         if pool.hands_off:
             encode = self._encode
             for req in worker.take_handoffs():

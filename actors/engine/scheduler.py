@@ -674,7 +674,7 @@ class RankScheduler(RankQueues):
             completed.append(req)
             running.remove(req)
 
-    def release_source(self, req: Request, now_ms: float | None = None) -> None:
+    def release_source(self, req: Request, now_ms: float | None = None, busy: bool = False) -> None:
         """The transfer of a handed-off request completed: free its blocks here."""
         if self._tracks:
             self.policy.source_released(req)

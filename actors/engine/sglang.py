@@ -79,6 +79,7 @@ class _Destinations(DestinationQueue):
 
     reserves = True
     takes_pages = True  # (a reservation holds its pages from the start)
+    per_round = True  # (tried when the rank starts a round: once per pass end while it is busy)
 
     __slots__ = ("rank", "pending", "pages")
 
@@ -186,6 +187,8 @@ class SGLangRank(RankQueues):
         self._passes_seen = 0  # pass_count when the ratio and the gate were last brought up to date
         self._last_end_ms = 0.0  # when the last pass ended
         self.num_ready = 0  # transferred requests in the queue, their prompt in reserved pages
+        self._sources: dict[int, Lease] = {}  # handed-off prompts' KV, held until their transfer ends
+        self._releases: list[tuple] = []  # (lease, tokens) of transferred sources, released at the pass end
 
     # -- queue ------------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -475,23 +478,24 @@ class SGLangRank(RankQueues):
 
     def _release_kv(self, req: Request, now_ms: float) -> None:
         """Cache the request's whole pages, free the rest, unlock its path."""
-        lease = req.lease
+        self._release_lease(req.lease, min(req.num_computed, req.prompt_len + req.num_generated), now_ms)
+        req.lease = None
+
+    def _release_lease(self, lease: Lease, tokens: int, now_ms: float) -> None:
+        """Cache the whole pages of a lease's first ``tokens`` tokens, free the rest, unlock its path."""
         tree = self.tree
-        page = self.page
         if self.caching:
-            upto = min(req.num_computed, req.prompt_len + req.num_generated) // page * page
+            upto = tokens // self.page * self.page
             if upto > lease.cached:
-                self._cache(req, upto, now_ms, keep_lock=False)
+                self._cache(lease, upto, now_ms, keep_lock=False)
             else:
                 tree.unlock(lease.node)
         tree.give_pages(lease.own_pages)
-        req.lease = None
 
-    def _cache(self, req: Request, upto: int, now_ms: float, keep_lock: bool, publish: bool = False) -> None:
-        """Insert the request's tokens up to ``upto`` (whole pages) into the tree; its copies of
+    def _cache(self, lease: Lease, upto: int, now_ms: float, keep_lock: bool, publish: bool = False) -> None:
+        """Insert a lease's tokens up to ``upto`` (whole pages) into the tree; its copies of
         tokens someone else cached first are freed. ``keep_lock``: its lock moves to the new path's
         end, else its path is unlocked."""
-        lease = req.lease
         tree = self.tree
         page = self.page
         old = lease.node
@@ -520,6 +524,10 @@ class SGLangRank(RankQueues):
             self._finish_prefill(rp, start_ms, end_ms, gaps, completed)
         else:
             self._finish_decode(rp, start_ms, end_ms, gaps, completed)
+        if self._releases:
+            for lease, tokens in self._releases:
+                self._release_lease(lease, tokens, end_ms)
+            self._releases = []
 
     def _finish_prefill(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
         page = self.page
@@ -530,13 +538,14 @@ class SGLangRank(RankQueues):
         for req, n in rp.items:
             self.committed_prefill_tokens += n
             seq_len = req.prompt_len + req.num_generated
-            if self.caching:
+            if self.caching and not (self.config.prefill_only and req.num_computed >= seq_len):
+                # (a prefill worker's finished prompt is cached when its transfer releases it)
                 upto = min(req.num_computed, req.prompt_len) // page * page
                 if upto > req.lease.cached:
-                    self._cache(req, upto, end_ms, keep_lock=True, publish=True)
+                    self._cache(req.lease, upto, end_ms, keep_lock=True, publish=True)
                 upto = req.num_computed // page * page
                 if upto > req.lease.cached:  # (a re-admitted request's own generated tokens)
-                    self._cache(req, upto, end_ms, keep_lock=True)
+                    self._cache(req.lease, upto, end_ms, keep_lock=True)
             if req.num_computed < seq_len:
                 chunked = req
             else:
@@ -551,6 +560,8 @@ class SGLangRank(RankQueues):
                 req.status = HANDED_OFF
                 running.remove(req)
                 self.handoffs.append(req)
+                self._sources[req.index] = req.lease  # (held here until its transfer ends)
+                req.lease = None
             return
         emitting = []
         for req in fresh:
@@ -632,9 +643,14 @@ class SGLangRank(RankQueues):
     def reap_completed(self, completed: list) -> None:  # (completions are taken as they happen)
         pass
 
-    def release_source(self, req: Request, now_ms: float | None = None) -> None:
-        """A handed-off prompt's transfer ended: its pages are cached and released as at a finish."""
-        self._release_kv(req, now_ms if now_ms is not None else self._last_end_ms)
+    def release_source(self, req: Request, now_ms: float | None = None, busy: bool = False) -> None:
+        """A handed-off prompt's transfer ended: its pages are cached and released as at a finish,
+        when the rank next starts a round (``busy``: at the end of its pass in progress)."""
+        lease = self._sources.pop(req.index)
+        if busy:
+            self._releases.append((lease, req.prompt_len))
+        else:
+            self._release_lease(lease, req.prompt_len, now_ms if now_ms is not None else self._last_end_ms)
 
     # -- queries ------------------------------------------------------------------------------
     # -- fast-forward --------------------------------------------------------------------------
@@ -657,8 +673,8 @@ class SGLangRank(RankQueues):
         if first <= 0:
             return None
         waiting = self.waiting
-        if self.num_ready and n < self.max_running:
-            return None  # (a transferred prompt joins the batch at the next pass)
+        if (self.num_ready and n < self.max_running) or self.policy.pending:
+            return None  # (a transferred prompt joins the batch, a reservation is tried, at the next pass)
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
         k = min(max_passes, first if waiting or self.policy.pending else max(remaining))
         c0 = [r.num_computed for r in running]
@@ -746,6 +762,8 @@ class SGLangRank(RankQueues):
         """Every page is free, in the tree or owned by one live request (a test aid)."""
         t = self.tree
         owned = sum(r.lease.own_pages for r in list(self.running) + list(self.waiting) if r.lease is not None)
+        owned += sum(lease.own_pages for lease in self._sources.values())
+        owned += sum(lease.own_pages for lease, _ in self._releases)
         tree_tokens = t.evictable_tokens + t.protected_tokens
         assert tree_tokens % t.page == 0
         assert t.free_pages + tree_tokens // t.page + owned == t.num_pages, (t.free_pages, tree_tokens, owned)

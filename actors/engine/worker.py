@@ -208,17 +208,19 @@ class EngineWorker:
         self.sync(now_ms)  # (the run's completions up to now have freed their blocks)
         policy = self.ranks[rank].policy
         run = self._run
-        if policy.reserve_destination(req, transfer):
+        if policy.reserve_destination(req, transfer, self.busy):
             # (an SGLang reservation takes its pages now: the run's later passes must not count on them)
             return True, self._cut_run(run, now_ms) if run is not None and policy.takes_pages else None
         return False, self._cut_run(run, now_ms) if run is not None else None
 
-    def retry_destinations(self) -> list[int]:
-        """Transfer ids whose destinations could reserve their blocks now (after completions)."""
+    def retry_destinations(self, completed: bool = True) -> list[int]:
+        """At a pass end (``completed``: requests completed in it): transfer ids whose
+        destinations reserved their blocks now."""
         out = []
         for rank in self.ranks:
-            if rank.policy.pending:
-                out.extend(rank.policy.retry_destinations())
+            policy = rank.policy
+            if policy.pending and (completed or policy.per_round):
+                out.extend(policy.retry_destinations(not (rank.running or rank.waiting)))
         return out
 
     def take_handoffs(self) -> list[Request]:
@@ -310,7 +312,7 @@ class EngineWorker:
     def release_source(self, req: Request, now_ms: float | None = None) -> None:
         """Free a handed-off request's blocks (its transfer completed); ``now_ms`` (when
         given) is when, for the timeline."""
-        self.ranks[req.rank].release_source(req, now_ms)
+        self.ranks[req.rank].release_source(req, now_ms, self.busy)
         if self.timeline is not None and now_ms is not None:
             self._sample(now_ms)
 
