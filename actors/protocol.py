@@ -39,7 +39,7 @@ class EventKind(IntEnum):
     TERMINAL = 1  # payload: the request (completed or rejected)
     HANDOFF = 2  # payload: the request (a prefill worker finished its prompt)
     DRAINED = 3  # payload: the worker id (a draining worker holds nothing any more)
-    RESERVED = 4  # payload: a transfer id (a reserving destination reserved its blocks: the transfer starts)
+    RESERVED = 4  # payload: [transfer id, prompt tokens to transfer] (a reserving destination reserved its blocks)
 
 
 class UpdateKind(IntEnum):

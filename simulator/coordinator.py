@@ -316,7 +316,7 @@ class Coordinator:
         # the host until the next arrival or fixed edge and lets it stop at the first handoff
         self._stop_at_handoff = (self._coupled and not self._windowed and not arrivals.follows_terminal
                                  and runtime.num_hosts == 1)
-        self._reserved: list[tuple[float, int]] = []  # (time, transfer id): destinations that reserved
+        self._reserved: list[tuple] = []  # (time, [transfer id, tokens]): destinations that reserved
         self.num_edges = 0
 
     # -- the Planner's decisions and the worker lifecycle -------------------------------------
@@ -523,9 +523,9 @@ class Coordinator:
         placing = []
         if self._reserved:  # destinations that reserved their blocks: their transfers start now
             reserved, self._reserved = self._reserved, []
-            for _, seq in sorted(reserved):
+            for _, (seq, tokens) in sorted(reserved):
                 if self._dest_first:  # (or their prefill)
-                    self._release_to_prefill(seq, now)
+                    self._release_to_prefill(seq, tokens, now)
                 else:
                     self._start_transfer(seq, now)
         if self._handoffs and self._dest_first:  # (their destinations are reserved: the transfers start)
@@ -641,35 +641,38 @@ class Coordinator:
                 req.routing.append(routing_entry(self.decode.record_pool, max(req.arrival_ms, now), info))
             seq = self._next_transfer
             self._next_transfer += 1
-            self._destination[req.index] = [seq, wid, rank, None]
+            self._destination[req.index] = [seq, wid, rank, None, None]
             by_host.setdefault(self._host(wid), []).append((req, ReserveQuery(wid, rank, self._wire(req), seq)))
         answers, statuses = self.rt.reserve({h: [q for _, q in qs] for h, qs in by_host.items()})
         self._take_statuses(statuses)
         parked = set()
         for h, qs in by_host.items():
-            for (req, q), ok in zip(qs, answers[h]):
+            for (req, q), tokens in zip(qs, answers[h]):
                 d = self._destination[req.index]
-                if ok:
+                if tokens is not None:
                     d[3] = max(req.arrival_ms, now)
+                    d[4] = tokens
                 else:
                     self._awaiting[d[0]] = (req, d[1])
                     parked.add(req.index)
         return parked
 
-    def _release_to_prefill(self, seq: int, now: float) -> None:
-        """A waiting destination reserved: its request goes to its prefill worker now."""
+    def _release_to_prefill(self, seq: int, tokens: int, now: float) -> None:
+        """A waiting destination reserved (``tokens`` to transfer): its request goes to its
+        prefill worker now."""
         req, _ = self._awaiting.pop(seq)
-        self._destination[req.index][3] = now
+        d = self._destination[req.index]
+        d[3] = now
+        d[4] = tokens
         self._send(req.worker, (now, _ARRIVAL, req.index, _ENQUEUE, req.worker, self._wire(req), req.rank, False))
 
     def _place_reserved(self, placing: list, now: float) -> None:
-        """Handoffs whose destinations reserved before their prefill: the transfers start now (the
-        whole prompt moves: a destination takes it into fresh blocks)."""
+        """Handoffs whose destinations reserved before their prefill: the transfers start now
+        (moving what the destination does not cache: the tokens its reservation named)."""
         for t_h, src, req in placing:
             if self.entry.router.tracks_requests:
                 self._updates.append(_new(RequestUpdate, (self.entry.role, _UP_HANDED_OFF, req.index)))
-            seq, wid, rank, reserved_ms = self._destination.pop(req.index)
-            tokens = req.prompt_len
+            seq, wid, rank, reserved_ms, tokens = self._destination.pop(req.index)
             req.handoff = handoff_record(src, req.rank, t_h, reserved_ms, wid, tokens, self.transfer.delay_ms(tokens))
             self._transfers[seq] = [req, src, wid, rank, None]
             self.stats.num_transfers += 1
@@ -710,7 +713,7 @@ class Coordinator:
                     (seq, ReserveQuery(wid, rank, self._wire(req), seq)))
             answers, statuses = self.rt.reserve({h: [q for _, q in qs] for h, qs in by_host.items()})
             self._take_statuses(statuses)
-            seqs = [seq for h, qs in by_host.items() for (seq, _), ok in zip(qs, answers[h]) if ok]
+            seqs = [seq for h, qs in by_host.items() for (seq, _), ok in zip(qs, answers[h]) if ok is not None]
             seqs.sort()
         for seq in seqs:
             self._start_transfer(seq, now)

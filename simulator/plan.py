@@ -35,10 +35,10 @@ CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict", "sglang": "v
 
 
 def _fresh_destinations(backend: str) -> bool:
-    """Decode workers that reserve a handoff's blocks before its transfer (TensorRT-LLM) or before
-    its prefill (SGLang) take the prompt into fresh blocks: no prefix reuse at the destination (so
-    no cache there to reuse from either)."""
-    return backend == "sglang" or POLICIES[CAPACITY_POLICY[backend]].reserves
+    """Decode workers that reserve a handoff's blocks before its transfer (TensorRT-LLM) take the
+    prompt into fresh blocks: no prefix reuse at the destination (so no cache there to reuse from
+    either). (SGLang's destinations reserve before the prefill, reusing what they cache.)"""
+    return POLICIES[CAPACITY_POLICY[backend]].reserves
 
 __all__ = ["ReplayPlan", "PoolPlan", "ExecutionPlan", "plan_from_config", "router_spec", "execution_plan",
            "register_workload", "dump_plan", "load_plan"]

@@ -54,16 +54,20 @@ class RecomputeCapacity:
     def admitted(self, req) -> None:
         pass
 
-    def reserve_destination(self, req, transfer: int, busy: bool = False) -> bool:
+    def reserve_destination(self, req, transfer: int, now_ms: float, busy: bool = False) -> bool:
         """Reserve a handed-off request's blocks before its transfer starts (a reserving
         destination only; ``busy``: the rank is in a pass); False: it waits behind those already
         waiting (FIFO)."""
         raise NotImplementedError("vLLM destinations do not reserve before the transfer")
 
-    def retry_destinations(self, idle: bool = True) -> list[int]:
-        """The waiting destinations that reserve now, in order (their transfer ids); ``idle``:
-        the rank has nothing to run."""
+    def retry_destinations(self, now_ms: float, idle: bool = True) -> list[tuple[int, int]]:
+        """The waiting destinations that reserve now, in order: (transfer id, tokens to
+        transfer); ``idle``: the rank has nothing to run."""
         return []
+
+    def transfer_tokens(self, req) -> int:
+        """The prompt tokens a reserved destination needs transferred."""
+        return req.prompt_len
 
     def left(self, req, holds_kv: bool = False) -> None:
         """``req`` left the running list (completed or preempted; ``holds_kv``: handed off, its
@@ -84,20 +88,24 @@ class DestinationQueue:
     __slots__ = ()
     per_round = False
 
-    def reserve_destination(self, req, transfer: int, busy: bool = False) -> bool:
-        if not self.pending and not (busy and self.per_round) and self._reserve(req):
+    def reserve_destination(self, req, transfer: int, now_ms: float, busy: bool = False) -> bool:
+        if not self.pending and not (busy and self.per_round) and self._reserve(req, now_ms):
             return True
         self.pending.append((transfer, req))
         return False
 
-    def retry_destinations(self, idle: bool = True) -> list[int]:
+    def retry_destinations(self, now_ms: float, idle: bool = True) -> list[tuple[int, int]]:
         pending = self.pending
         out = []
-        while pending and self._reserve(pending[0][1]):
-            out.append(pending.popleft()[0])
+        while pending and self._reserve(pending[0][1], now_ms):
+            transfer, req = pending.popleft()
+            out.append((transfer, self.transfer_tokens(req)))
             if self.per_round and not idle:
                 break
         return out
+
+    def transfer_tokens(self, req) -> int:
+        return req.prompt_len
 
 
 class GuaranteedNoEvict(DestinationQueue):
@@ -152,7 +160,7 @@ class GuaranteedNoEvict(DestinationQueue):
     def admitted(self, req) -> None:
         self.reserved += self.completion_blocks(req)
 
-    def _reserve(self, req) -> bool:
+    def _reserve(self, req, now_ms: float = 0.0) -> bool:
         """A disaggregated destination: the request's completion blocks, fresh (no prefix
         reuse), reserved before its prompt's KV is transferred."""
         if not self.fits(req, req.prompt_len, 0):

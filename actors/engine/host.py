@@ -188,8 +188,8 @@ class WorkerHost:
         if completed:
             self._emit_terminals(wid, completed)
         if pool.reserves:  # (completions freed blocks; SGLang tries a reservation every round)
-            for transfer in worker.retry_destinations(bool(completed)):
-                self._emit(t, _PASS_END, wid, _RESERVED, transfer)
+            for transfer in worker.retry_destinations(t, bool(completed)):  # (transfer id, tokens)
+                self._emit(t, _PASS_END, wid, _RESERVED, list(transfer))
                 self._handed_off = True  # (the coordinator starts the transfer at once)
         if pool.hands_off:
             encode = self._encode
@@ -392,10 +392,11 @@ class WorkerHost:
         self._sync_all(self.now)
         return self._output(None, with_fpm)
 
-    def reserve(self, queries) -> tuple[list[bool], list]:
+    def reserve(self, queries) -> tuple[list[int | None], list]:
         """Each ``ReserveQuery``'s destination reserves its blocks now if it can (else it waits
-        and a RESERVED event says when it could); returns the answers and the statuses of the
-        workers asked (a planned run may have been cut so that completions are retried)."""
+        and a RESERVED event says when it could); returns the answers (the prompt tokens to
+        transfer, None: it waits) and the statuses of the workers asked (a planned run may have
+        been cut so that completions are retried)."""
         out = []
         decode = self._decode
         asked = []

@@ -73,9 +73,9 @@ class Lease:
 
 class _Destinations(DestinationQueue):
     """A decode rank's reservations (SGLang disaggregation is destination first): a request's
-    prompt pages are reserved here before its prefill may start; reservations wait in FIFO order
-    (only the head is tried) and are retried as completions free pages. The destination takes the
-    prompt into fresh pages (no reuse of a cached prefix), so the transfer moves the whole prompt."""
+    prompt pages are reserved here before its prefill may start, the prompt's cached prefix here
+    locked and only the rest taken fresh (and transferred); reservations wait in FIFO order and
+    are tried when the rank starts a round (``DestinationQueue.per_round``)."""
 
     reserves = True
     takes_pages = True  # (a reservation holds its pages from the start)
@@ -86,16 +86,31 @@ class _Destinations(DestinationQueue):
     def __init__(self, rank: "SGLangRank") -> None:
         self.rank = rank
         self.pending: deque = deque()  # (transfer id, request) waiting for their pages, in order
-        self.pages: dict[int, int] = {}  # request index -> its reserved pages (until it arrives)
+        # request index -> (locked node, its cached tokens, fresh pages) until the prompt arrives
+        self.pages: dict[int, tuple] = {}
 
-    def _reserve(self, req: Request) -> bool:
+    def _reserve(self, req: Request, now_ms: float = 0.0) -> bool:
         rank = self.rank
-        pages = -(-req.prompt_len // rank.page)
-        if pages * rank.page > rank.tree.headroom_tokens or not rank.tree.take_pages(pages):
+        tree = rank.tree
+        page = rank.page
+        prompt = req.prompt_len
+        node, cached = tree.root, 0
+        if rank.caching:
+            seq = rank._tokens(req)
+            cached = tree.peek(seq, prompt - prompt % page)
+            if cached:
+                node, cached = tree.match(seq, cached, now_ms)
+                tree.lock(node)
+        fresh = -(-prompt // page) - cached // page
+        if fresh * page > tree.headroom_tokens or not tree.take_pages(fresh):
+            tree.unlock(node)
             return False
-        self.pages[req.index] = pages
+        self.pages[req.index] = (node, cached, fresh)
         return True
 
+    def transfer_tokens(self, req: Request) -> int:
+        """Its fresh pages' tokens (a cached prefix is not transferred)."""
+        return self.pages[req.index][2] * self.rank.page
 
 
 class _KvView:
@@ -192,9 +207,8 @@ class SGLangRank(RankQueues):
 
     # -- queue ------------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
-        pages = self.policy.pages.pop(req.index, None) if req.materialized else None
-        if pages is not None:  # its prompt's KV arrived in the pages it reserved: ready to decode
-            req.lease = Lease(self._tokens(req), self.tree.root, 0, pages)
+        if req.materialized and req.index in self.policy.pages:
+            # its prompt's KV arrived in the pages it reserved: it joins the batch at the next round
             req.num_computed = req.prompt_len
             req.prefill_done = True
             self.num_ready += 1
@@ -232,6 +246,11 @@ class SGLangRank(RankQueues):
                 keep.append(req)
                 continue
             self.num_ready -= 1
+            node, cached, fresh = self.policy.pages.pop(req.index)
+            lease = req.lease = Lease(self._tokens(req), node, cached, fresh)
+            upto = req.prompt_len // self.page * self.page
+            if self.caching and upto > cached:  # (the prompt enters the cache as it activates)
+                self._cache(lease, upto, now_ms, keep_lock=True)
             req.status = RUNNING
             req.admissions.append((now_ms, 0, self.pool_label))
             if req.first_admit_ms is None:
@@ -417,7 +436,9 @@ class SGLangRank(RankQueues):
         new_tokens = sum_isl - sum_prefix
         shape = PassShape(n, new_tokens, sum_isl, sum_prefix, 0, 0, self.total_kv_tokens)
         var = sq / n - (new_tokens / n) ** 2
-        return RankPass(items, shape, self.timing.pass_ms(shape), 0, var, 0.0)
+        # (a decode worker's prefill - a retracted request's recompute - takes no time, as in the reference)
+        duration = 0.0 if self.pool_label == "decode" else self.timing.pass_ms(shape)
+        return RankPass(items, shape, duration, 0, var, 0.0)
 
     # -- decode -------------------------------------------------------------------------------
     def _growth_pages(self, req: Request) -> int:
@@ -763,6 +784,7 @@ class SGLangRank(RankQueues):
         t = self.tree
         owned = sum(r.lease.own_pages for r in list(self.running) + list(self.waiting) if r.lease is not None)
         owned += sum(lease.own_pages for lease in self._sources.values())
+        owned += sum(fresh for _, _, fresh in self.policy.pages.values())
         owned += sum(lease.own_pages for lease, _ in self._releases)
         tree_tokens = t.evictable_tokens + t.protected_tokens
         assert tree_tokens % t.page == 0

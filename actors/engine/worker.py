@@ -201,26 +201,29 @@ class EngineWorker:
         self.pass_end_ms = end
         return end
 
-    def reserve_destination(self, req: Request, rank: int, transfer: int, now_ms: float) -> tuple[bool, float | None]:
-        """A reserving destination (TRT-LLM, SGLang decode): reserve ``req``'s blocks on ``rank`` now,
-        before its transfer (SGLang: its prefill) starts. Returns (reserved, the new end time when a planned run was cut short
-        so that completions can be retried as they come, else None)."""
+    def reserve_destination(self, req: Request, rank: int, transfer: int,
+                            now_ms: float) -> tuple[int | None, float | None]:
+        """A reserving destination (TRT-LLM, SGLang decode): reserve ``req``'s blocks on ``rank``
+        now, before its transfer (SGLang: its prefill) starts. Returns (the prompt tokens to
+        transfer when reserved, else None; the new end time when a planned run was cut short so
+        that completions can be retried as they come, else None)."""
         self.sync(now_ms)  # (the run's completions up to now have freed their blocks)
         policy = self.ranks[rank].policy
         run = self._run
-        if policy.reserve_destination(req, transfer, self.busy):
+        if policy.reserve_destination(req, transfer, now_ms, self.busy):
             # (an SGLang reservation takes its pages now: the run's later passes must not count on them)
-            return True, self._cut_run(run, now_ms) if run is not None and policy.takes_pages else None
-        return False, self._cut_run(run, now_ms) if run is not None else None
+            return (policy.transfer_tokens(req),
+                    self._cut_run(run, now_ms) if run is not None and policy.takes_pages else None)
+        return None, self._cut_run(run, now_ms) if run is not None else None
 
-    def retry_destinations(self, completed: bool = True) -> list[int]:
-        """At a pass end (``completed``: requests completed in it): transfer ids whose
-        destinations reserved their blocks now."""
+    def retry_destinations(self, now_ms: float, completed: bool = True) -> list[tuple[int, int]]:
+        """At a pass end (``completed``: requests completed in it): (transfer id, tokens to
+        transfer) of the destinations that reserved their blocks now."""
         out = []
         for rank in self.ranks:
             policy = rank.policy
             if policy.pending and (completed or policy.per_round):
-                out.extend(policy.retry_destinations(not (rank.running or rank.waiting)))
+                out.extend(policy.retry_destinations(now_ms, not (rank.running or rank.waiting)))
         return out
 
     def take_handoffs(self) -> list[Request]:
