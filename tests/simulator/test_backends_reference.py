@@ -81,3 +81,31 @@ def test_sglang_matches_the_reference(case):
     ref = dict(zip(METRICS, SGLANG_REFERENCE[case], strict=True))
     off = {k: round((summary[k] - ref[k]) / ref[k] * 100, 2) for k in METRICS}
     assert all(abs(v) <= tolerance for v in off.values()), off
+
+
+def sglang_disaggregated(prefill_replicas: int, decode_tokens: int, timing: str) -> dict:
+    """SGLang 1 decode worker behind ``prefill_replicas`` prefill workers (512,000 one-token pages each)."""
+    doc = config("disaggregated", 512000, timing, backend="sglang")
+    workers = doc["engine"]["workers"]
+    workers["prefill"]["parallelism"] = {"replicas": prefill_replicas}
+    workers["decode"]["kv_cache"] = {"capacity": {"type": "fixed", "blocks": decode_tokens}}
+    return doc
+
+
+# SGLang, disaggregated (destination first), (prefill workers, decode KV tokens, timing) -> the reference's summary
+SGLANG_DISAGG_REFERENCE = {
+    (2, 512000, "default"): (12031, 1438.791, 707.0346, 8587.338, 6.630032, 3703.735, 1162.594, 902.7113),
+    # tight: reservations wait and decode retracts
+    (2, 300000, "default"): (12031, 1970.058, 925.2601, 11177.25, 6.555830, 4209.653, 1161.355, 790.5077),
+    (3, 3000000, "polynomial"): (12031, 633.8400, 456.7564, 2863.455, 8.328797, 3479.115, 1163.765, 1109.814),
+    (3, 1000000, "polynomial"): (12031, 673.2473, 495.7491, 2901.320, 20.34665, 7624.047, 1162.088, 1105.324),
+}
+
+
+@pytest.mark.parametrize("case", list(SGLANG_DISAGG_REFERENCE), ids=lambda c: "-".join(map(str, c)))
+def test_sglang_disaggregated_matches_the_reference(case):
+    summary = run_config(validate_config(sglang_disaggregated(*case))).summary
+    tolerance = 3.0 if case[2] == "polynomial" else 5.0
+    ref = dict(zip(METRICS, SGLANG_DISAGG_REFERENCE[case], strict=True))
+    off = {k: round((summary[k] - ref[k]) / ref[k] * 100, 2) for k in METRICS}
+    assert all(abs(v) <= tolerance for v in off.values()), off
