@@ -97,6 +97,7 @@ class RadixCache:
         self.root.lock = 1  # never evicted
         self.evictable_tokens = 0
         self.protected_tokens = 0
+        self.version = 0  # bumped whenever pages are given back or unlocked (the headroom may grow)
         self._heap: list = []  # (last access ms, node id, node): unlocked leaves, lazily invalidated
         self._next_id = 1
         # KV events (``actors.engine.kv_cache``'s kinds): STORED when a published span enters the
@@ -124,6 +125,7 @@ class RadixCache:
 
     def give_pages(self, pages: int) -> None:
         self.free_pages += pages
+        self.version += 1
 
     # -- tree -----------------------------------------------------------------------------
     def match(self, seq: TokenSeq, limit: int, now_ms: float) -> tuple[RadixNode, int]:
@@ -221,6 +223,7 @@ class RadixCache:
             node = node.parent
 
     def unlock(self, node: RadixNode) -> None:
+        self.version += 1
         leaf = node
         while node is not self.root:
             node.lock -= 1

@@ -81,17 +81,27 @@ class _Destinations(DestinationQueue):
     takes_pages = True  # (a reservation holds its pages from the start)
     per_round = True  # (tried when the rank starts a round: once per pass end while it is busy)
 
-    __slots__ = ("rank", "pending", "pages")
+    __slots__ = ("rank", "pending", "pages", "failed_at")
 
     def __init__(self, rank: "SGLangRank") -> None:
         self.rank = rank
         self.pending: deque = deque()  # (transfer id, request) waiting for their pages, in order
         # request index -> (locked node, its cached tokens, fresh pages) until the prompt arrives
         self.pages: dict[int, tuple] = {}
+        self.failed_at: int | None = None  # the tree's version when the waiting head last failed
+
+    @property
+    def settled(self) -> bool:
+        """The waiting head failed and nothing was given back since: it cannot reserve now."""
+        return self.failed_at == self.rank.tree.version
 
     def _reserve(self, req: Request, now_ms: float = 0.0) -> bool:
+        """(Tried once per capacity generation: a head that failed is not tried again until
+        pages are given back or unlocked.)"""
         rank = self.rank
         tree = rank.tree
+        if self.pending and req is self.pending[0][1] and self.settled:
+            return False
         page = rank.page
         prompt = req.prompt_len
         node, cached = tree.root, 0
@@ -103,8 +113,11 @@ class _Destinations(DestinationQueue):
                 tree.lock(node)
         fresh = -(-prompt // page) - cached // page
         if fresh * page > tree.headroom_tokens or not tree.take_pages(fresh):
-            tree.unlock(node)
+            if node is not tree.root:
+                tree.unlock(node)
+            self.failed_at = tree.version
             return False
+        self.failed_at = None
         self.pages[req.index] = (node, cached, fresh)
         return True
 
@@ -694,7 +707,7 @@ class SGLangRank(RankQueues):
         if first <= 0:
             return None
         waiting = self.waiting
-        if (self.num_ready and n < self.max_running) or self.policy.pending:
+        if (self.num_ready and n < self.max_running) or (self.policy.pending and not self.policy.settled):
             return None  # (a transferred prompt joins the batch, a reservation is tried, at the next pass)
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
         k = min(max_passes, first if waiting or self.policy.pending else max(remaining))
