@@ -45,6 +45,7 @@ from aisim.actors.engine.timing import PassShape, TimingModel
 LPM_MAX_QUEUE = 128  # longest-prefix-match ordering only while the queue is this short (else FIFO)
 LPM_DEPRIORITIZE_TOKENS = 32  # a short match whose first tokens another queued request shares goes last
 RETRACT_OUTPUT_BONUS = 20  # tokens per surviving request in the ratio a retraction sets
+DECODE_PREFILL_MS = 1e-6  # a decode worker's prefill pass (the reference's takes no time)
 
 
 @dataclass(frozen=True)
@@ -449,8 +450,9 @@ class SGLangRank(RankQueues):
         new_tokens = sum_isl - sum_prefix
         shape = PassShape(n, new_tokens, sum_isl, sum_prefix, 0, 0, self.total_kv_tokens)
         var = sq / n - (new_tokens / n) ** 2
-        # (a decode worker's prefill - a retracted request's recompute - takes no time, as in the reference)
-        duration = 0.0 if self.pool_label == "decode" else self.timing.pass_ms(shape)
+        # (a decode worker's prefill - a retracted request's recompute - takes no time, as in the
+        # reference: a nanosecond, so that its end is an instant of its own for the coordinator)
+        duration = DECODE_PREFILL_MS if self.pool_label == "decode" else self.timing.pass_ms(shape)
         return RankPass(items, shape, duration, 0, var, 0.0)
 
     # -- decode -------------------------------------------------------------------------------
