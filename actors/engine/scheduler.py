@@ -165,7 +165,8 @@ def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: 
 
 
 class RankQueues:
-    """What every rank scheduler answers of its ``running`` and ``waiting`` queues."""
+    """What every rank scheduler answers of its ``running`` and ``waiting`` queues, and how it
+    rejects a request."""
 
     __slots__ = ()
 
@@ -179,6 +180,15 @@ class RankQueues:
 
     def queue_stats(self) -> tuple:
         return queue_stats(self.waiting)
+
+    def _reject(self, req: Request, now_ms: float, code: str) -> None:
+        """``req`` can never run here (``code``: a ``REJECT_*``; the rank says why in a sentence)."""
+        req.reject_reason = code
+        req.reject_detail = self.rejection_detail(req, code)
+        req.status = REJECTED
+        req.terminal_ms = now_ms
+        req.hashes = req.tokens = None
+        self.rejected.append(req)
 
 
 class RankScheduler(RankQueues):
@@ -543,14 +553,6 @@ class RankScheduler(RankQueues):
         if code == REJECT_BATCH_TOKENS:
             return f"prompt of {n:,} tokens > max batched tokens {cfg.max_batched_tokens:,} with chunked prefill off"
         return ""
-
-    def _reject(self, req: Request, now_ms: float, code: str) -> None:
-        req.reject_reason = code
-        req.reject_detail = self.rejection_detail(req, code)
-        req.status = REJECTED
-        req.terminal_ms = now_ms
-        req.hashes = None
-        self.rejected.append(req)
 
     def _preempt(self, req: Request) -> None:
         if self._tracks:

@@ -34,7 +34,6 @@ from aisim.actors.engine.request import (
     HANDED_OFF,
     REJECT_CONTEXT_LENGTH,
     REJECT_KV_CAPACITY,
-    REJECTED,
     RUNNING,
     WAITING,
     Request,
@@ -355,14 +354,6 @@ class SGLangRank(RankQueues):
         cache = "the cache" if self.pool_label == "agg" else f"the {self.pool_label} cache"
         return (f"prompt of {n:,} tokens and {out:,} reserved output tokens need {n + out:,} KV tokens, "
                 f"{cache} holds {self.total_kv_tokens:,}")
-
-    def _reject(self, req: Request, now_ms: float, code: str) -> None:
-        req.reject_reason = code
-        req.reject_detail = self.rejection_detail(req, code)
-        req.status = REJECTED
-        req.terminal_ms = now_ms
-        req.tokens = None
-        self.rejected.append(req)
 
     def _prefill_pass(self, now_ms: float) -> RankPass | None:
         """Admit from the waiting queue (§3.1 of docs/dev/reference-sglang-trtllm.md); the pass, or
