@@ -692,19 +692,22 @@ class SGLangRank(RankQueues):
         n = len(running)
         if not n or self.config.prefill_only:
             return None
-        for r in running:
-            if not r.num_generated or r.num_computed != r.prompt_len + r.num_generated:
-                return None  # (fresh, or still without its first token's slot)
-        remaining = [r.max_output - r.num_generated for r in running]
+        if (self.num_ready and n < self.max_running) or (self.policy.pending and not self.policy.settled):
+            return None  # (a transferred prompt joins the batch, a reservation is tried, at the next pass)
+        g0 = [r.num_generated for r in running]
+        if not all(g0):
+            return None  # (fresh: its first token is still to come)
+        c0 = [r.num_computed for r in running]
+        known = [r.prompt_len + g for r, g in zip(running, g0)]
+        if c0 != known:
+            return None  # (a token still without its slot)
+        remaining = [r.max_output - g for r, g in zip(running, g0)]
         first = min(remaining)
         if first <= 0:
             return None
         waiting = self.waiting
-        if (self.num_ready and n < self.max_running) or (self.policy.pending and not self.policy.settled):
-            return None  # (a transferred prompt joins the batch, a reservation is tried, at the next pass)
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
         k = min(max_passes, first if waiting or self.policy.pending else max(remaining))
-        c0 = [r.num_computed for r in running]
         tree = self.tree
         page = self.page
         # evicting for the batch can only shorten the head's cached prefix (making it harder to
@@ -715,8 +718,6 @@ class SGLangRank(RankQueues):
             k = min(k, self._admission_pass(c0, remaining, k))
         if k < 2:
             return None
-        known = [r.prompt_len + r.num_generated for r in running]
-        g0 = [r.num_generated for r in running]
         return k, list(running), c0, g0, known, remaining
 
     def _admission_pass(self, c0: list[int], remaining: list[int], k: int) -> int:

@@ -136,6 +136,7 @@ class BlockHashStore:
         self._chunks: OrderedDict[tuple[int, int], tuple[bytes, list[int]]] = OrderedDict()
         n = workload.num_requests
         self._out_src = hashing.unique_sources(OUTPUT_TAG, np.arange(n, dtype=np.int64))
+        self._piece_cum: np.ndarray | None = None  # (token_pieces: the pieces' ends on one axis)
 
     def block_hashes(self, index: int, block_size: int) -> memoryview:
         """The request's hashes as ``actors.hashing.hash_view`` gives them (its own buffer)."""
@@ -157,12 +158,14 @@ class BlockHashStore:
         """The request's tokens as pieces (its prompt's, then its output's): what an SGLang radix
         cache compares."""
         w = self.w
-        p0, p1 = int(w.piece_ptr[index]), int(w.piece_ptr[index + 1])
+        cum = self._piece_cum
+        if cum is None:  # (every piece's end on one axis, once: a request's ends are a slice of it)
+            cum = self._piece_cum = np.concatenate(([0], np.cumsum(w.piece_len)))
+        p0, p1 = w.piece_ptr[index : index + 2].tolist()
         src = w.piece_src[p0:p1].tolist()
-        ends = np.cumsum(w.piece_len[p0:p1]).tolist()
-        end = ends[-1] if ends else 0
+        ends = (cum[p0 + 1 : p1 + 1] - cum[p0]).tolist()
         src.append(int(self._out_src[index]))
-        ends.append(end + max(int(w.output_len[index]), 1))
+        ends.append((ends[-1] if ends else 0) + max(int(w.output_len[index]), 1))
         return TokenSeq(src, ends)
 
     def _compute(self, c: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
