@@ -694,6 +694,17 @@ class SGLangRank(RankQueues):
             return None
         if (self.num_ready and n < self.max_running) or (self.policy.pending and not self.policy.settled):
             return None  # (a transferred prompt joins the batch, a reservation is tried, at the next pass)
+        waiting = self.waiting
+        need = None
+        if waiting and n < self.max_running:
+            need = self._head_need()
+            if need == -1:
+                return None  # (the next pass rejects it)
+            if need is not None and not self.prefill_rounds_left:  # (admitted now? the common case, first)
+                clip = self.knobs.clip_max_new_tokens
+                reserve = sum([min(r.max_output - r.num_generated, clip) for r in running])
+                if need < self.tree.headroom_tokens - reserve * self.new_token_ratio:
+                    return None
         g0 = [r.num_generated for r in running]
         if not all(g0):
             return None  # (fresh: its first token is still to come)
@@ -705,7 +716,6 @@ class SGLangRank(RankQueues):
         first = min(remaining)
         if first <= 0:
             return None
-        waiting = self.waiting
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
         k = min(max_passes, first if waiting or self.policy.pending else max(remaining))
         tree = self.tree
@@ -714,46 +724,50 @@ class SGLangRank(RankQueues):
         # admit: a run stopped early stays exact), but it can reorder a longest-prefix-match queue
         lpm = waiting and self.knobs.schedule_policy == "lpm"
         k = blocks_bound(c0, remaining, k, page, tree.free_pages + (0 if lpm else tree.evictable_tokens // page))
-        if waiting and n < self.max_running:
-            k = min(k, self._admission_pass(c0, remaining, k))
+        if need is not None:
+            k = min(k, self._admission_pass(need, c0, remaining, k))
         if k < 2:
             return None
         return k, list(running), c0, g0, known, remaining
 
-    def _admission_pass(self, c0: list[int], remaining: list[int], k: int) -> int:
-        """The first of the next ``k`` passes at whose start the waiting head would be admitted
-        (``_prefill_pass``'s tests with the state that pass would see), else ``k``."""
+    def _head_need(self) -> int | None:
+        """The waiting head's admission cost for the memory test (its pages plus its clipped
+        output); None when it cannot be admitted whatever the memory (its next chunk does not fit a
+        pass's budgets); -1 when it is to be rejected. (``_prefill_pass``'s tests, first request.)"""
         self._order()
         head = self.waiting[0]
         if head.lease is None and head.num_generated == 0 and self._never_fits(head):
-            return 0
+            return -1
         k_ = self.knobs
         page = self.page
-        tree = self.tree
         seq_len = head.prompt_len + head.num_generated
         if head.lease is None:
             limit = seq_len if head.max_output - head.num_generated <= 0 else seq_len - 1
-            start = tree.peek(token_seq(head), limit - limit % page) if self.caching else 0
+            start = self.tree.peek(token_seq(head), limit - limit % page) if self.caching else 0
         else:
             start = head.num_computed
         extend = seq_len - start
         budget = self.chunk_tokens
         if extend <= 0:
-            return k
+            return None
         chunk = extend if -(-extend // page) * page <= budget else min(budget // page * page, extend)
         if chunk <= 0:
-            return k
+            return None
         charged = -(-chunk // page) * page
         if charged > k_.max_prefill_tokens or charged > budget:
-            return k
-        clip = k_.clip_max_new_tokens
-        need = charged + (0 if chunk < extend else min(head.max_output - head.num_generated, clip))
+            return None
+        return charged + (0 if chunk < extend else self._output_reserve(head))
+
+    def _admission_pass(self, need: int, c0: list[int], remaining: list[int], k: int) -> int:
+        """The first of the next ``k`` passes at whose start the waiting head (costing ``need``)
+        would be admitted, with the state that pass would see (the ratio's decay, the reserve's
+        shrinking, the pages taken), else ``k``."""
+        page = self.page
+        clip = self.knobs.clip_max_new_tokens
         reserve = sum([min(r, clip) for r in remaining])
-        headroom = tree.headroom_tokens
+        headroom = self.tree.headroom_tokens
         ratio = self.new_token_ratio
         gate = self.prefill_rounds_left
-        if not gate and need < headroom - reserve * ratio:
-            return 0  # (admitted now: the checks below are for the passes after this one)
         # the reserve's sum drops by one per pass for each request within clip of its end
         over = sorted(r - clip for r in remaining)  # request i is clipped while j < remaining_i - clip
         clipped = 0
