@@ -154,6 +154,14 @@ class _KvView:
             raise NotImplementedError("a warm start of an SGLang rank's cache is not modelled yet")
 
 
+def clipped_sum(values: list[int], clip: int) -> int:
+    """``sum(min(v, clip) for v in values)``, at C speed when no value exceeds ``clip``."""
+    total = sum(values)
+    if values and max(values) > clip:
+        total -= sum([v - clip for v in values if v > clip])
+    return total
+
+
 def token_seq(req: Request) -> TokenSeq:
     """The request's tokens as pieces, kept in ``req.tokens`` while it is live (an SGLang rank
     compares tokens, not block hashes): from its source's ``token_pieces`` when it has them, else
@@ -366,7 +374,7 @@ class SGLangRank(RankQueues):
         waiting = self.waiting
         clip = k.clip_max_new_tokens
         ratio = self.new_token_ratio
-        reserved = sum([min(r.max_output - r.num_generated, clip) for r in running]) * ratio
+        reserved = clipped_sum([r.max_output - r.num_generated for r in running], clip) * ratio
         rem_total = tree.headroom_tokens - reserved
         rem_input = k.max_prefill_tokens
         rem_chunk = self.chunk_tokens
@@ -701,8 +709,7 @@ class SGLangRank(RankQueues):
             if need == -1:
                 return None  # (the next pass rejects it)
             if need is not None and not self.prefill_rounds_left:  # (admitted now? the common case, first)
-                clip = self.knobs.clip_max_new_tokens
-                reserve = sum([min(r.max_output - r.num_generated, clip) for r in running])
+                reserve = clipped_sum([r.max_output - r.num_generated for r in running], self.knobs.clip_max_new_tokens)
                 if need < self.tree.headroom_tokens - reserve * self.new_token_ratio:
                     return None
         g0 = [r.num_generated for r in running]
@@ -764,15 +771,19 @@ class SGLangRank(RankQueues):
         shrinking, the pages taken), else ``k``."""
         page = self.page
         clip = self.knobs.clip_max_new_tokens
-        reserve = sum([min(r, clip) for r in remaining])
+        reserve = clipped_sum(remaining, clip)
         headroom = self.tree.headroom_tokens
         ratio = self.new_token_ratio
         gate = self.prefill_rounds_left
         # the reserve's sum drops by one per pass for each request within clip of its end
-        over = sorted(r - clip for r in remaining)  # request i is clipped while j < remaining_i - clip
-        clipped = 0
-        while clipped < len(over) and over[clipped] <= 0:
-            clipped += 1
+        if max(remaining) <= clip:  # (the usual case: every request is)
+            over = ()
+            clipped = len(remaining)
+        else:
+            over = sorted([r - clip for r in remaining])  # request i is clipped while j < remaining_i - clip
+            clipped = 0
+            while clipped < len(over) and over[clipped] <= 0:
+                clipped += 1
         crossings = [0] * page  # requests needing a new page at passes j = residue (mod page)
         for c in c0:
             crossings[(-c) % page] += 1
