@@ -4,7 +4,7 @@ A pass is either a prefill pass or a decode pass, never both:
 
 1. ``prefill_decode_interval`` gate: for N rounds after a prefill no prefill starts (rounds with
    nothing to decode are idle: no time passes, and the gate's idle rounds reset the ratio).
-2. Prefill admission (``_admit``): the waiting queue in order (FIFO, or longest prefix match
+2. Prefill admission (``_prefill_pass``): the waiting queue in order (FIFO, or longest prefix match
    when the queue is short), strict head-of-line, under three budgets: the running-request cap,
    the chunk budget (``chunked_prefill_size`` page-rounded tokens a pass, a request truncated to
    what is left) and memory: ``free + evictable - sum(running min(remaining, clip) x
@@ -14,6 +14,10 @@ A pass is either a prefill pass or a decode pass, never both:
    request; when the pages for the new tokens are not there, running requests are *retracted*
    (fewest generated tokens first; their cached prefix stays in the tree) back to the end of the
    queue and ``new_token_ratio`` is raised, else it decays a step.
+
+Disaggregated, a decode rank reserves a request's prompt pages before its prefill starts
+(``_Destinations``) and takes the transferred prompt into them; a prefill rank hands a finished
+prompt off and holds its KV until the transfer releases it.
 
 KV lives in a radix tree of pages (``actors.engine.radix_cache``). A request's ``lease`` is its
 locked tree path (``node``, ``cached`` tokens) plus the pages it owns outside the tree; its
