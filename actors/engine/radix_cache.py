@@ -106,10 +106,6 @@ class RadixCache:
 
     # -- pool ---------------------------------------------------------------------------
     @property
-    def free_tokens(self) -> int:
-        return self.free_pages * self.page
-
-    @property
     def headroom_tokens(self) -> int:
         """Tokens a request can be given now: free pages and unlocked cached ones."""
         return self.free_pages * self.page + self.evictable_tokens
