@@ -104,6 +104,9 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
     workers = []
     for i in range(pool.replicas if replicas is None else replicas):
         ranks = [make_rank(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
+        if cfg.sglang is not None and len(ranks) > 1:  # (SGLang's DP ranks share the interval gate)
+            for r in ranks:
+                r.group = ranks
         for rank, hashes in zip(ranks, (initial_kv or {}).get(first_id + i, ())):
             rank.kv.preload(list(hashes))
         if pool_label:

@@ -227,6 +227,10 @@ class SGLangRank(RankQueues):
         self._passes_seen = 0  # pass_count when the ratio and the gate were last brought up to date
         self._last_end_ms = 0.0  # when the last pass ended
         self.num_ready = 0  # transferred requests in the queue, their prompt in reserved pages
+        # the worker's ranks when they are an attention-DP group sharing the interval gate (set by
+        # the builder), and this rank's part of the round in progress
+        self.group: list | None = None
+        self._round: bool | None = None
         self._sources: dict[int, Lease] = {}  # handed-off prompts' KV, held until their transfer ends
         self._releases: list[tuple] = []  # (lease, tokens) of transferred sources, released at the pass end
 
@@ -307,23 +311,52 @@ class SGLangRank(RankQueues):
             if len(running) < self.max_running:
                 self._promote(now_ms)
             if self.num_ready:
+                self._end_round(False if running else None)
                 return self._decode_pass(now_ms) if running else None
-        if self.prefill_rounds_left and not self.running:
-            # rounds with nothing to decode are idle: they take no time, and count down
+        group = self.group
+        if self.prefill_rounds_left and not (any([r.running for r in group]) if group else self.running):
+            # rounds with nothing to decode (on any rank of the group) are idle: they take no
+            # time, and count down
             self.prefill_rounds_left = 0
             self.new_token_ratio = self.ratio_init
         if waiting and not self.prefill_rounds_left:
             rp = self._prefill_pass(now_ms)
             if rp is not None:
-                self.prefill_rounds_left = self.knobs.prefill_decode_interval
+                self._end_round(True)
                 return rp
         if not self.running:
             if waiting:  # (a round with nothing to do: retried at once until the ratio settles)
                 self.new_token_ratio = self.ratio_min
+            self._end_round(None)
             return None
-        if self.prefill_rounds_left:
-            self.prefill_rounds_left -= 1
+        self._end_round(False)
         return self._decode_pass(now_ms)
+
+    def _end_round(self, prefilled: bool | None) -> None:
+        """The interval gate after this rank's part of a round (``prefilled``: it prefilled; None:
+        it ran nothing). Alone: N rounds after a prefill, one less per decode. In an attention-DP
+        group (the worker's ranks, scheduled in order each round) the gate is the group's: the
+        last rank sets every rank's after the whole round - N when any rank prefilled."""
+        group = self.group
+        n = self.knobs.prefill_decode_interval
+        if group is None:
+            if prefilled:
+                self.prefill_rounds_left = n
+            elif prefilled is not None and self.prefill_rounds_left:
+                self.prefill_rounds_left -= 1
+            return
+        self._round = prefilled
+        if self is not group[-1]:
+            return
+        rounds = [r._round for r in group]
+        left = max([r.prefill_rounds_left for r in group])
+        if True in rounds:
+            left = n
+        elif False in rounds and left:
+            left -= 1
+        for r in group:
+            r.prefill_rounds_left = left
+            r._round = None
 
     # -- prefill ------------------------------------------------------------------------------
     def _order(self) -> None:

@@ -159,3 +159,24 @@ def test_lpm_admits_the_longest_cached_prefix_first(tmp_path, policy, r1_first, 
     assert r["r9"]["last_token_ms"] == 79.0
     assert (r["r1"]["first_token_ms"], r["r2"]["first_token_ms"]) == (r1_first, r2_first)
     assert r["r2"]["reused_input_tokens"] == 1023
+
+
+def test_attention_dp_ranks_share_the_prefill_decode_interval(tmp_path):
+    # A prefills on rank 0 (0-10); B (rank 1) waits three rounds although its own rank never
+    # prefilled, then prefills 13-23 while A decodes in the same (10 ms) group pass
+    from aisim import run_config
+    from aisim.simulator.config.loading import validate_config
+    from tests.helpers import write_trace
+
+    trace = write_trace(tmp_path / "t.jsonl", [row(0, 100, 10, 1), row(5, 100, 3, 2)])
+    cfg = validate_config({
+        "traffic": {"source": {"type": "trace", "format": "mooncake", "paths": [str(trace)], "block_size": 512},
+                    "load": {"type": "trace_timestamps"}},
+        "engine": {"backend": "sglang", "workers": {"aggregated": {
+            "parallelism": {"attention_data": 2}, "scheduler": {"prefill_decode_interval": 3},
+            "kv_cache": {"block_size": 1, "capacity": {"type": "fixed", "blocks": 100_000}},
+            "timing": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1}}}}})
+    r = by_uuid(run_config(cfg, capture_per_request=True))
+    assert (r["r1"]["first_token_ms"], r["r1"]["last_token_ms"]) == (10.0, 28.0)
+    assert (r["r2"]["dp_rank"], r["r2"]["first_admit_ms"], r["r2"]["first_token_ms"], r["r2"]["last_token_ms"]) == (
+        1, 13.0, 23.0, 25.0)
