@@ -306,7 +306,8 @@ class Coordinator:
         # blocks before the request goes to its prefill worker
         self._dest_first = decode is not None and decode.destination_first
         self._awaiting: dict[int, tuple] = {}  # transfer id -> (request, decode worker): reservation waits
-        self._destination: dict[int, list] = {}  # request index -> [transfer id, decode worker, rank, reserved_ms]
+        # request index -> [transfer id, decode worker, rank, reserved_ms, tokens to transfer]
+        self._destination: dict[int, list] = {}
         self._edge_workers: list[int] | None = (None if arrivals.follows_terminal or self._reserving
                                                 else entry.worker_ids)
         # a window only matters where the router reads worker state or one worker's events cause
@@ -551,12 +552,7 @@ class Coordinator:
         if placing:
             self._place(placing, decisions[: len(placing)], now)
         self._complete_transfers(now)
-        if self._dest_first and arriving:
-            n = len(placing) + len(arriving)
-            parked = self._reserve_destinations(arriving, decisions[n:], now)
-            self._dispatch(arriving, decisions[len(placing):n], now, parked)
-        else:
-            self._dispatch(arriving, decisions[len(placing):], now)
+        self._dispatch_routed(arriving, decisions[len(placing):], now)
         if tick_now:
             self._tick(now)
             if until is not None:  # arrivals after the tick see its scaling
@@ -564,11 +560,7 @@ class Coordinator:
                 arriving = self._arrivals(now, until, requests, eligible)
                 if self._dest_first and arriving:
                     self._route_destinations(arriving, requests, eligible, now)
-                    decisions = self._route(requests, eligible)
-                    parked = self._reserve_destinations(arriving, decisions[len(arriving):], now)
-                    self._dispatch(arriving, decisions[: len(arriving)], now, parked)
-                else:
-                    self._dispatch(arriving, self._route(requests, eligible), now)
+                self._dispatch_routed(arriving, self._route(requests, eligible), now)
 
     def _complete_transfers(self, now: float) -> None:
         """The KV transfers done by ``now`` (the hosts applied them at their time): bookkeeping."""
@@ -622,6 +614,16 @@ class Coordinator:
             if parked and req.index in parked:
                 continue
             self._send(wid, (at, _ARRIVAL, req.index, _ENQUEUE, wid, wire(req), rank, False))  # HostInput
+
+    def _dispatch_routed(self, arriving: list[Request], decisions: list, now: float) -> None:
+        """Dispatch arrivals with their routing decisions; destination first, these are the
+        arrivals' own then their decode workers' (``_route_destinations``), which reserve first."""
+        if self._dest_first and arriving:
+            n = len(arriving)
+            parked = self._reserve_destinations(arriving, decisions[n:], now)
+            self._dispatch(arriving, decisions[:n], now, parked)
+        else:
+            self._dispatch(arriving, decisions, now)
 
     # -- destination first (SGLang) ----------------------------------------------------------
     def _route_destinations(self, arriving: list[Request], requests: list, eligible: list, now: float) -> None:
