@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aisim.actors.engine.offload import OffloadRegistry
 from aisim.actors.engine.scheduler import make_rank
 from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
 from aisim.actors.engine.worker import EngineWorker
@@ -97,13 +98,21 @@ def build_timing(pool, field: str = "timing") -> TimingModel:
 def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool = True,
                   record_kv_events: bool = False, pool_label: str | None = None,
                   record_timeline: bool = False, track_queue: bool = False,
-                  initial_kv: dict | None = None, replicas: int | None = None) -> list[EngineWorker]:
+                  initial_kv: dict | None = None, replicas: int | None = None,
+                  offload: OffloadRegistry | None = None) -> list[EngineWorker]:
     """``replicas`` workers of ``pool`` (default: the pool's) from id ``first_id``; ``initial_kv``:
-    worker id -> per rank, the blocks its KV cache starts with (warm start)."""
+    worker id -> per rank, the blocks its KV cache starts with (warm start); ``offload``: the
+    replay's KV tiers (one per replay: shared tiers are built once)."""
     cfg = pool.scheduler
     workers = []
+    if cfg.host_offload is not None and offload is None:
+        offload = OffloadRegistry()
     for i in range(pool.replicas if replicas is None else replicas):
         ranks = [make_rank(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
+        if cfg.host_offload is not None:
+            for r in ranks:
+                r.attach_offload(offload.rank(cfg.host_offload, cfg.g3_offload, cfg.block_size, first_id + i,
+                                              r.kv.events))
         if cfg.sglang is not None and len(ranks) > 1:  # (SGLang's DP ranks share the interval gate)
             for r in ranks:
                 r.group = ranks

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aisim.actors.engine.capacity import POLICIES
+from aisim.actors.engine.offload import G3Spec, HostOffloadSpec
 from aisim.actors.engine.scheduler import SchedulerConfig
 from aisim.actors.engine.sglang import SGLangKnobs
 from aisim.simulator.builders import RouterSpec, TimingSpec
@@ -198,11 +199,35 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         prefill_only=role == "prefill",
         capacity_policy=CAPACITY_POLICY[e.backend],
         sglang=_sglang_knobs(wk) if e.backend == "sglang" else None,
+        host_offload=_host_offload(wk, bs, kv.bytes_per_token, base),
+        g3_offload=_g3_offload(wk, bs, kv.bytes_per_token),
     )
     timing = TimingSpec(t.type, t.prefill_ms, t.decode_ms, t.compute_efficiency, t.memory_efficiency, t.overhead_ms,
                         wk.speedup_ratio, wk.decode_speedup_ratio)
     return PoolPlan(role, par.replicas, scheduler, timing, shape, e.model, hardware.name if hardware else None,
                     e.backend, e.backend_version, kv.bytes_per_token, wk.startup_seconds, kv.provenance)
+
+
+def _host_offload(wk: m.Worker, block_size: int, bytes_per_token: int | None, base: str) -> HostOffloadSpec | None:
+    """A worker's G2 tier, its block bytes from the resolved KV bytes per token."""
+    h = wk.kv_cache.host_offload
+    if h is None:
+        return None
+    if not bytes_per_token:
+        raise InputError(f"{base}.kv_cache.bytes_per_token", "host_offload needs the KV bytes per token to size a "
+                                                             "host block; set kv_cache.bytes_per_token or engine.model")
+    return HostOffloadSpec(h.num_host_blocks, block_size * bytes_per_token, h.scope, h.d2h_bandwidth_gbps,
+                           h.h2d_bandwidth_gbps, h.shared_d2h_bandwidth_gbps, h.shared_h2d_bandwidth_gbps,
+                           h.latency_to_first_byte_ms)
+
+
+def _g3_offload(wk: m.Worker, block_size: int, bytes_per_token: int | None) -> G3Spec | None:
+    g = wk.kv_cache.g3_offload
+    if g is None:
+        return None
+    return G3Spec(g.scope, g.num_g3_blocks, block_size * bytes_per_token, g.latency_to_first_byte_ms,
+                  g.read_bandwidth_gbps, g.write_bandwidth_gbps, g.shared_read_bandwidth_gbps,
+                  g.shared_write_bandwidth_gbps)
 
 
 def _sglang_knobs(wk: m.Worker) -> SGLangKnobs:

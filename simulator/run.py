@@ -3,6 +3,8 @@ and assemble the report (``ReplayReport.to_dict()`` is exactly prediction.json).
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import time
 from contextlib import contextmanager
@@ -12,6 +14,7 @@ from typing import Any
 
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.host import HostPool
+from aisim.actors.engine.offload import OffloadRegistry
 from aisim.simulator.builders import build_decode_router, build_router, build_timing, build_workers
 from aisim.simulator.catalog.models import resolve_model
 from aisim.simulator.coordinator import Coordinator, Pool
@@ -64,6 +67,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
     timings = {}
     provenance: dict[str, dict] = {}
     num_workers = 0
+    offload = OffloadRegistry() if any(p.scheduler.host_offload is not None for p in plan.pools) else None
     for pool in plan.pools:
         timing = build_timing(pool, f"engine.workers.{pool.role}.timing")
         timings[pool.role] = timing
@@ -74,7 +78,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None,
                        record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None,
-                       initial_kv=initial_kv)
+                       initial_kv=initial_kv, offload=offload)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.route_block_size,
                           caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
                           startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks,
@@ -241,6 +245,9 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
     log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
     planner_clock = _PlannerClock()
     ex = plan.execution
+    if any(p.scheduler.host_offload is not None and (p.scheduler.host_offload.shared or (
+            p.scheduler.g3_offload is not None and p.scheduler.g3_offload.shared)) for p in plan.pools):
+        ex = dataclasses.replace(ex, engine_actors=1)  # (a shared KV tier is one state: its workers share a host)
     retune = None
     if plan.planner is not None and plan.planner.retune is not None:
         retune = _retune_driver(plan, sweeper if sweeper is not None else load_sweeper(plan), on_sweep)

@@ -444,7 +444,7 @@ class WorkerHost:
                 if worker.exits:  # pragma: no cover - the last step brought every worker up to the end
                     raise AssertionError("completions inside a run were not reported before the end")
             reqs = [self._encode(r) for rank in worker.ranks for r in list(rank.running) + list(rank.waiting)
-                    + rank.handoffs]
+                    + rank.handoffs + (list(rank.offload.loading) if rank.offload is not None else [])]
             leftover.append((wid, reqs))
         totals = []
         for wid in sorted(self.workers):

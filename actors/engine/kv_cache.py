@@ -138,6 +138,8 @@ class KVCache:
         "_seq",
         "_loose",
         "_num_unplaced",
+        "watch",
+        "fenced",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int, prefix_caching: bool = True, record_events: bool = False):
@@ -159,6 +161,10 @@ class KVCache:
         # before them (see ``_starts_run``); -1: position unknown (preloaded)
         self._loose: dict[int, int] = {}
         self._num_unplaced = 0  # entries of ``_loose`` at -1
+        # host offload: hash -> the store still copying that block to host memory; an eviction
+        # that overwrites such a block appends the store to ``fenced`` (the pass waits for it)
+        self.watch: dict | None = None
+        self.fenced: list = []
 
     # -- capacity -----------------------------------------------------------------
     @property
@@ -438,7 +444,8 @@ class KVCache:
 
     def _evict(self, count: int) -> None:
         batches = self._batches
-        if self.events is None:
+        watch = self.watch
+        if self.events is None and not watch:
             # the common case: the next live run has more than ``count`` blocks; cut its tail
             stamp, runs, i = batches[0]
             run = runs[i]
@@ -450,7 +457,7 @@ class KVCache:
                 self.num_evicted += count
                 return
         heads = self._heads
-        victims = bytearray() if self.events is not None else None  # (the evicted hashes' bytes)
+        victims = bytearray() if self.events is not None or watch else None  # (the evicted hashes' bytes)
         left = count
         while left:
             batch = batches[0]
@@ -489,7 +496,14 @@ class KVCache:
         self.num_inactive -= count
         self.num_evicted += count
         if victims is not None:
-            self.events.append((REMOVED, hash_view(bytes(victims))))
+            gone = hash_view(bytes(victims))
+            if watch:
+                for h in gone:
+                    job = watch.get(h)
+                    if job is not None:
+                        self.fenced.append(job)
+            if self.events is not None:
+                self.events.append((REMOVED, gone))
 
     # -- release --------------------------------------------------------------------
     def release(self, req) -> None:

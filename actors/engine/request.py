@@ -79,6 +79,11 @@ class Request:
         # and its tokens as pieces (actors.engine.radix_cache.TokenSeq), while it is live
         "lease",
         "tokens",
+        # host (G2) / disk (G3) KV tiers: the request's offload state on such a rank
+        # (actors.engine.offload.RequestOffload) and the prompt tokens its first admission
+        # onboarded from them
+        "offload",
+        "host_reused",
     )
 
     def __init__(
@@ -126,6 +131,8 @@ class Request:
         self.reject_detail: str | None = None
         self.lease = None
         self.tokens = None
+        self.offload = None
+        self.host_reused = 0
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),
@@ -147,7 +154,7 @@ class Request:
 WIRE_IDENTITY = ("index", "arrival_ms", "prompt_len", "max_output", "session_id", "turn_index")
 WIRE_PROGRESS = ("num_computed", "num_generated", "prefill_done", "status", "worker", "rank", "first_admit_ms",
                  "first_token_ms", "second_token_ms", "last_token_ms", "terminal_ms", "materialized", "reject_reason",
-                 "reject_detail")
+                 "reject_detail", "host_reused")
 
 
 def request_to_wire(req: Request) -> list:

@@ -58,6 +58,8 @@ class SchedulerConfig:
     prefill_only: bool = False  # disaggregated prefill role: no decode, one hidden token
     capacity_policy: str = "vllm"  # actors.engine.capacity.POLICIES: vllm | guaranteed_no_evict (TRT-LLM)
     sglang: object = None  # SGLang's knobs (actors.engine.sglang.SGLangKnobs): an SGLang rank, not this one
+    host_offload: object = None  # a host (G2) KV tier (actors.engine.offload.HostOffloadSpec)
+    g3_offload: object = None  # a disk (G3) KV tier behind it (actors.engine.offload.G3Spec)
 
 
 @dataclass(slots=True)
@@ -169,14 +171,16 @@ class RankQueues:
     rejects a request."""
 
     __slots__ = ()
+    offload = None  # host/disk KV tiers (vLLM ranks only: RankScheduler.attach_offload)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
+        return bool(self.running) or bool(self.waiting) or (self.offload is not None and bool(self.offload.loading))
 
     @property
     def num_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        off = self.offload
+        return len(self.running) + len(self.waiting) + (len(off.loading) if off is not None else 0)
 
     def queue_stats(self) -> tuple:
         return queue_stats(self.waiting)
@@ -195,6 +199,7 @@ class RankScheduler(RankQueues):
     """Scheduler + KV cache of one rank."""
 
     joins_runs = True  # a transferred request may join a decode run (EngineWorker._join)
+    offload = None  # the host/disk KV tiers (actors.engine.offload.RankOffload), set by attach_offload
 
     def __init__(self, config: SchedulerConfig, timing: TimingModel, record_kv_events: bool = False) -> None:
         self.config = config
@@ -245,8 +250,17 @@ class RankScheduler(RankQueues):
         self.waiting.append(req)
 
     # -- general pass ---------------------------------------------------------------
+    def attach_offload(self, off) -> None:
+        """Give this rank host (G2) / disk (G3) KV tiers (``actors.engine.offload.RankOffload``)."""
+        self.offload = off
+        self.kv.watch = off.sources
+        self.joins_runs = False
+
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
         cfg = self.config
+        off = self.offload
+        if off is not None:
+            off.advance(now_ms)
         running = self.running
         waiting = self.waiting
         kv = self.kv
@@ -329,6 +343,10 @@ class RankScheduler(RankQueues):
 
         if not num_preempted and not defer_prefill:
             max_seqs = cfg.max_sequences
+            if off is not None and off.loading:
+                for req, n in self._admit_loaded(now_ms, budget):
+                    items.append((req, n))
+                    budget -= n
             while waiting and budget > 0 and len(running) < max_seqs:
                 req = waiting[0]
                 known = req.prompt_len + req.num_generated
@@ -338,9 +356,11 @@ class RankScheduler(RankQueues):
                         waiting.popleft()
                         self._reject(req, now_ms, why)
                         continue
-                fit = self._fit(req, known)
+                fit = self._fit(req, known) if off is None else self._fit_offload(req, known, now_ms)
                 if fit is None:
                     break
+                if fit is False:  # (onboarding from host memory, or its lookup deferred: the next one)
+                    continue
                 hashes, reused, hits = fit
                 if req.materialized or reused == known:
                     # transferred KV, or the whole sequence cached (a policy that reuses every
@@ -380,6 +400,8 @@ class RankScheduler(RankQueues):
         shape = PassShape(num_prefill, new_tokens, sum_prefix + new_tokens, sum_prefix, num_decode, decode_kv,
                           self.total_kv_tokens)
         duration = self.timing.pass_ms(shape)
+        if off is not None:
+            duration += self._offload_pass(items[num_lead:] if num_lead else items, now_ms)
         self.num_preemptions += num_preempted
         var_p = sq_new / num_prefill - (new_tokens / num_prefill) ** 2 if num_prefill else 0.0
         var_d = sq_kv / num_decode - (decode_kv / num_decode) ** 2 if num_decode else 0.0
@@ -529,6 +551,142 @@ class RankScheduler(RankQueues):
         self.running.append(req)
         return True
 
+    # -- host (G2) / disk (G3) KV tiers ---------------------------------------------------------
+    def _fit_offload(self, req: Request, known: int, now_ms: float):
+        """``_fit`` on a rank with KV tiers: when the GPU-cached prefix stops short of the prompt's
+        complete blocks and G2 continues it, the request reserves GPU blocks for the whole hit and
+        waits for its onboarding in the connector queue (False), or waits there until a transfer
+        ends when a block it needs is in flight (False); else ``_fit``'s answer."""
+        from aisim.actors.engine.offload import DEFER, RequestOffload
+
+        kv = self.kv
+        bs = self.config.block_size
+        if req.materialized or not kv.prefix_caching:
+            return self._fit(req, known)
+        hashes = req.block_hashes(bs)
+        full = req.prompt_len // bs
+        n1, active1, hits1 = kv.match_prefix(hashes, full)
+        if n1 >= full:
+            return self._fit(req, known)
+        off = self.offload
+        state = req.offload
+        if state is None:
+            state = req.offload = RequestOffload()
+        n2, outcome = off.lookup(req, state, hashes, n1, full, now_ms)
+        if outcome == DEFER:
+            self.waiting.popleft()
+            state.gen = off.domain.generation
+            off.loading.append(req)
+            return False
+        if not n2:
+            return self._fit(req, known)
+        if not self.policy.fits(req, known, active1):
+            return None
+        self.waiting.popleft()
+        kv.acquire(req, hits1)
+        mark = len(kv.fenced)  # (the running requests' evictions fence the pass; these the onboarding)
+        if not kv.reserve(n2):
+            kv.release(req)
+            self.waiting.appendleft(req)
+            return None
+        req.num_private += n2
+        fence = max([off.done_by(j) for j in kv.fenced[mark:]], default=0.0)
+        del kv.fenced[mark:]
+        state.g1_blocks = n1
+        off.start_load(req, state, hashes[n1 : n1 + n2], now_ms, fence)
+        off.loading.append(req)
+        return False
+
+    def _admit_loaded(self, now_ms: float, budget: int) -> list:
+        """The connector queue first: requests whose onboarding ended are admitted (a batch slot
+        and budget allowing), their prefill starting after the loaded prefix; deferred lookups
+        retry (back at the front of the waiting queue) once a transfer ended."""
+        off = self.offload
+        cfg = self.config
+        bs = cfg.block_size
+        kv = self.kv
+        running = self.running
+        gen = off.domain.generation
+        idle = off.domain.next_event_ms() == float("inf")
+        out = []
+        retry = []
+        kept = []
+        blocked = False
+        for req in off.loading:
+            state = req.offload
+            job = state.load
+            if job is None:  # a deferred lookup
+                if state.gen != gen or idle:
+                    retry.append(req)
+                else:
+                    kept.append(req)
+                continue
+            if blocked or not job.ended or len(running) >= cfg.max_sequences or budget <= 0:
+                blocked = blocked or job.ended
+                kept.append(req)
+                continue
+            known = req.prompt_len + req.num_generated
+            start = min((known - 1) // bs, state.g1_blocks + len(job.keys)) * bs
+            n = known - start
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    blocked = True
+                    kept.append(req)
+                    continue
+                n = budget
+            req.num_computed = start
+            if not kv.grow(req, start + n, req.hashes):
+                req.num_computed = 0
+                blocked = True
+                kept.append(req)
+                continue
+            state.load = None
+            req.status = RUNNING
+            if not req.admissions:
+                req.host_reused = start - min(state.g1_blocks * bs, start)
+            req.admissions.append((now_ms, start, self.pool_label))
+            if req.first_admit_ms is None:
+                req.first_admit_ms = now_ms
+            state.cursor = start // bs if start // bs > state.cursor else state.cursor
+            running.append(req)
+            out.append((req, n))
+            budget -= n
+        off.loading.clear()
+        off.loading.extend(kept)
+        for req in reversed(retry):
+            self.waiting.appendleft(req)
+        return out
+
+    def _offload_pass(self, items: list, now_ms: float) -> float:
+        """Pass start on a rank with KV tiers: each scheduled request's store cohort (its complete
+        prompt blocks computed by the pass's end that G2 lacks); returns how long the pass's
+        compute waits for stores still copying GPU blocks this pass overwrites."""
+        off = self.offload
+        bs = self.config.block_size
+        for req, n in items:
+            state = req.offload
+            if state is None:
+                from aisim.actors.engine.offload import RequestOffload
+
+                state = req.offload = RequestOffload()
+            upto = min(req.num_computed + n, req.prompt_len) // bs
+            if upto > state.cursor and not state.stuck:
+                off.prepare_store(req, state, upto)
+        if off.lagging:  # decoding requests whose cohort found no room before: retried each pass
+            for req in list(off.lagging):
+                if req.status != RUNNING:
+                    off.lagging.discard(req)
+                elif not req.prefill_done or req.offload.cursor >= req.prompt_len // bs:
+                    continue  # (scheduled above, or caught up)
+                else:
+                    off.prepare_store(req, req.offload, min(req.num_computed + 1, req.prompt_len) // bs)
+        fenced = self.kv.fenced
+        if not fenced:
+            return 0.0
+        fence = max([off.done_by(j) for j in fenced])
+        fenced.clear()
+        return fence - now_ms if fence > now_ms else 0.0
+
     def _never_fits(self, req: Request) -> str | None:
         """The reason code (``REJECT_*``, truthy) when ``req`` can never run here, else None."""
         cfg = self.config
@@ -557,6 +715,10 @@ class RankScheduler(RankQueues):
     def _preempt(self, req: Request) -> None:
         if self._tracks:
             self.policy.left(req)
+        if self.offload is not None and req.offload is not None:  # (its blocks wait for its last store)
+            store = req.offload.store
+            if store is not None and not store.ended:
+                self.kv.fenced.append(store)
         self.kv.release(req)
         req.num_computed = 0
         req.prefill_done = False
@@ -565,6 +727,8 @@ class RankScheduler(RankQueues):
 
     def finish(self, rp: RankPass, start_ms: float, end_ms: float, gaps: GapSink, completed: list) -> None:
         """Apply a pass's effects at its end: computed tokens, emitted tokens, completions."""
+        if self.offload is not None and self.offload.cohorts:
+            self.offload.submit_stores(end_ms)
         limit = self.context_limit
         pooled = 0
         any_done = False
@@ -696,6 +860,9 @@ class RankScheduler(RankQueues):
         n = len(running)
         if not n or cfg.prefill_only or n > cfg.max_batched_tokens or not running[-1].prefill_done:
             return None  # (the newest request is the one most likely still prefilling)
+        off = self.offload
+        if off is not None and not off.quiet_for_run(self):
+            return None
         if not all([r.prefill_done for r in running]):
             return None
         if not self._admission_blocked(n):

@@ -131,6 +131,10 @@ class EngineWorker:
         self.pass_end_ms = 0.0
         self._plans: list[RankPass | None] | None = None
         self._run: DecodeRun | None = None
+        # waiting (busy, no pass) for a host/disk KV transfer a queued request needs: ends at the
+        # tiers' next event, or at once when a request arrives
+        self._waits = False
+        self._offload = [r.offload for r in ranks if r.offload is not None]
         self.exits: list[Request] = []  # completed inside a run, not taken yet (take_exits)
         self.num_passes = 0
         self.num_runs = 0
@@ -158,6 +162,9 @@ class EngineWorker:
         for r in self.ranks:
             if r.running or r.waiting or r.policy.pending:
                 return True
+        for off in self._offload:
+            if off.loading:
+                return True
         return False
 
     @property
@@ -177,6 +184,9 @@ class EngineWorker:
             self.ranks[rank].enqueue(req)
             if self.timeline is not None:
                 self._sample(now_ms)
+            if self._waits:  # (the wait for a transfer ends: a pass may start now)
+                self.pass_end_ms = now_ms
+                return now_ms
             return None
         if self.timeline is not None or self.records_kv_events:
             # (the sample counts the run's completions by now; the KV events of the passes ended
@@ -378,6 +388,8 @@ class EngineWorker:
         if self.timeline is not None:
             self._sample(now_ms)  # also when nothing runs: rejections and preemptions changed the queues
         if duration < 0.0:
+            if self._offload:
+                return self._wait(now_ms)
             return None
         if self.track_queue:
             self._queue_now = [r.queue_stats() for r in self.ranks]
@@ -396,6 +408,10 @@ class EngineWorker:
         is known to arrive here (the run is not cut short before it), None if unknown; ``hint_ms``
         and ``hint_bounds``: as for ``start``. Neither changes any result."""
         run = self._run
+        if self._waits:
+            self._waits = False
+            self.busy = False
+            return []
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
                 self._extend(run, horizon_ms, hint_ms, hint_bounds)
@@ -423,6 +439,23 @@ class EngineWorker:
         if self.timeline is not None:
             self._sample(now_ms)
         return completed
+
+    def _wait(self, now_ms: float) -> float | None:
+        """Nothing to run, but a queued request waits for a KV tier transfer: wait until the tiers'
+        next event (a transfer's end, or a shared link's rate change), None when none is due."""
+        wake = float("inf")
+        for off in self._offload:
+            if off.loading:
+                t = off.next_event_ms()
+                if t < wake:
+                    wake = t
+        if wake == float("inf"):
+            return None
+        self._waits = True
+        self.busy = True
+        self.pass_start_ms = now_ms
+        self.pass_end_ms = wake
+        return wake
 
     def _close_run(self, run: DecodeRun) -> None:
         """Count an ended run's passes (applied up to its end) as the ranks' and the worker's."""

@@ -213,12 +213,45 @@ class Capacity(Strict):
         return self
 
 
+class HostOffload(Strict):
+    """``kv_cache.host_offload``: a host-memory (G2) KV tier (docs/kv-offload.md)."""
+
+    scope: Literal["dp_rank_local", "cluster_shared"] = "dp_rank_local"
+    num_host_blocks: PosInt  # per attention-data rank (dp_rank_local) or the pool's total (cluster_shared)
+    d2h_bandwidth_gbps: NonNegFloat = 32.0  # this rank's G1 -> G2 link; 0: instantaneous
+    h2d_bandwidth_gbps: NonNegFloat = 32.0  # this rank's G2 -> G1 link
+    shared_d2h_bandwidth_gbps: NonNegFloat = 80.0  # a cluster_shared pool's aggregate write cap
+    shared_h2d_bandwidth_gbps: NonNegFloat = 80.0  # its aggregate read cap
+    latency_to_first_byte_ms: NonNegFloat = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scope(cls, data):
+        if isinstance(data, dict) and data.get("scope") == "worker_local":
+            raise ValueError("host_offload.scope `worker_local` is a G3 scope; use `dp_rank_local` for per-DP-rank "
+                             "G2 caches")
+        return data
+
+
+class G3Offload(Strict):
+    """``kv_cache.g3_offload``: a disk / remote-storage (G3) tier behind the host tier."""
+
+    scope: Literal["worker_local", "cluster_shared"]
+    num_g3_blocks: PosInt  # per worker (worker_local) or the store's total (cluster_shared)
+    latency_to_first_byte_ms: NonNegFloat = 0.1
+    read_bandwidth_gbps: NonNegFloat = 10.0  # per worker, each direction
+    write_bandwidth_gbps: NonNegFloat = 10.0
+    shared_read_bandwidth_gbps: NonNegFloat = 80.0  # store-wide caps (cluster_shared)
+    shared_write_bandwidth_gbps: NonNegFloat = 80.0
+
+
 class KvCache(Strict):
     block_size: PosInt | None = None  # vLLM 64, SGLang 1, TRT-LLM 32
     prefix_caching: bool = True
     bytes_per_token: Literal["auto"] | PosInt = "auto"
     capacity: Capacity = Capacity()
-    host_offload: dict[str, Any] | None = None
+    host_offload: HostOffload | None = None
+    g3_offload: G3Offload | None = None
 
 
 class Timing(Strict):

@@ -74,8 +74,6 @@ def check_engine_supported(e: m.Engine) -> None:
         base = f"engine.workers.{role}"
         if role == "encoder":
             raise _no(base, "the encoder role", "remove workers.encoder")
-        if w.kv_cache.host_offload is not None:
-            raise _no(f"{base}.kv_cache.host_offload", "host (G2) KV offload", "remove kv_cache.host_offload")
         if w.timing.forward_model != "op_level":
             raise _no(f"{base}.timing.forward_model", "forward_model fpm", "remove timing.forward_model")
         p = w.parallelism
@@ -95,9 +93,53 @@ def _required(field: str, why: str, example: str) -> InputError:
     return InputError(field, f"Field required: {why}; name it (e.g. {example})")
 
 
+def check_offload(e: m.Engine) -> None:
+    """The host (G2) and disk (G3) KV tiers' rules, the reference's messages (docs/kv-offload.md)."""
+    shared = {}
+    for role, wk in e.workers.items():
+        base = f"engine.workers.{role}.kv_cache"
+        kc = wk.kv_cache
+        if kc.g3_offload is not None:
+            if kc.host_offload is None:
+                raise InputError(f"{base}.g3_offload", "g3_offload requires host_offload; add kv_cache.host_offload "
+                                                       "or remove g3_offload")
+            if role != "aggregated" or wk.parallelism.attention_data != 1:
+                raise InputError(f"{base}.g3_offload", "g3_offload is supported only for the aggregated worker with "
+                                                       "attention_data=1; remove it")
+        h = kc.host_offload
+        if h is None:
+            continue
+        if e.backend != "vllm":
+            raise InputError(f"{base}.host_offload", f"host_offload is supported only for backend=vllm (backend is "
+                                                     f"{e.backend}); remove it or set engine.backend: vllm")
+        if not kc.prefix_caching:
+            raise InputError(f"{base}.host_offload", "host_offload requires prefix_caching=true; set "
+                                                     "kv_cache.prefix_caching: true or remove host_offload")
+        if h.scope == "cluster_shared":
+            shared[role] = (wk, h)
+    if len(shared) == 2:  # one pool: its participants agree on the pool contract
+        (r1, (w1, h1)), (r2, (w2, h2)) = shared.items()
+        pairs = [("num_host_blocks", h1.num_host_blocks, h2.num_host_blocks),
+                 ("shared_d2h_bandwidth_gbps", h1.shared_d2h_bandwidth_gbps, h2.shared_d2h_bandwidth_gbps),
+                 ("shared_h2d_bandwidth_gbps", h1.shared_h2d_bandwidth_gbps, h2.shared_h2d_bandwidth_gbps)]
+        for key, a, b in pairs:
+            if a != b:
+                raise InputError(f"engine.workers.{r2}.kv_cache.host_offload.{key}",
+                                 f"cluster_shared host_offload roles require matching host_offload.{key}: "
+                                 f"{r1}={a}, {r2}={b}; set the same value on both")
+        for key, a, b in [("kv_cache.block_size", block_size(e, w1), block_size(e, w2)),
+                          ("kv_cache.bytes_per_token", w1.kv_cache.bytes_per_token, w2.kv_cache.bytes_per_token),
+                          ("parallelism.tensor", w1.parallelism.tensor, w2.parallelism.tensor)]:
+            if a != b:
+                raise InputError(f"engine.workers.{r2}.{key}",
+                                 f"cluster_shared host_offload roles share one block layout and require matching "
+                                 f"{key}: {r1}={a}, {r2}={b}; set the same value on both")
+
+
 def check_engine(e: m.Engine) -> None:
     """The engine section's rules across its fields (the Python API's engine section too)."""
     check_engine_supported(e)
+    check_offload(e)
     for role, wk in e.workers.items():
         base = f"engine.workers.{role}"
         sched = wk.scheduler

@@ -147,6 +147,8 @@ class RequestLog:
             "requested_output_length": req.max_output,
             "reused_input_tokens": reused,
             "first_admission_reused_input_tokens": req.admissions[0][1] if req.admissions else 0,
+            "first_admission_host_reused_input_tokens": req.host_reused,
+            "first_admission_g1_reused_input_tokens": (req.admissions[0][1] - req.host_reused) if req.admissions else 0,
             "decode_reused_input_tokens": max((r for _, r in decode_adm), default=None) if h else None,
             "admission_count": len(req.admissions),
             "readmission_count": sum(1 for e in history if e["is_readmission"]),
