@@ -497,11 +497,8 @@ class KVCache:
         self.num_evicted += count
         if victims is not None:
             gone = hash_view(bytes(victims))
-            if watch:
-                for h in gone:
-                    job = watch.get(h)
-                    if job is not None:
-                        self.fenced.append(job)
+            if watch and not watch.keys().isdisjoint(gone):
+                self.fenced.extend([watch[h] for h in gone if h in watch])
             if self.events is not None:
                 self.events.append((REMOVED, gone))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import filterfalse, islice, repeat
 
 from aisim.actors.hashing import hash_view
 
@@ -314,14 +315,14 @@ class TierStats:
 
 
 def _lru_insert(lru: OrderedDict, keys) -> None:
-    """Make ``keys`` (chain order) the most recent, the first block most recent of all (the
-    chain's tail goes first)."""
-    for i in range(len(keys) - 1, -1, -1):
-        k = keys[i]
-        if k in lru:
-            lru.move_to_end(k)
-        else:
-            lru[k] = None
+    """Make ``keys`` (chain order, none of them in ``lru``) the most recent, the first block most
+    recent of all (the chain's tail goes first)."""
+    lru.update(dict.fromkeys(keys[::-1]))
+
+
+def _drain(it) -> None:
+    """Run an iterator (of calls with side effects) to its end at C speed."""
+    deque(it, 0)
 
 
 class HostTier:
@@ -352,10 +353,7 @@ class HostTier:
     def touch(self, keys) -> None:
         """A lookup: the resident ones of ``keys`` become the most recent (the first most)."""
         lru = self.lru
-        for i in range(len(keys) - 1, -1, -1):
-            k = keys[i]
-            if k in lru:
-                lru.move_to_end(k)
+        _drain(map(lru.move_to_end, filter(lru.__contains__, keys[::-1])))
         self.version += 1
 
     def make_room(self, n: int) -> bool:
@@ -369,16 +367,9 @@ class HostTier:
         pins = self.pins
         if need > len(lru) - len(pins):
             return False
-        victims = []
-        for k in lru:
-            if k not in pins:
-                victims.append(k)
-                if len(victims) == need:
-                    break
-        for k in victims:
-            del lru[k]
-        self.num_evictions += need
-        self.version += 1
+        victims = list(islice(filterfalse(pins.__contains__, lru) if pins else lru, need))
+        _drain(map(lru.pop, victims))
+        self.num_evictions += need  # (the order of the rest stands: ``version`` stays)
         if self.subscribers:
             ev = (HOST_REMOVED, hash_view(victims))
             for sink in self.subscribers:
@@ -413,9 +404,7 @@ class HostTier:
 
     def resident(self, keys) -> None:
         """Pending ``keys`` became resident (a store or a G3 read ended)."""
-        pending = self.pending
-        for k in keys:
-            del pending[k]
+        _drain(map(self.pending.pop, keys))
         _lru_insert(self.lru, keys)
         self.version += 1
         if self.subscribers:
@@ -678,7 +667,7 @@ class RankOffload:
         tier = self.tier
         lru = tier.lru
         pending = tier.pending
-        missing = [hashes[i] for i in range(cur, upto) if hashes[i] not in lru and hashes[i] not in pending]
+        missing = list(filterfalse(pending.__contains__, filterfalse(lru.__contains__, hashes[cur:upto])))
         if not missing:
             state.cursor = upto
             return
@@ -693,8 +682,9 @@ class RankOffload:
             return  # (retried at the request's next pass)
         for k in missing:
             pending[k] = None
-        tier.touch(hashes[: req.prompt_len // self.block_size])
-        state.version = tier.version
+        if state.version != tier.version:  # (else its last touch is still the latest change of the order)
+            tier.touch(hashes[: req.prompt_len // self.block_size])
+            state.version = tier.version
         state.cursor = upto
         self.cohorts.append((req, state, missing))
         if self.lagging:
@@ -706,19 +696,17 @@ class RankOffload:
         for req, state, missing in self.cohorts:
             keys = hash_view(missing)
             job = Job(self.domain.new_id(), STORE, self, keys, len(missing) * tier.block_bytes, end_ms, tier, req)
-            for k in missing:
-                tier.pending[k] = job
-                self.sources[k] = job
+            entries = dict.fromkeys(missing, job)
+            tier.pending.update(entries)
+            self.sources.update(entries)
             self.d2h.send(job, end_ms, self.spec.latency_ms, self.d2h_rate)
             self.store_stats.sent(job, end_ms)
             state.store = job
         self.cohorts = []
 
     def store_ended(self, job: Job, now: float) -> None:
-        sources = self.sources
-        for k in job.keys:
-            if sources.get(k) is job:
-                del sources[k]
+        # (a key is in one store at a time: G2 holds it pending until that store ends)
+        _drain(map(self.sources.pop, job.keys, repeat(None)))
         self.store_stats.ended(job, now)
 
     def quiet_for_run(self, rank) -> bool:
