@@ -135,6 +135,8 @@ class RouterSpec:
     prefill_load_scale: float = 1.0
     temperature: float = 0.0
     kv_events: bool = False  # keep the prefix index at credit 0 (retune may raise the credit)
+    host_cache_hit_weight: float = 0.75  # a host (G2) tier's blocks in the overlap
+    disk_cache_hit_weight: float = 0.25  # a disk (G3) tier's blocks in the overlap
 
 
 # one random stream per actor, derived from the root seed
@@ -155,7 +157,9 @@ def build_router(spec: RouterSpec, block_size: int, seed: int, role: str):
     if spec.policy == "kv_router":
         return KvRouter(block_size, actor_rng(seed, STREAM_ENTRY_ROUTER), spec.overlap_score_credit,
                         spec.prefill_load_scale, spec.temperature, track_prefill_tokens=True,
-                        track_active_blocks=role == "aggregated", kv_events=spec.kv_events)
+                        track_active_blocks=role == "aggregated", kv_events=spec.kv_events,
+                        host_cache_hit_weight=spec.host_cache_hit_weight,
+                        disk_cache_hit_weight=spec.disk_cache_hit_weight)
     raise InputError("router.policy", f"unknown router policy {spec.policy!r}; use round_robin, random or kv_router")
 
 

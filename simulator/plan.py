@@ -252,7 +252,9 @@ def router_spec(r: m.Router) -> RouterSpec:
     """The router section as the plan carries it (the KV router's defaults filled in)."""
     return RouterSpec(r.policy, 1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
                       1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
-                      0.0 if r.temperature is None else r.temperature)
+                      0.0 if r.temperature is None else r.temperature,
+                      host_cache_hit_weight=0.75 if r.host_cache_hit_weight is None else r.host_cache_hit_weight,
+                      disk_cache_hit_weight=0.25 if r.disk_cache_hit_weight is None else r.disk_cache_hit_weight)
 
 
 def execution_plan(x: m.Execution) -> ExecutionPlan:

@@ -42,6 +42,8 @@ LOAD = 3  # G2 -> G1 (onboarding)
 # KV event kinds of the host tier (the GPU tier's are kv_cache.STORED / REMOVED)
 HOST_STORED = 3
 HOST_REMOVED = 4
+DISK_STORED = 5
+DISK_REMOVED = 6
 
 # lookup outcomes
 HIT = 0
@@ -432,7 +434,7 @@ class G3Tier:
     """A G3 store (per worker, or one for the deployment)."""
 
     __slots__ = ("capacity", "lru", "pending", "pins", "block_bytes", "spec", "read", "write", "domain",
-                 "writer", "stats")
+                 "writer", "stats", "subscribers")
 
     def __init__(self, spec: G3Spec, domain: OffloadDomain) -> None:
         self.spec = spec
@@ -447,6 +449,7 @@ class G3Tier:
         domain.links.append(self.write)
         domain.links.append(self.read)
         self.writer: dict[int, int] = {}  # key -> id of the client that wrote it (cross-worker reads)
+        self.subscribers: list = []  # KV event lists of the ranks the router indexes
         self.stats = {"lookup_probes": 0, "lookup_hits": 0, "lookup_pending": 0, "evictions": 0,
                       "cross_worker_read_blocks": 0}
 
@@ -470,6 +473,10 @@ class G3Tier:
                 del self.lru[k]
                 self.writer.pop(k, None)
             self.stats["evictions"] += need
+            if self.subscribers:
+                ev = (DISK_REMOVED, hash_view(victims))
+                for sink in self.subscribers:
+                    sink.append(ev)
         view = hash_view(keys)
         client = store.client
         job = Job(self.domain.new_id(), G3_WRITE, client, view, len(keys) * self.block_bytes, now, self)
@@ -518,6 +525,10 @@ class G3Tier:
                 self.writer[k] = job.client.worker_key
             g2.unpin(job.keys, False)
             job.client.g3_write.ended(job, now)
+            if self.subscribers:
+                ev = (DISK_STORED, job.keys)
+                for sink in self.subscribers:
+                    sink.append(ev)
         else:  # G3_READ
             pins = self.pins
             for k in job.keys:
@@ -779,6 +790,8 @@ class OffloadRegistry:
             domain.links.extend((d2h, h2d))
         if events is not None:
             tier.subscribers.append(events)
+            if g3 is not None:
+                g3.subscribers.append(events)
         return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)
 
     def shared_report(self) -> dict | None:

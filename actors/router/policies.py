@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aisim.actors.engine.kv_cache import REMOVED, STORED, agreeing
+from aisim.actors.engine.offload import DISK_REMOVED, DISK_STORED, HOST_REMOVED, HOST_STORED
 from aisim.actors.protocol import RouteDecision
 
 _new = tuple.__new__  # builds a RouteDecision without its Python-level __new__ (hot loop)
@@ -254,13 +255,24 @@ class _CachedBlocks:
 class _Candidate:
     """The router's view of one (worker, rank)."""
 
-    __slots__ = ("prefill_tokens", "active", "requests", "cached")
+    __slots__ = ("prefill_tokens", "active", "requests", "cached", "host", "disk")
 
     def __init__(self) -> None:
         self.prefill_tokens = 0
         self.active = _ActiveChains()  # the blocks of the in-flight requests
         self.requests = 0
         self.cached = _CachedBlocks()  # the router's view of the rank's cached blocks
+        self.host: set[int] = set()  # blocks its host (G2) tier holds (HOST_* events)
+        self.disk: set[int] = set()  # blocks its disk (G3) tier holds (DISK_* events)
+
+
+def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
+    """How many of ``hashes[pos:]`` are in ``tier``, consecutively from ``pos``."""
+    n = len(hashes)
+    i = pos
+    while i < n and hashes[i] in tier:
+        i += 1
+    return i - pos
 
 
 class KvRouter:
@@ -292,6 +304,8 @@ class KvRouter:
         track_active_blocks: bool = True,
         name: str = "kv_router",
         kv_events: bool = False,
+        host_cache_hit_weight: float = 0.75,
+        disk_cache_hit_weight: float = 0.25,
     ) -> None:
         """``kv_events``: keep the prefix index (workers publish KV events) even at credit 0, for a
         router whose credit may rise later (retune)."""
@@ -303,6 +317,10 @@ class KvRouter:
         self.track_prefill_tokens = track_prefill_tokens
         self.track_active_blocks = track_active_blocks
         self.name = name
+        # blocks past the device-cached prefix that the candidate's host (disk) tier holds count
+        # this much each in the overlap (the tiers publish events only when configured)
+        self.host_weight = host_cache_hit_weight
+        self.disk_weight = disk_cache_hit_weight
         self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
         self._cands: dict[tuple[int, int], _Candidate] = {}
         self._routed: dict[int, tuple[tuple[int, int], int, Sequence[int]]] = {}
@@ -347,10 +365,18 @@ class KvRouter:
             c = cand(key)
             # leading blocks found; most candidates hold none or all of a prompt's prefix
             overlap = c.cached.prefix_len(hashes) if use_cache and first in c.cached else 0
+            credited = credit * overlap
+            if (c.host or c.disk) and use_cache and overlap < n:  # (the lower tiers continue the prefix)
+                h = _run_in(c.host, hashes, overlap) if c.host else 0
+                d = _run_in(c.disk, hashes, overlap + h) if c.disk else 0
+                if h or d:
+                    extra = self.host_weight * h + self.disk_weight * d
+                    credited += extra
+                    overlap = int(overlap + extra)  # (reported: the effective overlap's floor)
             cost = 0.0
             if prefill:
                 raw = (c.prefill_tokens + isl) / bs
-                cost = scale * max(0.0, raw - credit * overlap)
+                cost = scale * max(0.0, raw - credited)
             if active:
                 chains = c.active
                 depth = chains.depth(hashes) if n and first in chains.heads else 0
@@ -415,6 +441,14 @@ class KvRouter:
             c.cached.store(hashes)
         elif kind == REMOVED:
             c.cached.remove(hashes)
+        elif kind == HOST_STORED:
+            c.host.update(hashes)
+        elif kind == HOST_REMOVED:
+            c.host.difference_update(hashes)
+        elif kind == DISK_STORED:
+            c.disk.update(hashes)
+        elif kind == DISK_REMOVED:
+            c.disk.difference_update(hashes)
 
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""

@@ -349,8 +349,6 @@ class PrefillLoadModel(Strict):
 
 # Router knobs the reference accepts but replay does not model: (reason, fix)
 ROUTER_RESERVED = {
-    "host_cache_hit_weight": "the replay simulates only the device (GPU) KV tier, so host-tier hits never occur",
-    "disk_cache_hit_weight": "the replay simulates only the device (GPU) KV tier, so disk-tier hits never occur",
     "shared_cache_multiplier": "no shared (cross-worker) KV cache is simulated",
     "active_decode_blocks_threshold": "router admission control (busy filtering) is not modelled",
     "active_prefill_tokens_threshold": "router admission control (busy filtering) is not modelled",
@@ -366,8 +364,8 @@ class Router(Strict):
     overlap_score_credit: Annotated[Float, Field(ge=0, le=1)] | None = None  # 1.0 with kv_router
     prefill_load_scale: NonNegFloat | None = None  # 1.0 with kv_router
     temperature: NonNegFloat | None = None  # 0.0 with kv_router
-    host_cache_hit_weight: NonNegFloat | None = None
-    disk_cache_hit_weight: NonNegFloat | None = None
+    host_cache_hit_weight: NonNegFloat | None = None  # 0.75 (Dynamo's) with kv_router and a host tier
+    disk_cache_hit_weight: NonNegFloat | None = None  # 0.25 with kv_router and a disk tier
     shared_cache_multiplier: NonNegFloat | None = None
     active_decode_blocks_threshold: NonNegFloat | None = None
     active_prefill_tokens_threshold: NonNegInt | None = None

@@ -53,6 +53,16 @@ def _check_supported(cfg: m.PredictConfig) -> None:
                                  f"token(s) would publish an event per token or so; set block_size >= "
                                  f"{KV_ROUTER_MIN_SGLANG_PAGE} (Dynamo's SGLang examples use 16) or router.policy: "
                                  "round_robin")
+    for key, tier, fix in (("host_cache_hit_weight", "host_offload", "kv_cache.host_offload"),
+                           ("disk_cache_hit_weight", "g3_offload", "kv_cache.g3_offload")):
+        if getattr(r, key) is None:
+            continue
+        if r.policy != "kv_router":
+            raise InputError(f"router.{key}", f"weighs cached blocks in the KV router's overlap (policy is "
+                                              f"{r.policy}); set router.policy: kv_router or remove it")
+        if not any(getattr(w.kv_cache, tier) is not None for w in cfg.engine.workers.values()):
+            raise InputError(f"router.{key}", f"weighs blocks found in a KV tier no worker has; add {fix} to the "
+                                              f"routed workers or remove router.{key}")
     for key, reason in ROUTER_RESERVED.items():
         if getattr(r, key) is not None:
             raise NotSupportedError(f"router.{key}", f"not supported: {reason}; remove router.{key}")
