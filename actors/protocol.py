@@ -113,6 +113,7 @@ class WorkerTotals(NamedTuple):
     passes: int
     runs: int  # fast-forwarded decode runs
     gaps: object  # the worker's GapSink (or its wire form)
+    offload: list | None = None  # per rank, its KV tier counters (RankOffload.report), None without tiers
 
 
 class HostFinish(NamedTuple):

@@ -956,6 +956,7 @@ class Coordinator:
         totals = sorted((t for out in outs for t in out.totals), key=itemgetter(0))
         self.worker_totals = [t[1:6] for t in totals]  # WorkerTotals without the id and gaps
         self.gap_sinks = [t[6] if isinstance(t[6], GapSink) else GapSink.from_wire(t[6]) for t in totals]
+        self.offload_reports = [(t[0], t[7]) for t in totals if len(t) > 7 and t[7]]  # (worker, per rank)
         recorded = sorted((d for out in outs for d in out.timelines if d is not None), key=itemgetter("worker_id"))
         provisioned = self.lifecycle.provisioned  # a worker's timeline covers the time it was provisioned
         self.timelines = [WorkerTimeline.from_plain(d, start_ms=provisioned[d["worker_id"]][0],

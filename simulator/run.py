@@ -294,7 +294,8 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     )
     wall_ms = (time.perf_counter() - t_wall) * 1000.0
     summary = summarize(log, coord.gap_sinks, accounting, counters, plan.sla, wall_ms,
-                        planner_total_ticks=planner.total_ticks if planner is not None else None)
+                        planner_total_ticks=planner.total_ticks if planner is not None else None,
+                        kv_tier_reports=getattr(coord, "offload_reports", None))
     summary["deployment"] = deployment_summary(plan, actors.router_description,
                                                 actors.decode_router.describe() if actors.decode_router else None)
     per_request = None

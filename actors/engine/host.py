@@ -452,9 +452,10 @@ class WorkerHost:
             g = w.gaps
             if not self.direct:
                 g = g.to_wire()
+            offload = [r.offload.report() for r in w.ranks] if w.ranks[0].offload is not None else None
             totals.append(WorkerTotals(wid, sum(r.committed_prefill_tokens for r in w.ranks),
                                        sum(r.num_generated_tokens for r in w.ranks),
-                                       sum(r.num_preemptions for r in w.ranks), w.num_passes, w.num_runs, g))
+                                       sum(r.num_preemptions for r in w.ranks), w.num_passes, w.num_runs, g, offload))
         # per worker (by id): its recorded timeline as plain data (``WorkerTimeline.from_plain``),
         # None when not recorded; the columns are bytes, or the arrays themselves for a direct host
         timelines = [self.workers[wid].export_timeline(self.pool_of[wid], end_ms, as_bytes=not self.direct)

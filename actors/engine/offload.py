@@ -734,7 +734,12 @@ class RankOffload:
 
     # -- report -----------------------------------------------------------------------------------
     def report(self) -> dict:
+        """This rank's counters (plain data), with its tiers' occupancy (``tier``: a shared tier is
+        named once per replay by ``shared``)."""
+        t = self.tier
         out = {
+            "tier": {"shared": self.spec.shared, "capacity_blocks": t.capacity, "resident_blocks": len(t.lru),
+                     "used_blocks": t.num_used, "evictions": t.num_evictions, "block_bytes": t.block_bytes},
             "g2_lookups": self.lookups,
             "g2_hit_lookups": self.hit_lookups,
             "g2_hit_blocks": self.hit_blocks,
@@ -743,8 +748,11 @@ class RankOffload:
             "onboard": self.load_stats.plain(),
         }
         if self.g3 is not None:
+            g = self.g3
             out["g3_read"] = self.g3_read.plain()
             out["g3_write"] = self.g3_write.plain()
+            out["g3"] = dict(g.stats, shared=g.spec.shared, capacity_blocks=g.capacity, resident_blocks=len(g.lru),
+                             pending_blocks=len(g.pending))
         return out
 
 
@@ -793,11 +801,3 @@ class OffloadRegistry:
             if g3 is not None:
                 g3.subscribers.append(events)
         return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)
-
-    def shared_report(self) -> dict | None:
-        out = {}
-        if self._shared_g2 is not None:
-            t = self._shared_g2
-            out["g2_domains"] = [{"capacity_blocks": t.capacity, "resident_blocks": len(t.lru),
-                                  "used_blocks": t.num_used, "evictions": t.num_evictions}]
-        return out or None

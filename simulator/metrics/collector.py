@@ -48,6 +48,7 @@ class RequestLog:
         self.requested = array("q")
         self.reused = array("q")
         self.first_reused = array("q")
+        self.host_reused = array("q")  # first admission's prompt tokens onboarded from host/disk tiers
         self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
         self.records: list[dict] | None = [] if capture else None
         # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
@@ -87,6 +88,7 @@ class RequestLog:
             first = prompt_adm[0] if prompt_adm else 0
         self.reused.append(reused)
         self.first_reused.append(first)
+        self.host_reused.append(req.host_reused)
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
             self.records.append(self._record(req, final_status, reused))

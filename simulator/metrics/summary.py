@@ -98,6 +98,7 @@ def summarize(
     sla=None,
     wall_time_ms: float = 0.0,
     planner_total_ticks: int | None = None,
+    kv_tier_reports: list | None = None,
 ) -> dict:
     status = np.frombuffer(log.status, dtype=np.int8) if len(log) else np.zeros(0, dtype=np.int8)
     done = status == STATUS_COMPLETED
@@ -200,6 +201,12 @@ def summarize(
     s["prefix_cache_reused_ratio"] = float(reused[done].sum()) / total_in if total_in else 0.0
     s["first_admission_prefix_cache_reused_ratio"] = float(first_reused[done].sum()) / total_in if total_in else 0.0
     s["kv_eviction_policy"] = "lru"
+    if kv_tier_reports:
+        from aisim.simulator.metrics.kv_tiers import kv_tier_summary
+
+        host = np.frombuffer(log.host_reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+        s["kv_tiers"] = kv_tier_summary(kv_tier_reports, int(first_reused[done].sum()), int(host[done].sum()),
+                                        total_in)
 
     s["num_ttft_samples"] = int(len(ttft))
     s["num_tpot_samples"] = int(len(tpot))

@@ -52,6 +52,29 @@ def _fmt_short(v) -> str:
     return f"{v:,.0f}" if a >= 100 else f"{v:.1f}" if a >= 10 else f"{v:.2f}"
 
 
+def kv_tier_lines(summary: dict) -> list[str]:
+    """The host/disk KV tiers' lines (only when the deployment has them)."""
+    t = summary.get("kv_tiers")
+    if not t:
+        return []
+    r, h = t["reuse"], t["host"]
+    lines = [f"First Admission Reuse by Tier: device {r['first_admission_device_ratio']:.4f}, "
+             f"host {r['first_admission_host_ratio']:.4f}"]
+    for name, key in (("Host (G2)", "host"), ("Disk (G3)", "disk")):
+        x = t.get(key)
+        if x is None:
+            continue
+        moves = (("offloaded", "offload"), ("onboarded", "onboard")) if key == "host" else (("written", "write"),
+                                                                                           ("read", "read"))
+        parts = [f"{verb} {x[k]['blocks']:,} blocks ({x[k]['bytes'] / 1e9:,.1f} GB, link busy "
+                 f"{x[k]['busy_ms'] / 1000.0:,.1f} s)" for verb, k in moves]
+        hits = (f"{x['hit_lookups']:,} of {x['lookups']:,} lookups hit" if key == "host"
+                else f"{x['lookup_hits']:,} of {x['lookup_probes']:,} probes hit")
+        lines.append(f"{name} KV tier ({x['scope']}, {x['resident_blocks']:,}/{x['capacity_blocks']:,} blocks): "
+                     f"{hits}; " + "; ".join(parts))
+    return lines
+
+
 def rejection_lines(summary: dict) -> list[str]:
     """One line per rejection reason, most frequent first (then by code): none when nothing was rejected."""
     reasons = summary.get("rejection_reasons") or {}
@@ -178,6 +201,7 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dic
     lines.append(
         f"First Admission Prefix Cache Reused Ratio: {summary.get('first_admission_prefix_cache_reused_ratio', 0):.4f}"
     )
+    lines.extend(kv_tier_lines(summary))
     if "goodput_completed_requests" in summary:
         lines.append(
             f"Goodput: {summary['goodput_completed_requests']} requests, "
