@@ -452,7 +452,11 @@ class WorkerHost:
             g = w.gaps
             if not self.direct:
                 g = g.to_wire()
-            offload = [r.offload.report() for r in w.ranks] if w.ranks[0].offload is not None else None
+            offload = None
+            if w.ranks[0].offload is not None:  # (the transfers still in flight end: complete counters)
+                for r in w.ranks:
+                    r.offload.advance(INF)
+                offload = [r.offload.report() for r in w.ranks]
             totals.append(WorkerTotals(wid, sum(r.committed_prefill_tokens for r in w.ranks),
                                        sum(r.num_generated_tokens for r in w.ranks),
                                        sum(r.num_preemptions for r in w.ranks), w.num_passes, w.num_runs, g, offload))

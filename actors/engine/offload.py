@@ -262,7 +262,7 @@ class OffloadDomain:
                 e = link.next_event()
                 if e < t_ev:
                     t_ev = e
-            if t_ev > t:
+            if t_ev > t or t_ev == INF:
                 break
             done: list[Job] = []
             for link in links:

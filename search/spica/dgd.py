@@ -141,12 +141,12 @@ def _check_supported(config: Mapping[str, Any]) -> None:
     if backend not in _WORKERS:
         raise NotSupportedError("backend", f"{backend} workers are not rendered; vllm, sglang and trtllm "
                                            "candidates render to a DGD")
-    if config.get("num_g2_blocks"):
-        raise NotSupportedError("num_g2_blocks", "host (G2) KV offload is not rendered: the replay never scores "
-                                                 "it; set num_g2_blocks 0")
+    if config.get("num_g2_blocks") and backend != "vllm":
+        raise NotSupportedError("num_g2_blocks", f"host (G2) KV offload is rendered for vllm workers only (KVBM's "
+                                                 f"connector; backend is {backend}); set num_g2_blocks 0")
     for key in CACHE_HIT_WEIGHTS:
-        if key in config:
-            raise NotSupportedError(key, "host/disk cache-hit weights come with G2 offload, which is not rendered")
+        if key in config and not config.get("num_g2_blocks"):
+            raise NotSupportedError(key, "host/disk cache-hit weights come with the host tier; set num_g2_blocks > 0")
     if config.get("aic_nextn"):
         raise NotSupportedError("aic_nextn", "speculative decoding (nextn > 0) is not rendered; set aic_nextn null")
     for key in ROUTER_ADMISSION:
@@ -333,6 +333,10 @@ def _frontend(config: Mapping[str, Any], name: str, image: str, override: str | 
                           ("prefill_load_scale", "--router-prefill-load-scale"),
                           ("router_temperature", "--router-temperature")):
             args += [flag, _arg(_need(config, key), key)]
+        for key, flag in (("host_cache_hit_weight", "--router-host-cache-hit-weight"),
+                          ("disk_cache_hit_weight", "--router-disk-cache-hit-weight")):
+            if key in config:
+                args += [flag, _arg(config[key], key)]
     else:
         raise InputError("router_mode", f"must be round_robin or kv_router, got {mode!r}")
     service = _service_head(name, "frontend", None, 1, override)
@@ -355,6 +359,10 @@ def _worker(config: Mapping[str, Any], name: str, image: str, override: str | No
         args = _sglang_worker_args(config, par, eng, role)
     else:
         args = _worker_args(config, par, eng, _VLLM_ROLE_FLAGS.get(role) if role else None)
+    g2 = config.get("num_g2_blocks")
+    if g2 and role != "decode":  # KVBM's host tier on aggregated and prefill workers (decode takes transferred KV)
+        args += ["--connector", "kvbm"]
+        service["envs"] = [{"name": "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS", "value": _arg(g2, "num_g2_blocks")}]
     service["extraPodSpec"] = {"mainContainer": {
         "image": image, "workingDir": WORKER_WORKDIRS[backend], "command": ["python3", "-m", f"dynamo.{backend}"],
         "args": args}}

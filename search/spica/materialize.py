@@ -150,21 +150,25 @@ def resolve_load(cfg: SearchConfig, flat: Mapping[str, Any], kv_load_ratio: floa
 
 # -- the predict config --------------------------------------------------------------------------
 def _check_supported(flat: Mapping[str, Any]) -> None:
-    _need(flat, "backend")
+    backend = _need(flat, "backend")
     if flat.get("num_g2_blocks"):
-        raise _unsupported("num_g2_blocks", "host (G2) KV offload is not modelled: the replay simulates only the GPU "
-                                            "KV tier; set num_g2_blocks 0")
+        if backend != "vllm":
+            raise _unsupported("num_g2_blocks", f"host (G2) KV offload is modelled for vllm workers only (backend is "
+                                                f"{backend}); set num_g2_blocks 0")
+        if flat.get("offload_batch_size") is not None:
+            raise _unsupported("offload_batch_size", "has no counterpart in the modelled offload, which stores one "
+                                                     "batch per request and pass as the reference does; leave it null")
     if flat.get("aic_nextn"):
         raise _unsupported("aic_nextn", "speculative decoding (nextn > 0) is not modelled yet; set aic_nextn null")
     for key in CACHE_HIT_WEIGHTS:
-        if key in flat:
-            raise _unsupported(key, "host/disk cache hits never occur: the replay simulates only the GPU KV tier")
+        if key in flat and not flat.get("num_g2_blocks"):
+            raise _unsupported(key, "weighs host/disk cache hits, which need the host tier; set num_g2_blocks > 0")
     for key in ROUTER_ADMISSION:
         if flat.get(key) not in (None, False):
             raise _unsupported(key, "router admission control is not modelled yet; leave it unset")
 
 
-def _worker(cfg: SearchConfig, flat: Mapping[str, Any], par: str, eng: str) -> dict[str, Any]:
+def _worker(cfg: SearchConfig, flat: Mapping[str, Any], role: str, par: str, eng: str) -> dict[str, Any]:
     worker: dict[str, Any] = {}
     if flat.get("startup_time") is not None:
         worker["startup_seconds"] = flat["startup_time"]
@@ -180,6 +184,17 @@ def _worker(cfg: SearchConfig, flat: Mapping[str, Any], par: str, eng: str) -> d
         "prefix_caching": _need(flat, f"{eng}enable_prefix_caching"),
         "capacity": {"type": "default", "memory_fraction": _need(flat, f"{eng}gpu_memory_utilization")},
     }
+    if role != "decode" and flat.get("num_g2_blocks"):
+        # the seed's deployment generator: the G2 tier on aggregated and prefill workers only
+        # (decode workers consume transferred KV)
+        if flat.get("kv_bytes_per_token") is not None:
+            worker["kv_cache"]["bytes_per_token"] = flat["kv_bytes_per_token"]
+        offload: dict[str, Any] = {"num_host_blocks": flat["num_g2_blocks"]}
+        for key, name in (("bandwidth_g1_to_g2_gbps", "d2h_bandwidth_gbps"),
+                          ("bandwidth_g2_to_g1_gbps", "h2d_bandwidth_gbps")):
+            if flat.get(key) is not None:
+                offload[name] = flat[key]
+        worker["kv_cache"]["host_offload"] = offload
     timing = cfg.engine.timing
     worker["timing"] = {"type": timing.type, **timing.model_dump(mode="json", exclude_defaults=True)}
     return worker
@@ -200,7 +215,7 @@ def _engine(cfg: SearchConfig, flat: Mapping[str, Any], mode: str) -> dict[str, 
     out["enable_chunked_prefill"] = e.enable_chunked_prefill
     if mode == "disagg" and e.kv_transfer is not None:
         out["kv_transfer"] = e.kv_transfer.model_dump(mode="json", exclude_none=True)
-    out["workers"] = {role: _worker(cfg, flat, par, eng) for role, par, eng in _ROLES[mode]}
+    out["workers"] = {role: _worker(cfg, flat, role, par, eng) for role, par, eng in _ROLES[mode]}
     return out
 
 
@@ -208,8 +223,13 @@ def _router(flat: Mapping[str, Any]) -> dict[str, Any]:
     policy = _need(flat, "router_mode")
     if policy != "kv_router":
         return {"policy": policy}
-    return {"policy": "kv_router", "overlap_score_credit": _need(flat, "overlap_score_credit"),
-            "prefill_load_scale": _need(flat, "prefill_load_scale"), "temperature": _need(flat, "router_temperature")}
+    out = {"policy": "kv_router", "overlap_score_credit": _need(flat, "overlap_score_credit"),
+           "prefill_load_scale": _need(flat, "prefill_load_scale"), "temperature": _need(flat, "router_temperature")}
+    if "host_cache_hit_weight" in flat:
+        out["host_cache_hit_weight"] = flat["host_cache_hit_weight"]
+    # (disk_cache_hit_weight goes to the DGD only: the candidate has no disk tier, so it cannot
+    # change the replay)
+    return out
 
 
 def _planner(cfg: SearchConfig, flat: Mapping[str, Any]) -> dict[str, Any]:

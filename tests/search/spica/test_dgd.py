@@ -174,6 +174,24 @@ def test_disagg_candidate_prefill_and_decode_workers():
         "decode_engine_num_gpu": 8}
 
 
+def test_the_host_tier_goes_to_prefill_workers_only_and_the_frontend_weighs_it():
+    selection = {**DISAGG_SELECTION, "host_cache_hit_weight": 1.0, "disk_cache_hit_weight": 0.5}
+    config = _flat(selection, DISAGG_SHAPE, context_length=32768, num_g2_blocks=4096, bandwidth_g1_to_g2_gbps=20.0)
+    services = render_manifest(config, DIRECT)["spec"]["services"]
+    prefill, decode = services["VllmPrefillWorker"], services["VllmDecodeWorker"]
+    assert prefill["envs"] == [{"name": "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS", "value": "4096"}]
+    assert prefill["extraPodSpec"]["mainContainer"]["args"][-2:] == ["--connector", "kvbm"]
+    assert "envs" not in decode and "kvbm" not in decode["extraPodSpec"]["mainContainer"]["args"]
+    assert services["Frontend"]["extraPodSpec"]["mainContainer"]["args"][-4:] == [
+        "--router-host-cache-hit-weight", "1.0", "--router-disk-cache-hit-weight", "0.5"]
+    # an aggregated candidate's workers carry it too
+    agg = _flat({**AGG_SELECTION, "host_cache_hit_weight": 0.75, "disk_cache_hit_weight": 0.25}, AGG_SHAPE,
+                num_g2_blocks=4096)
+    worker = render_manifest(agg, DIRECT)["spec"]["services"]["VllmDecodeWorker"]
+    assert worker["envs"][0]["value"] == "4096"
+    assert worker["extraPodSpec"]["mainContainer"]["args"][-2:] == ["--connector", "kvbm"]
+
+
 def test_a_worker_larger_than_a_node_splits_over_nodes():
     manifest = render_manifest(_disagg(), {"name": "spica", "renderer": "direct", "num_gpus_per_node": 4})
     prefill, decode = (manifest["spec"]["services"][k] for k in ("VllmPrefillWorker", "VllmDecodeWorker"))
@@ -277,7 +295,8 @@ def test_renderer_aic_is_not_supported(tmp_path):
 
 @pytest.mark.parametrize(("change", "where", "error", "message"), [
     ({"backend": "tgi"}, "backend", NotSupportedError, "vllm, sglang and trtllm candidates render"),
-    ({"num_g2_blocks": 64}, "num_g2_blocks", NotSupportedError, "G2"),
+    ({"num_g2_blocks": 64, "backend": "sglang"}, "num_g2_blocks", NotSupportedError, "vllm workers only"),
+    ({"host_cache_hit_weight": 0.75}, "host_cache_hit_weight", NotSupportedError, "num_g2_blocks > 0"),
     ({"aic_nextn": 1}, "aic_nextn", NotSupportedError, "speculative"),
     ({"moe_ep": 4}, "moe_ep", NotSupportedError, "tp x data-parallel ranks (2)"),
     ({"moe_tp": 4}, "moe_tp", NotSupportedError, "not expressible"),
