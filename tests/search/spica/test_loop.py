@@ -229,3 +229,24 @@ def test_a_search_over_three_backends_replays_each_candidate_on_its_own_and_on_r
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert {k: summary[k] for k in best["metrics"]} == best["metrics"]
+
+
+def test_a_search_with_a_host_tier_searches_the_cache_hit_weights_and_renders_kvbm(tmp_path):
+    from aisim.search.spica.materialize import prediction_config
+
+    cfg = config(search_space__router_mode=["kv_router"], search_space__agg_max_num_seqs=[64],
+                 search_space__num_g2_blocks=4096, search_space__bandwidth_g1_to_g2_gbps=16.0,
+                 search_space__host_cache_hit_weight=[0.5, 1.0], search_space__disk_cache_hit_weight=[0.0, 0.25],
+                 optimizer__max_trials=6, dgd={"name": "spica-g2"})
+    r = run_search(cfg, tmp_path, parallelism=2)
+    configs = [c["config"] for c in r.recommendation["candidates"]]
+    assert r.counts["feasible"] == len(configs) > 1
+    assert {(c["host_cache_hit_weight"], c["disk_cache_hit_weight"]) for c in configs} <= {
+        (h, d) for h in (0.5, 1.0) for d in (0.0, 0.25)}
+    assert len({c["host_cache_hit_weight"] for c in configs}) == 2  # (searched, not pinned)
+    predict = prediction_config(cfg, r.best["config"])
+    assert predict["engine"]["workers"]["aggregated"]["kv_cache"]["host_offload"] == {
+        "num_host_blocks": 4096, "d2h_bandwidth_gbps": 16.0}
+    assert predict["router"]["host_cache_hit_weight"] == r.best["config"]["host_cache_hit_weight"]
+    worker = yaml.safe_load((tmp_path / "dgd.yaml").read_text())["spec"]["services"]["VllmDecodeWorker"]
+    assert worker["envs"] == [{"name": "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS", "value": "4096"}]
