@@ -161,9 +161,9 @@ class KVCache:
         # before them (see ``_starts_run``); -1: position unknown (preloaded)
         self._loose: dict[int, int] = {}
         self._num_unplaced = 0  # entries of ``_loose`` at -1
-        # host offload: hash -> the store still copying that block to host memory; an eviction
-        # that overwrites such a block appends the store to ``fenced`` (the pass waits for it)
-        self.watch: dict | None = None
+        # host offload: the blocks stores are still copying to host memory; an eviction that
+        # overwrites such a block appends its hash to ``fenced`` (the pass waits for the copy)
+        self.watch: set | None = None
         self.fenced: list = []
 
     # -- capacity -----------------------------------------------------------------
@@ -246,6 +246,27 @@ class KVCache:
         self._heads[head.keys[0]] = head
         self._heads[keys[0]] = run
         return head
+
+    def touch(self, path: list) -> None:
+        """Make the cached inactive blocks of the hit ``path`` (from ``match_prefix``, nothing
+        changed since) the most recently released, the chain's tail first: what ``acquire`` and
+        ``release`` by one request do, without the holding."""
+        zeros = []
+        for run, n in path:
+            if n < len(run.keys):
+                run = self._split(run, n)
+            if not run.holders:
+                zeros.append(run)
+        if zeros:
+            zeros.reverse()
+            self._stamp += 1
+            stamp = self._stamp
+            for run in zeros:
+                run.stamp = stamp
+            self._batches.append([stamp, zeros, 0])
+            self._batch_entries += len(zeros)
+            if self._batch_entries > 2 * self.num_inactive + 4096:
+                self._compact()
 
     # -- allocation -----------------------------------------------------------------
     def grow(self, req, target_tokens: int, hashes: memoryview | None) -> bool:
@@ -497,8 +518,8 @@ class KVCache:
         self.num_evicted += count
         if victims is not None:
             gone = hash_view(bytes(victims))
-            if watch and not watch.keys().isdisjoint(gone):
-                self.fenced.extend([watch[h] for h in gone if h in watch])
+            if watch and not watch.isdisjoint(gone):
+                self.fenced.extend([h for h in gone if h in watch])
             if self.events is not None:
                 self.events.append((REMOVED, gone))
 

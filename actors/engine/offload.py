@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from itertools import filterfalse, islice, repeat
 
+from aisim.actors.engine.kv_cache import REMOVED, STORED, KVCache
 from aisim.actors.hashing import hash_view
 
 INF = float("inf")
@@ -95,7 +95,7 @@ class Job:
     """One transfer: ``keys`` (a hash view) of ``nbytes`` from ``client``."""
 
     __slots__ = ("id", "kind", "client", "keys", "nbytes", "submit_ms", "start_ms", "left", "cap", "done_ms",
-                 "req", "tier", "link", "ended")
+                 "req", "tier", "link", "ended", "hold")
 
     def __init__(self, jid: int, kind: int, client, keys, nbytes: int, submit_ms: float, tier, req=None) -> None:
         self.id = jid
@@ -112,25 +112,30 @@ class Job:
         self.tier = tier
         self.link = None
         self.ended = False
+        self.hold = None  # the host-tier blocks it holds (a _Hold), released when it ends
 
 
 class FifoLane:
     """A private link direction: jobs one after another, each end fixed when it is sent."""
 
-    __slots__ = ("tail_ms", "queue")
+    __slots__ = ("tail_ms", "queue", "domain")
 
     def __init__(self) -> None:
         self.tail_ms = 0.0
         self.queue: deque[Job] = deque()  # in send order = completion order
+        self.domain: OffloadDomain | None = None
 
     def send(self, job: Job, ready_ms: float, latency_ms: float, rate: float) -> None:
         start = ready_ms + latency_ms
         if self.tail_ms > start:
             start = self.tail_ms
         job.start_ms = start
-        job.done_ms = self.tail_ms = start + (job.nbytes / rate if rate < INF else 0.0)
+        job.done_ms = self.tail_ms = done = start + (job.nbytes / rate if rate < INF else 0.0)
         job.link = self
         self.queue.append(job)
+        d = self.domain
+        if done < d.next_t:
+            d.next_t = done
 
     def next_event(self) -> float:
         return self.queue[0].done_ms if self.queue else INF
@@ -147,18 +152,22 @@ class FifoLane:
 class ShareLink:
     """A shared link direction: equal-share service of its jobs (see the module doc)."""
 
-    __slots__ = ("rate", "jobs", "now")
+    __slots__ = ("rate", "jobs", "now", "domain")
 
     def __init__(self, shared_gbps: float) -> None:
         self.rate = bytes_per_ms(shared_gbps)
         self.jobs: list[Job] = []  # in send order
         self.now = 0.0
+        self.domain: OffloadDomain | None = None
 
     def send(self, job: Job, ready_ms: float, latency_ms: float, rate: float) -> None:
         job.start_ms = ready_ms + latency_ms
         job.cap = rate
         job.link = self
         self.jobs.append(job)
+        d = self.domain  # (its first byte is an event; the others' ends only move later)
+        if job.start_ms < d.next_t:
+            d.next_t = job.start_ms
 
     def _rates(self) -> list[tuple[Job, float]]:
         now = self.now
@@ -233,13 +242,21 @@ class ShareLink:
 class OffloadDomain:
     """The tiers and links that share one clock (a rank's, or a deployment's shared ones)."""
 
-    __slots__ = ("links", "now", "next_id", "generation")
+    __slots__ = ("links", "shared", "now", "next_id", "generation", "next_t")
 
     def __init__(self) -> None:
         self.links: list = []
+        self.shared: list = []  # the links of ``links`` that share (their bytes drain as time passes)
+        self.next_t = INF  # no event before it (a lower bound: sending a job lowers it)
         self.now = 0.0
         self.next_id = 0
         self.generation = 0  # completions so far (a deferred lookup retries after one)
+
+    def add(self, link) -> None:
+        link.domain = self
+        self.links.append(link)
+        if isinstance(link, ShareLink):
+            self.shared.append(link)
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -255,6 +272,12 @@ class OffloadDomain:
 
     def advance(self, t: float) -> None:
         """Complete every job ending by ``t``, in time order (what they trigger too)."""
+        if t < self.next_t:  # (nothing ends by then)
+            for link in self.shared:
+                link.run_to(t, [])
+            if t > self.now:
+                self.now = t
+            return
         links = self.links
         while True:
             t_ev = INF
@@ -263,6 +286,7 @@ class OffloadDomain:
                 if e < t_ev:
                     t_ev = e
             if t_ev > t or t_ev == INF:
+                self.next_t = t_ev
                 break
             done: list[Job] = []
             for link in links:
@@ -275,9 +299,8 @@ class OffloadDomain:
                     job.ended = True
                     job.tier.complete(job, t_ev)
                 self.generation += 1
-        for link in links:
-            if isinstance(link, ShareLink):
-                link.run_to(t, [])  # (nothing ends before the next event)
+        for link in self.shared:
+            link.run_to(t, [])  # (nothing ends before the next event)
         if t > self.now:
             self.now = t
 
@@ -316,115 +339,162 @@ class TierStats:
                 "transfer_ms": self.transfer_ms, "busy_ms": self.busy_ms}
 
 
-def _lru_insert(lru: OrderedDict, keys) -> None:
-    """Make ``keys`` (chain order, none of them in ``lru``) the most recent, the first block most
-    recent of all (the chain's tail goes first)."""
-    lru.update(dict.fromkeys(keys[::-1]))
+class _Hold:
+    """Holds host-tier blocks for one transfer (the pending blocks of a store or a G3 read, the
+    blocks an onboarding reads): the request-side fields ``KVCache`` keeps holdings in."""
+
+    __slots__ = ("held", "num_held", "num_private", "num_full_registered", "dup_tail", "hashes")
+
+    def __init__(self) -> None:
+        self.held: list = []
+        self.num_held = 0
+        self.num_private = 0
+        self.num_full_registered = 0
+        self.dup_tail = False
+        self.hashes = None
 
 
-def _drain(it) -> None:
-    """Run an iterator (of calls with side effects) to its end at C speed."""
-    deque(it, 0)
+_GPU_TO_HOST_EVENT = {STORED: HOST_STORED, REMOVED: HOST_REMOVED}
 
 
 class HostTier:
-    """A G2 pool: resident entries (LRU), pending ones (a store or a G3 read in flight) and pins
-    (in-flight onboarding, G3 writes), with the ranks that see its KV events."""
+    """A G2 pool, kept as the GPU cache is (``KVCache`` over one-token blocks, so chain positions
+    are block counts): resident unpinned entries are its cached inactive blocks (LRU, a chain's
+    tail evicted first), pending and pinned ones are blocks held by a transfer (``_Hold``: a store
+    or G3 read in flight, an onboarding, a G3 write of stored blocks). A lookup or a finished
+    transfer makes the blocks it covers the most recent (one release batch). Every operation costs
+    one step per run of consecutive blocks it touches, not one per block."""
 
-    __slots__ = ("capacity", "lru", "pending", "pins", "loading", "subscribers", "version", "num_evictions",
-                 "block_bytes")
+    __slots__ = ("capacity", "block_bytes", "kv", "subscribers", "version", "num_pending")
 
     def __init__(self, capacity: int, block_bytes: int) -> None:
         self.capacity = capacity
         self.block_bytes = block_bytes
-        self.lru: OrderedDict = OrderedDict()
-        self.pending: dict[int, Job | None] = {}
-        self.pins: dict[int, int] = {}  # resident key -> pins (onboarding and G3 writes)
-        self.loading: dict[int, int] = {}  # resident key -> onboarding jobs reading it
+        self.kv = KVCache(capacity, 1, True, False)
         self.subscribers: list = []  # KV event lists of the ranks the router indexes
-        self.version = 0  # bumped by every change of the LRU order
-        self.num_evictions = 0
+        self.version = 0  # bumped by every change of the recency order
+        self.num_pending = 0  # blocks of stores and G3 reads in flight
+
+    def subscribe(self, sink: list) -> None:
+        if self.kv.events is None:
+            self.kv.events = []
+        self.subscribers.append(sink)
 
     @property
     def num_used(self) -> int:
-        return len(self.lru) + len(self.pending)
+        kv = self.kv
+        return kv.num_active + kv.num_inactive
 
-    def has(self, key: int) -> bool:
-        return key in self.lru or key in self.pending
+    @property
+    def num_evictions(self) -> int:
+        return self.kv.num_evicted
 
-    def touch(self, keys) -> None:
-        """A lookup: the resident ones of ``keys`` become the most recent (the first most)."""
-        lru = self.lru
-        _drain(map(lru.move_to_end, filter(lru.__contains__, keys[::-1])))
+    def _publish(self) -> None:
+        events = self.kv.events
+        if events:
+            for kind, keys in events:
+                ev = (_GPU_TO_HOST_EVENT[kind], keys)
+                for sink in self.subscribers:
+                    sink.append(ev)
+            events.clear()
+
+    def prefix(self, hashes, limit: int) -> tuple[int, list]:
+        """How many leading ``hashes`` (up to ``limit``) the pool holds, and the path to them."""
+        n, _, path = self.kv.match_prefix(hashes, limit)
+        return n, path
+
+    def span(self, hashes, lo: int, hi: int) -> tuple[int, list, int]:
+        """The pool's blocks of ``hashes`` consecutive from ``lo`` (below ``hi``): (where they end,
+        the path to them, where the path starts - 0, or the start of the run holding ``lo`` when
+        the pool lost a block before it). Ends at or before ``lo`` when the pool lacks ``lo``."""
+        kv = self.kv
+        n, _, path = kv.match_prefix(hashes, hi)
+        if n > lo or not lo:
+            return n, path, 0
+        heads = kv._heads
+        key = hashes[lo]
+        for p in range(lo, n, -1):  # (a gap: the run holding ``lo`` starts after it, if any)
+            run = heads.get(hashes[p])
+            if run is not None:
+                off = lo - p
+                if off < len(run.keys) and run.keys[off] == key:
+                    m, _, sub = kv.match_prefix(hashes[p:hi], hi - p)
+                    return p + m, sub, p
+                break  # (the run starting at p holds hashes[p]: no earlier one reaches lo)
+        return n, path, 0
+
+    @staticmethod
+    def held_in(path: list, lo: int, hi: int) -> bool:
+        """Whether a transfer holds one of the path's blocks ``lo`` to ``hi`` (pending or being read)."""
+        pos = 0
+        for run, n in path:
+            if pos >= hi:
+                break
+            if run.holders and pos + n > lo:
+                return True
+            pos += n
+        return False
+
+    def touch(self, path: list) -> None:
+        """A lookup: the path's blocks become the most recent (the first block most)."""
+        if path:
+            self.kv.touch(path)
         self.version += 1
 
-    def make_room(self, n: int) -> bool:
-        """Room for ``n`` new entries, evicting unpinned LRU entries; False (nothing changed)
-        when they do not fit."""
-        free = self.capacity - len(self.lru) - len(self.pending)
-        if n <= free:
-            return True
-        need = n - free
-        lru = self.lru
-        pins = self.pins
-        if need > len(lru) - len(pins):
-            return False
-        victims = list(islice(filterfalse(pins.__contains__, lru) if pins else lru, need))
-        _drain(map(lru.pop, victims))
-        self.num_evictions += need  # (the order of the rest stands: ``version`` stays)
-        if self.subscribers:
-            ev = (HOST_REMOVED, hash_view(victims))
-            for sink in self.subscribers:
-                sink.append(ev)
-        return True
+    def reserve_new(self, hashes, start: int, end: int, parent_resident: bool) -> _Hold | None:
+        """Pending entries for ``hashes[start:end]`` (not in the pool), evicting LRU entries; None
+        (nothing changed) when the unpinned entries cannot make room."""
+        kv = self.kv
+        n = end - start
+        if not kv.reserve(n):
+            return None
+        h = _Hold()
+        h.num_private = n
+        h.num_full_registered = start
+        h.hashes = hashes
+        kv.register(h, hashes, end)
+        if start and not parent_resident and hashes[start] in kv._heads:
+            kv._loose[hashes[start]] = start  # (a run whose parent is not in the pool)
+        self.num_pending += n
+        self._publish()
+        return h
 
-    def pin(self, keys, loading: bool) -> None:
-        pins = self.pins
-        for k in keys:
-            pins[k] = pins.get(k, 0) + 1
-        if loading:
-            ld = self.loading
-            for k in keys:
-                ld[k] = ld.get(k, 0) + 1
+    def hold_range(self, hashes, lo: int, hi: int) -> _Hold:
+        """Hold the resident blocks ``hashes[lo:hi]`` (an onboarding reads them)."""
+        kv = self.kv
+        if lo:
+            _, path, pos = self.span(hashes, lo, lo + 1)
+            for run, n in path:
+                if pos + n > lo:
+                    if pos < lo:  # (a run starts at lo, so the hold begins there)
+                        kv._split(run, lo - pos)
+                    break
+                pos += n
+            kv._loose[hashes[lo]] = lo  # (its parent may now be evicted before it)
+        _, _, sub = kv.match_prefix(hashes[lo:hi], hi - lo)
+        h = _Hold()
+        kv.acquire(h, sub)
+        return h
 
-    def unpin(self, keys, loading: bool) -> None:
-        pins = self.pins
-        for k in keys:
-            c = pins[k] - 1
-            if c:
-                pins[k] = c
-            else:
-                del pins[k]
-        if loading:
-            ld = self.loading
-            for k in keys:
-                c = ld[k] - 1
-                if c:
-                    ld[k] = c
-                else:
-                    del ld[k]
-
-    def resident(self, keys) -> None:
-        """Pending ``keys`` became resident (a store or a G3 read ended)."""
-        _drain(map(self.pending.pop, keys))
-        _lru_insert(self.lru, keys)
+    def release(self, h: _Hold, pending: int = 0) -> None:
+        """A transfer ended: its blocks are resident and the most recent (one batch)."""
+        self.kv.release(h)
+        self.num_pending -= pending
         self.version += 1
-        if self.subscribers:
-            ev = (HOST_STORED, keys)
-            for sink in self.subscribers:
-                sink.append(ev)
+        self._publish()
 
     def complete(self, job: Job, now: float) -> None:
         client = job.client
         if job.kind == STORE:
-            self.resident(job.keys)
             client.store_ended(job, now)
             g3 = client.g3  # (the storing rank's G3: its worker's, or the shared one)
-            if g3 is not None:
-                g3.write_through(self, job, now)
+            self.num_pending -= len(job.keys)
+            if g3 is None or not g3.write_through(self, job, now):
+                self.release(job.hold)
+            else:
+                self.version += 1  # (written on to G3: the blocks stay held until that write ends)
         elif job.kind == LOAD:
-            self.unpin(job.keys, True)
-            self.touch(job.keys)  # (one recency epoch for the blocks it read)
+            self.release(job.hold)  # (one recency epoch for the blocks it read)
             client.load_ended(job, now)
         else:  # pragma: no cover - a G3 job's tier is the G3 tier
             raise AssertionError(job.kind)
@@ -446,23 +516,24 @@ class G3Tier:
         self.domain = domain
         self.read = ShareLink(spec.shared_read_gbps if spec.shared else 0.0)
         self.write = ShareLink(spec.shared_write_gbps if spec.shared else 0.0)
-        domain.links.append(self.write)
-        domain.links.append(self.read)
+        domain.add(self.write)
+        domain.add(self.read)
         self.writer: dict[int, int] = {}  # key -> id of the client that wrote it (cross-worker reads)
         self.subscribers: list = []  # KV event lists of the ranks the router indexes
         self.stats = {"lookup_probes": 0, "lookup_hits": 0, "lookup_pending": 0, "evictions": 0,
                       "cross_worker_read_blocks": 0}
 
-    def write_through(self, g2: HostTier, store: Job, now: float) -> None:
-        """A G2 store ended: write the blocks G3 lacks as one job (skipped when they do not fit)."""
+    def write_through(self, g2: HostTier, store: Job, now: float) -> bool:
+        """A G2 store ended: write the blocks G3 lacks as one job, the G2 copies held until it
+        ends (False: nothing to write, or no room - the reference skips the write silently)."""
         keys = [k for k in store.keys if k not in self.lru and k not in self.pending]
         if not keys:
-            return
+            return False
         free = self.capacity - len(self.lru) - len(self.pending)
         if len(keys) > free:
             need = len(keys) - free
             if need > len(self.lru) - len(self.pins):
-                return  # (the reference skips the write silently)
+                return False
             victims = []
             for k in self.lru:
                 if k not in self.pins:
@@ -480,12 +551,13 @@ class G3Tier:
         view = hash_view(keys)
         client = store.client
         job = Job(self.domain.new_id(), G3_WRITE, client, view, len(keys) * self.block_bytes, now, self)
-        job.req = g2  # (the G2 tier whose copies stay pinned until the write ends)
+        job.req = g2
+        job.hold = store.hold  # (the G2 copies stay held until the write ends)
         for k in keys:
             self.pending[k] = job
-        g2.pin(view, False)
         self.write.send(job, now, self.spec.latency_ms, bytes_per_ms(self.spec.write_gbps))
         client.g3_write.sent(job, now)
+        return True
 
     def probe(self, key: int) -> int:
         """1: resident, 0: absent, -1: being written."""
@@ -498,15 +570,16 @@ class G3Tier:
             return -1
         return 0
 
-    def promote(self, g2: HostTier, keys: list, client, now: float) -> bool:
-        """Read ``keys`` (resident here) into new pending G2 entries; False when G2 has no room."""
-        if not g2.make_room(len(keys)):
+    def promote(self, g2: HostTier, hashes, lo: int, hi: int, parent_resident: bool, client, now: float) -> bool:
+        """Read ``hashes[lo:hi]`` (resident here) into new pending G2 entries; False when G2 has no room."""
+        hold = g2.reserve_new(hashes, lo, hi, parent_resident)
+        if hold is None:
             return False
-        view = hash_view(keys)
-        job = Job(self.domain.new_id(), G3_READ, client, view, len(keys) * self.block_bytes, now, self)
+        view = hashes[lo:hi]
+        job = Job(self.domain.new_id(), G3_READ, client, view, (hi - lo) * self.block_bytes, now, self)
         job.req = g2
-        for k in keys:
-            g2.pending[k] = job
+        job.hold = hold
+        for k in view:
             self.pins[k] = self.pins.get(k, 0) + 1
             self.lru.move_to_end(k)
             w = self.writer.get(k)
@@ -523,7 +596,7 @@ class G3Tier:
                 del self.pending[k]
                 self.lru[k] = None
                 self.writer[k] = job.client.worker_key
-            g2.unpin(job.keys, False)
+            g2.release(job.hold)
             job.client.g3_write.ended(job, now)
             if self.subscribers:
                 ev = (DISK_STORED, job.keys)
@@ -537,7 +610,7 @@ class G3Tier:
                     pins[k] = c
                 else:
                     del pins[k]
-            g2.resident(job.keys)
+            g2.release(job.hold, len(job.keys))
             job.client.g3_read.ended(job, now)
 
 
@@ -563,7 +636,7 @@ class RankOffload:
 
     __slots__ = ("spec", "domain", "tier", "d2h", "h2d", "g3", "d2h_rate", "h2d_rate", "sources", "cohorts",
                  "store_stats", "load_stats", "g3_read", "g3_write", "lookups", "hit_lookups", "hit_blocks",
-                 "retries", "worker_key", "block_size", "loading", "lagging")
+                 "retries", "worker_key", "block_size", "loading", "lagging", "stores")
 
     def __init__(self, spec: HostOffloadSpec, domain: OffloadDomain, tier: HostTier, g3: G3Tier | None, d2h, h2d,
                  block_size: int, worker_key: int) -> None:
@@ -576,7 +649,10 @@ class RankOffload:
         self.d2h_rate = bytes_per_ms(spec.d2h_gbps)
         self.h2d_rate = bytes_per_ms(spec.h2d_gbps)
         self.block_size = block_size
-        self.sources: dict[int, Job] = {}  # key -> this rank's store in flight reading that GPU block
+        # GPU blocks this rank's stores in flight are still copying, once their request let go of
+        # them (an eviction could overwrite them)
+        self.sources: set[int] = set()
+        self.stores: list[Job] = []  # those stores, in sending order
         self.cohorts: list = []  # (request, keys) prepared for the pass being scheduled
         self.store_stats = TierStats()
         self.load_stats = TierStats()
@@ -596,72 +672,63 @@ class RankOffload:
     def next_event_ms(self) -> float:
         return self.domain.next_event_ms()
 
-    def quiet(self) -> bool:
-        """Nothing of this rank in flight (no store source to fence, no onboarding or deferred lookup)."""
-        return not self.sources and not self.loading
-
     def done_by(self, job: Job) -> float:
         """When ``job`` ends (a shared link's: as predicted now)."""
         return job.done_ms if job.done_ms is not None else job.link.predict(job)
 
+    def fence_ms(self, fenced: list) -> float:
+        """When the stores behind ``fenced`` end: GPU blocks (hashes) an eviction overwrote while
+        a store of this rank was still copying them, or a preempted request's last store (a Job)."""
+        out = 0.0
+        for x in fenced:
+            if isinstance(x, Job):
+                t = self.done_by(x)
+            else:
+                t = max([self.done_by(j) for j in self.stores if x in j.keys], default=0.0)
+            if t > out:
+                out = t
+        return out
+
     # -- lookup and onboarding ------------------------------------------------------------------
     def lookup(self, req, state: RequestOffload, hashes, pos: int, full: int, now_ms: float) -> tuple[int, int]:
         """G2 blocks continuing a GPU hit of ``pos`` blocks (up to ``full``): (blocks, HIT or DEFER).
-        Touches the request's prompt keys; a G3 hit starts a promotion (DEFER)."""
+        Makes the request's cached prompt blocks the most recent; a G3 hit starts a promotion
+        (DEFER). G2 is probed from the prompt's first block: a block G2 lost ends its hit."""
         tier = self.tier
         self.lookups += 1
         if state.store is not None and not state.store.ended:
             return 0, DEFER  # (its own latest store is still in flight)
-        lru = tier.lru
-        pending = tier.pending
-        loading = tier.loading
+        n, path, p0 = tier.span(hashes, pos, full)
+        if state.version != tier.version:
+            tier.touch(path)
+            state.version = tier.version
+        if n > pos and tier.held_in(path, pos - p0, n - p0):
+            return 0, DEFER  # (a block it needs is being stored or read)
+        hit = n - pos if n > pos else 0
         g3 = self.g3
-        start = pos
-        promote: list = []
-        g2_run = -1  # the G2 hits before the first block found only in G3
-        outcome = HIT
-        while pos < full:
-            k = hashes[pos]
-            if k in lru:
-                if k in loading:
-                    outcome = DEFER
-                    break
-            elif k in pending:
-                outcome = DEFER
-                break
-            elif g3 is not None:
-                p = g3.probe(k)
+        if g3 is not None and pos + hit < full:
+            lo = pos + hit
+            hi = lo
+            while hi < full:
+                p = g3.probe(hashes[hi])
                 if p < 0:
-                    outcome = DEFER
-                    break
+                    return 0, DEFER
                 if p == 0:
                     break
-                if not promote:
-                    g2_run = pos - start
-                promote.append(k)
-            else:
-                break
-            pos += 1
-        if state.version != tier.version:
-            tier.touch(hashes[:full])
-            state.version = tier.version
-        if outcome == DEFER:
-            return 0, DEFER
-        if promote:
-            if g3.promote(tier, promote, self, now_ms):
+                hi += 1
+            if hi > lo and g3.promote(tier, hashes, lo, hi, lo == n, self, now_ms):
                 return 0, DEFER
-            pos = start + g2_run  # (G2 has no room for them: the G2 hits before them)
-        n = pos - start
-        if n:
+        if hit:
             self.hit_lookups += 1
-            self.hit_blocks += n
-        return n, HIT
+            self.hit_blocks += hit
+        return hit, HIT
 
-    def start_load(self, req, state: RequestOffload, keys, now_ms: float, fence_ms: float) -> None:
-        """Onboard ``keys`` (resident in G2) into the GPU blocks ``req`` reserved."""
+    def start_load(self, req, state: RequestOffload, hashes, lo: int, hi: int, now_ms: float,
+                   fence_ms: float) -> None:
+        """Onboard ``hashes[lo:hi]`` (resident in G2) into the GPU blocks ``req`` reserved."""
         tier = self.tier
-        job = Job(self.domain.new_id(), LOAD, self, keys, len(keys) * tier.block_bytes, now_ms, tier, req)
-        tier.pin(keys, True)
+        job = Job(self.domain.new_id(), LOAD, self, hashes[lo:hi], (hi - lo) * tier.block_bytes, now_ms, tier, req)
+        job.hold = tier.hold_range(hashes, lo, hi)
         ready = fence_ms if fence_ms > now_ms else now_ms
         self.h2d.send(job, ready, self.spec.latency_ms, self.h2d_rate)
         self.load_stats.sent(job, now_ms)
@@ -672,63 +739,90 @@ class RankOffload:
 
     # -- stores -------------------------------------------------------------------------------
     def prepare_store(self, req, state: RequestOffload, upto: int) -> None:
-        """Pass start: the cohort of ``req``'s complete prompt blocks up to ``upto`` not yet in G2."""
-        cur = state.cursor
+        """Pass start: the cohort of ``req``'s complete prompt blocks up to ``upto`` that G2 lacks
+        (after the ones it holds from the first block on, or the stored cursor)."""
         hashes = req.hashes
         tier = self.tier
-        lru = tier.lru
-        pending = tier.pending
-        missing = list(filterfalse(pending.__contains__, filterfalse(lru.__contains__, hashes[cur:upto])))
-        if not missing:
+        cur = state.cursor
+        n, path = tier.prefix(hashes, upto)
+        if n >= upto:
             state.cursor = upto
             return
-        if len(missing) > tier.capacity:
+        start = n
+        if n < cur:  # (G2 lost a block before the cursor: what it holds from the cursor on)
+            e, _, _ = tier.span(hashes, cur, upto)
+            start = e if e > cur else cur
+            if start >= upto:
+                state.cursor = upto
+                return
+        if upto - start > tier.capacity:
             state.stuck = True  # (retried forever by the reference: never stored)
             state.cursor = upto
             self.retries += 1
             return
-        if not tier.make_room(len(missing)):
+        if state.version != tier.version:  # (a successful prepare repeats the lookup's touch)
+            tier.touch(path)
+        hold = tier.reserve_new(hashes, start, upto, start == n or start > cur)
+        if hold is None:
             self.retries += 1
             self.lagging.add(req)
             return  # (retried at the request's next pass)
-        for k in missing:
-            pending[k] = None
-        if state.version != tier.version:  # (else its last touch is still the latest change of the order)
-            tier.touch(hashes[: req.prompt_len // self.block_size])
-            state.version = tier.version
+        state.version = tier.version
         state.cursor = upto
-        self.cohorts.append((req, state, missing))
+        self.cohorts.append((req, state, hold, start, upto))
         if self.lagging:
             self.lagging.discard(req)
 
     def submit_stores(self, end_ms: float) -> None:
         """Pass end: send the pass's cohorts (one job each, in scheduling order)."""
         tier = self.tier
-        for req, state, missing in self.cohorts:
-            keys = hash_view(missing)
-            job = Job(self.domain.new_id(), STORE, self, keys, len(missing) * tier.block_bytes, end_ms, tier, req)
-            entries = dict.fromkeys(missing, job)
-            tier.pending.update(entries)
-            self.sources.update(entries)
+        for req, state, hold, start, upto in self.cohorts:
+            keys = req.hashes[start:upto]
+            job = Job(self.domain.new_id(), STORE, self, keys, (upto - start) * tier.block_bytes, end_ms, tier, req)
+            job.hold = hold
+            self.stores.append(job)
             self.d2h.send(job, end_ms, self.spec.latency_ms, self.d2h_rate)
             self.store_stats.sent(job, end_ms)
             state.store = job
         self.cohorts = []
 
     def store_ended(self, job: Job, now: float) -> None:
-        # (a key is in one store at a time: G2 holds it pending until that store ends)
-        _drain(map(self.sources.pop, job.keys, repeat(None)))
+        if job.req is None:  # (its request let go of the GPU blocks before the copy ended)
+            self.sources.difference_update(job.keys)
+        self.stores.remove(job)
         self.store_stats.ended(job, now)
 
+    def released(self, req) -> None:
+        """``req`` let go of its GPU blocks (completed, preempted, handed off) while stores of its
+        blocks may still be copying them: from now on an eviction of one of those blocks waits
+        for its copy (while the request holds them nothing can overwrite them)."""
+        for job in self.stores:
+            if job.req is req:
+                job.req = None
+                self.sources.update(job.keys)
+
+    def run_cap(self, batch: list, remaining: list) -> int | None:
+        """How many passes a decode run of ``batch`` may take before a request whose store is
+        still in flight completes (its GPU blocks would then need watching): None when none is."""
+        cap = None
+        for job in self.stores:
+            req = job.req
+            if req is not None:
+                for r, left in zip(batch, remaining):
+                    if r is req and (cap is None or left - 1 < cap):
+                        cap = left - 1
+        return cap
+
     def quiet_for_run(self, rank) -> bool:
-        """Whether the rank's next passes may be fast-forwarded as a decode run: nothing of its own
-        in flight (no store whose GPU blocks an eviction would have to wait for, no onboarding or
-        deferred lookup), no cohort to retry, and - when a waiting request could be admitted
-        between passes - no tier entry in flight that could turn its lookup deferred."""
+        """Whether the rank's next passes may be fast-forwarded as a decode run: no GPU block a
+        store is still copying can be evicted (their requests hold them; ``run_cap`` ends the run
+        before one of those requests completes), no onboarding or deferred lookup, no cohort to
+        retry, and - when a waiting request could be admitted between passes - no tier entry in
+        flight that could turn its lookup deferred."""
         if self.sources or self.loading or self.lagging:
             return False
         if rank.waiting and len(rank.running) < rank.config.max_sequences:
-            if self.tier.pending or (self.g3 is not None and self.g3.pending):
+            if self.tier.num_pending or (self.g3 is not None and self.g3.pending):
                 return False
         return True
 
@@ -738,8 +832,9 @@ class RankOffload:
         named once per replay by ``shared``)."""
         t = self.tier
         out = {
-            "tier": {"shared": self.spec.shared, "capacity_blocks": t.capacity, "resident_blocks": len(t.lru),
-                     "used_blocks": t.num_used, "evictions": t.num_evictions, "block_bytes": t.block_bytes},
+            "tier": {"shared": self.spec.shared, "capacity_blocks": t.capacity,
+                     "resident_blocks": t.num_used - t.num_pending, "used_blocks": t.num_used,
+                     "evictions": t.num_evictions, "block_bytes": t.block_bytes},
             "g2_lookups": self.lookups,
             "g2_hit_lookups": self.hit_lookups,
             "g2_hit_blocks": self.hit_blocks,
@@ -789,15 +884,17 @@ class OffloadRegistry:
             if self._shared_g2 is None:
                 self._shared_g2 = HostTier(spec.num_blocks, spec.block_bytes)
                 self._shared_links = (ShareLink(spec.shared_d2h_gbps), ShareLink(spec.shared_h2d_gbps))
-                domain.links.extend(self._shared_links)
+                for link in self._shared_links:
+                    domain.add(link)
             tier = self._shared_g2
             d2h, h2d = self._shared_links
         else:
             tier = HostTier(spec.num_blocks, spec.block_bytes)
             d2h, h2d = FifoLane(), FifoLane()
-            domain.links.extend((d2h, h2d))
+            domain.add(d2h)
+            domain.add(h2d)
         if events is not None:
-            tier.subscribers.append(events)
+            tier.subscribe(events)
             if g3 is not None:
                 g3.subscribers.append(events)
         return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)

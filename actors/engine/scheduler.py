@@ -568,6 +568,7 @@ class RankScheduler(RankQueues):
         n1, active1, hits1 = kv.match_prefix(hashes, full)
         if n1 >= full:
             return self._fit(req, known)
+        limit = (known - self._reuse_last) // bs
         off = self.offload
         state = req.offload
         if state is None:
@@ -578,10 +579,12 @@ class RankScheduler(RankQueues):
             state.gen = off.domain.generation
             off.loading.append(req)
             return False
-        if not n2:
-            return self._fit(req, known)
         if not self.policy.fits(req, known, active1):
-            return None
+            return None  # (``_fit``'s answer too: the hit is the same below ``limit``)
+        if not n2:
+            if n1 <= limit:  # (``_fit``'s match: the same blocks)
+                return hashes, n1 * bs, hits1
+            return self._fit(req, known)
         self.waiting.popleft()
         kv.acquire(req, hits1)
         mark = len(kv.fenced)  # (the running requests' evictions fence the pass; these the onboarding)
@@ -590,10 +593,10 @@ class RankScheduler(RankQueues):
             self.waiting.appendleft(req)
             return None
         req.num_private += n2
-        fence = max([off.done_by(j) for j in kv.fenced[mark:]], default=0.0)
+        fence = off.fence_ms(kv.fenced[mark:])
         del kv.fenced[mark:]
         state.g1_blocks = n1
-        off.start_load(req, state, hashes[n1 : n1 + n2], now_ms, fence)
+        off.start_load(req, state, hashes, n1, n1 + n2, now_ms, fence)
         off.loading.append(req)
         return False
 
@@ -683,7 +686,7 @@ class RankScheduler(RankQueues):
         fenced = self.kv.fenced
         if not fenced:
             return 0.0
-        fence = max([off.done_by(j) for j in fenced])
+        fence = off.fence_ms(fenced)
         fenced.clear()
         return fence - now_ms if fence > now_ms else 0.0
 
@@ -715,10 +718,13 @@ class RankScheduler(RankQueues):
     def _preempt(self, req: Request) -> None:
         if self._tracks:
             self.policy.left(req)
-        if self.offload is not None and req.offload is not None:  # (its blocks wait for its last store)
+        off = self.offload
+        if off is not None and req.offload is not None:  # (its blocks wait for its last store)
             store = req.offload.store
             if store is not None and not store.ended:
                 self.kv.fenced.append(store)
+            if off.stores:
+                off.released(req)
         self.kv.release(req)
         req.num_computed = 0
         req.prefill_done = False
@@ -832,10 +838,13 @@ class RankScheduler(RankQueues):
         kv = self.kv
         running = self.running
         left = self.policy.left if self._tracks else None
+        off = self.offload
         for req in reqs:
             if left is not None:
                 left(req)
             kv.release(req)
+            if off is not None and off.stores:
+                off.released(req)
             req.hashes = None
             completed.append(req)
             running.remove(req)
@@ -845,6 +854,8 @@ class RankScheduler(RankQueues):
         if self._tracks:
             self.policy.source_released(req)
         self.kv.release(req)
+        if self.offload is not None and self.offload.stores:
+            self.offload.released(req)
 
     # -- fast-forward support -----------------------------------------------------------
     def plan_decode_run(self, max_passes: int):
@@ -878,6 +889,10 @@ class RankScheduler(RankQueues):
         k = min(max_passes, max(remaining) if not (self.waiting or self.policy.pending) else first)
         c0 = [r.num_computed for r in running]
         k = self.blocks_bound(c0, remaining, k)
+        if off is not None and off.stores:
+            cap = off.run_cap(running, remaining)
+            if cap is not None and cap < k:
+                k = cap
         if k <= 0:
             return None
         return k, list(running), c0, g0, known, remaining

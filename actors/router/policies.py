@@ -18,6 +18,7 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
+from itertools import islice, takewhile
 from collections.abc import Sequence
 
 import numpy as np
@@ -268,11 +269,7 @@ class _Candidate:
 
 def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
     """How many of ``hashes[pos:]`` are in ``tier``, consecutively from ``pos``."""
-    n = len(hashes)
-    i = pos
-    while i < n and hashes[i] in tier:
-        i += 1
-    return i - pos
+    return len(list(takewhile(tier.__contains__, islice(hashes, pos, None))))
 
 
 class KvRouter:

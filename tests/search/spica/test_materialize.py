@@ -296,7 +296,7 @@ def test_a_gpu_floor_becomes_the_planners_floor():
 
 # -- unsupported values ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("space", "where", "needle"), [
-    ({"num_g2_blocks": 1000}, "num_g2_blocks", "host (G2) KV offload"),
+    ({"num_g2_blocks": 1000, "offload_batch_size": 8}, "offload_batch_size", "no counterpart"),
     ({"aic_nextn": 1}, "aic_nextn", "speculative decoding"),
 ])
 def test_unsupported_values_are_named(space, where, needle):
@@ -305,12 +305,27 @@ def test_unsupported_values_are_named(space, where, needle):
     _reject(lambda: prediction_config(cfg, flat), where, needle, "unsupported")
 
 
-def test_cache_hit_weights_are_unsupported():
+def test_cache_hit_weights_need_the_host_tier():
     cfg = _cfg(search_space={"router_mode": ["kv_router"], "overlap_score_credit": [1.0], "prefill_load_scale": [1.0],
                              "router_temperature": [0.0]})
     flat = _flat(cfg, {"deployment_mode": "agg"}, ONE)
     flat["host_cache_hit_weight"] = 0.5
-    _reject(lambda: prediction_config(cfg, flat), "host_cache_hit_weight", "GPU KV tier", "unsupported")
+    _reject(lambda: prediction_config(cfg, flat), "host_cache_hit_weight", "num_g2_blocks > 0", "unsupported")
+
+
+def test_the_host_tier_lowers_to_aggregated_and_prefill_workers_only():
+    cfg = _cfg(search_space={"num_g2_blocks": 50000, "kv_bytes_per_token": 131072, "bandwidth_g2_to_g1_gbps": 16.0})
+    mapping, plan = _plan(cfg, _flat(cfg, {**DISAGG_SELECTION, "prefill_max_num_seqs": 1}, DISAGG_SHAPE))
+    workers = mapping["engine"]["workers"]
+    assert workers["prefill"]["kv_cache"]["host_offload"] == {"num_host_blocks": 50000, "h2d_bandwidth_gbps": 16.0}
+    assert workers["prefill"]["kv_cache"]["bytes_per_token"] == 131072
+    assert "host_offload" not in workers["decode"]["kv_cache"]
+    prefill, decode = plan.pools
+    assert prefill.scheduler.host_offload.num_blocks == 50000 and decode.scheduler.host_offload is None
+    assert prefill.scheduler.host_offload.block_bytes == 64 * 131072
+    cfg = _cfg(search_space={"num_g2_blocks": 50000})
+    mapping, _ = _plan(cfg, _flat(cfg, {"deployment_mode": "agg"}, ONE))
+    assert mapping["engine"]["workers"]["aggregated"]["kv_cache"]["host_offload"] == {"num_host_blocks": 50000}
 
 
 def test_inert_flat_keys_map_to_nothing():
