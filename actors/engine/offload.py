@@ -242,12 +242,13 @@ class ShareLink:
 class OffloadDomain:
     """The tiers and links that share one clock (a rank's, or a deployment's shared ones)."""
 
-    __slots__ = ("links", "shared", "now", "next_id", "generation", "next_t")
+    __slots__ = ("links", "shared", "now", "next_id", "generation", "next_t", "shared_by")
 
     def __init__(self) -> None:
         self.links: list = []
         self.shared: list = []  # the links of ``links`` that share (their bytes drain as time passes)
         self.next_t = INF  # no event before it (a lower bound: sending a job lowers it)
+        self.shared_by = 0  # ranks using it
         self.now = 0.0
         self.next_id = 0
         self.generation = 0  # completions so far (a deferred lookup retries after one)
@@ -272,6 +273,8 @@ class OffloadDomain:
 
     def advance(self, t: float) -> None:
         """Complete every job ending by ``t``, in time order (what they trigger too)."""
+        if t <= self.now and self.now:
+            return  # (a shared domain another rank brought further already)
         if t < self.next_t:  # (nothing ends by then)
             for link in self.shared:
                 link.run_to(t, [])
@@ -636,7 +639,7 @@ class RankOffload:
 
     __slots__ = ("spec", "domain", "tier", "d2h", "h2d", "g3", "d2h_rate", "h2d_rate", "sources", "cohorts",
                  "store_stats", "load_stats", "g3_read", "g3_write", "lookups", "hit_lookups", "hit_blocks",
-                 "retries", "worker_key", "block_size", "loading", "lagging", "stores")
+                 "retries", "worker_key", "block_size", "loading", "lagging", "stores", "events")
 
     def __init__(self, spec: HostOffloadSpec, domain: OffloadDomain, tier: HostTier, g3: G3Tier | None, d2h, h2d,
                  block_size: int, worker_key: int) -> None:
@@ -664,6 +667,7 @@ class RankOffload:
         # whose lookup was deferred (a block they need is in flight), in queue order
         self.loading: deque = deque()
         self.lagging: set = set()  # running requests whose last cohort found no room (retried each pass)
+        self.events: list | None = None  # the rank's KV event list, when the router indexes it
 
     # -- time -----------------------------------------------------------------------------
     def advance(self, now_ms: float) -> None:
@@ -695,7 +699,6 @@ class RankOffload:
         Makes the request's cached prompt blocks the most recent; a G3 hit starts a promotion
         (DEFER). G2 is probed from the prompt's first block: a block G2 lost ends its hit."""
         tier = self.tier
-        self.lookups += 1
         if state.store is not None and not state.store.ended:
             return 0, DEFER  # (its own latest store is still in flight)
         n, path, p0 = tier.span(hashes, pos, full)
@@ -718,10 +721,15 @@ class RankOffload:
                 hi += 1
             if hi > lo and g3.promote(tier, hashes, lo, hi, lo == n, self, now_ms):
                 return 0, DEFER
+        return hit, HIT
+
+    def counted(self, hit: int) -> None:
+        """A lookup decided (the request onboards, is admitted or waits for a transfer): counted
+        once, not at each pass a full GPU cache keeps it waiting."""
+        self.lookups += 1
         if hit:
             self.hit_lookups += 1
             self.hit_blocks += hit
-        return hit, HIT
 
     def start_load(self, req, state: RequestOffload, hashes, lo: int, hi: int, now_ms: float,
                    fence_ms: float) -> None:
@@ -775,6 +783,7 @@ class RankOffload:
 
     def submit_stores(self, end_ms: float) -> None:
         """Pass end: send the pass's cohorts (one job each, in scheduling order)."""
+        self.domain.advance(end_ms)  # (transfers that ended before it: the links' busy time)
         tier = self.tier
         for req, state, hold, start, upto in self.cohorts:
             keys = req.hashes[start:upto]
@@ -821,8 +830,17 @@ class RankOffload:
         flight that could turn its lookup deferred."""
         if self.sources or self.loading or self.lagging:
             return False
+        shared = self.domain.shared_by > 1
+        if shared and self.events:
+            return False  # (other ranks' transfers end during the run: their events' timing)
         if rank.waiting and len(rank.running) < rank.config.max_sequences:
-            if self.tier.num_pending or (self.g3 is not None and self.g3.pending):
+            # (each stepped pass would look the head up: a stepped pass after the run repeats it
+            # - its touch of the tier is the last one that counts - unless other ranks use the
+            # tier meanwhile)
+            if self.tier.num_pending or self.g3 is not None or shared:
+                return False  # (the head's lookup could be deferred, or start a G3 read)
+            state = rank.waiting[0].offload
+            if state is not None and state.store is not None and not state.store.ended:
                 return False
         return True
 
@@ -897,4 +915,7 @@ class OffloadRegistry:
             tier.subscribe(events)
             if g3 is not None:
                 g3.subscribers.append(events)
-        return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)
+        domain.shared_by += 1
+        out = RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)
+        out.events = events
+        return out

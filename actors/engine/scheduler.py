@@ -575,12 +575,14 @@ class RankScheduler(RankQueues):
             state = req.offload = RequestOffload()
         n2, outcome = off.lookup(req, state, hashes, n1, full, now_ms)
         if outcome == DEFER:
+            off.counted(0)
             self.waiting.popleft()
             state.gen = off.domain.generation
             off.loading.append(req)
             return False
         if not self.policy.fits(req, known, active1):
             return None  # (``_fit``'s answer too: the hit is the same below ``limit``)
+        off.counted(n2)
         if not n2:
             if n1 <= limit:  # (``_fit``'s match: the same blocks)
                 return hashes, n1 * bs, hits1
@@ -895,6 +897,7 @@ class RankScheduler(RankQueues):
                 k = cap
         if k <= 0:
             return None
+
         return k, list(running), c0, g0, known, remaining
 
     def grow_run(self, batch: list, computed: list[int], upto: int) -> None:

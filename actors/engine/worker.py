@@ -756,6 +756,13 @@ class EngineWorker:
         blocks, gaps and token counts (the batch's requests' own state is ``_set_members``')."""
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
         if self.records_kv_events:
+            if self._offload and done_upto > run.n_done:
+                # (the tiers' events as stepping publishes them: transfers ended by the start
+                # of the last pass ending now, published at its end)
+                t = run.ends[done_upto - 2] if done_upto > 1 else run.start_ms
+                for off in self._offload:
+                    off.advance(t)
+                self._publish()
             if run.held_events is not None and done_upto >= run.n_sched:
                 self.kv_events.extend(run.held_events)
                 run.held_events = None

@@ -29,6 +29,15 @@ CASES = {
     "kv_router_dp": ("quickstart.yaml", SLICE_SETS + [
         "router={policy: kv_router, temperature: 0.3}",
         "engine.workers.aggregated.parallelism={replicas: 2, attention_data: 2}"]),
+    # host (G2) KV tiers: per rank pools with the KV router weighing them, and one shared pool
+    "offload_kv_router": ("quickstart.yaml", SLICE_SETS + [
+        "router={policy: kv_router}", "engine.workers.aggregated.parallelism={replicas: 3, attention_data: 2}",
+        "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 1500}, "
+        "host_offload: {num_host_blocks: 8000, d2h_bandwidth_gbps: 8}}"]),
+    "offload_shared": ("quickstart.yaml", SLICE_SETS + [
+        "engine.workers.aggregated.parallelism.replicas=3",
+        "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 2500}, "
+        "host_offload: {scope: cluster_shared, num_host_blocks: 20000, shared_h2d_bandwidth_gbps: 20}}"]),
     "sglang_dp": ("quickstart.yaml", SLICE_SETS + [
         "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 1, capacity: {type: fixed, "
         "blocks: 60000}}", "engine.workers.aggregated.parallelism={replicas: 3, attention_data: 2}"]),
@@ -74,7 +83,8 @@ def test_direct_objects_and_three_hosts_over_the_wire_agree_byte_for_byte(name):
     direct = replay(name)
     wired = replay(name, engine_actors=3, wire=True)
     assert direct.diagnostics["runtime"]["num_hosts"] == 1
-    assert wired.diagnostics["runtime"]["num_hosts"] == 3
+    # (a shared KV tier is one state: its deployment's workers share one host, over the wire too)
+    assert wired.diagnostics["runtime"]["num_hosts"] == (1 if name == "offload_shared" else 3)
     assert same(direct, wired)
 
 

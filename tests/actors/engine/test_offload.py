@@ -261,3 +261,19 @@ def test_a_router_weight_needs_the_tier_it_weighs(tmp_path):
     with pytest.raises(InputError) as err:
         replay(tmp_path, [row(0, A)], None, router={"policy": "kv_router", "host_cache_hit_weight": 1.0})
     assert err.value.where == "router.host_cache_hit_weight" and "host_offload" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["offload_kv_router", "offload_shared"])
+def test_fast_forwarded_runs_change_nothing_on_the_conversation_slice(name):
+    import dataclasses
+
+    from aisim import plan_from_config, run_plan
+    from aisim.simulator.config.loading import load_config
+    from tests.simulator.test_coordinator import CASES, CONFIGS, same
+
+    cfg, cdir = load_config(CONFIGS / CASES[name][0], CASES[name][1])
+    plan = plan_from_config(cfg, cdir, capture_per_request=True)
+    on, off = run_plan(plan), run_plan(dataclasses.replace(plan, fast_forward=False))
+    assert on.diagnostics["num_fast_forward_runs"] > 0 and off.diagnostics["num_fast_forward_runs"] == 0
+    assert on.summary["kv_tiers"]["host"]["hit_lookups"] > 0
+    assert same(on, off)

@@ -34,7 +34,8 @@ def test_quickstart_on_ray_is_byte_identical_to_local(tmp_path, capsys):
     assert prediction(tmp_path / "ray") == prediction(tmp_path / "local")
 
 
-@pytest.mark.parametrize("name", ["kv_router_4", "planner_disaggregated", "sglang_dp", "sglang_2p2d"])
+@pytest.mark.parametrize("name", ["kv_router_4", "planner_disaggregated", "sglang_dp", "sglang_2p2d",
+                                  "offload_kv_router", "offload_shared"])
 def test_exact_lockstep_on_ray_equals_local(name):
     ray_run = replay(name, backend="ray", engine_actors=2)
     assert ray_run.diagnostics["runtime"]["backend"] == "ray"
