@@ -152,36 +152,42 @@ class FifoLane:
 class ShareLink:
     """A shared link direction: equal-share service of its jobs (see the module doc)."""
 
-    __slots__ = ("rate", "jobs", "now", "domain")
+    __slots__ = ("rate", "jobs", "now", "domain", "_rates_now")
 
     def __init__(self, shared_gbps: float) -> None:
         self.rate = bytes_per_ms(shared_gbps)
         self.jobs: list[Job] = []  # in send order
         self.now = 0.0
         self.domain: OffloadDomain | None = None
+        self._rates_now: list | None = None  # the active jobs' rates while the active set stands
 
     def send(self, job: Job, ready_ms: float, latency_ms: float, rate: float) -> None:
         job.start_ms = ready_ms + latency_ms
         job.cap = rate
         job.link = self
         self.jobs.append(job)
+        self._rates_now = None
         d = self.domain  # (its first byte is an event; the others' ends only move later)
         if job.start_ms < d.next_t:
             d.next_t = job.start_ms
 
     def _rates(self) -> list[tuple[Job, float]]:
+        out = self._rates_now
+        if out is not None:
+            return out
         now = self.now
         active = [j for j in self.jobs if j.start_ms <= now]
-        if not active:
-            return []
-        per_client: dict[int, int] = {}
-        for j in active:
-            per_client[id(j.client)] = per_client.get(id(j.client), 0) + 1
-        share = self.rate / len(active)
         out = []
-        for j in active:
-            r = j.cap / per_client[id(j.client)]
-            out.append((j, r if r < share else share))
+        if active:
+            per_client: dict[int, int] = {}
+            for j in active:
+                per_client[id(j.client)] = per_client.get(id(j.client), 0) + 1
+            share = self.rate / len(active)
+            for j in active:
+                r = j.cap / per_client[id(j.client)]
+                out.append((j, r if r < share else share))
+        if len(active) == len(self.jobs):  # (no first byte to come: the set stands until one ends)
+            self._rates_now = out
         return out
 
     def next_event(self) -> float:
@@ -215,11 +221,14 @@ class ShareLink:
             for j, left in saved:
                 j.left = left
             self.now = now0
+            self._rates_now = None
 
     def run_to(self, t: float, out: list, mark: bool = True) -> None:
         """Serve up to ``t`` (no rate change strictly before it); jobs ending at ``t`` go to ``out``."""
         now = self.now
-        if t <= now and not self.jobs:
+        if not self.jobs:
+            if t > now:
+                self.now = t
             return
         dt = t - now
         ended = []
@@ -229,13 +238,17 @@ class ShareLink:
                 ended.append(j)
             else:
                 j.left -= r * dt
-        self.now = t if t > now else now
+        if t > now:
+            self.now = t
+            if self._rates_now is None or any(j.start_ms <= t for j in self.jobs if j.start_ms > now):
+                self._rates_now = None
         if ended:
             for j in ended:
                 j.left = 0.0
                 if mark:
                     j.done_ms = self.now
             self.jobs = [j for j in self.jobs if j.left > 0.0 or j.start_ms > self.now]
+            self._rates_now = None
             out.extend(ended)
 
 
@@ -273,11 +286,9 @@ class OffloadDomain:
 
     def advance(self, t: float) -> None:
         """Complete every job ending by ``t``, in time order (what they trigger too)."""
-        if t <= self.now and self.now:
+        if t < self.now:
             return  # (a shared domain another rank brought further already)
         if t < self.next_t:  # (nothing ends by then)
-            for link in self.shared:
-                link.run_to(t, [])
             if t > self.now:
                 self.now = t
             return
@@ -302,8 +313,8 @@ class OffloadDomain:
                     job.ended = True
                     job.tier.complete(job, t_ev)
                 self.generation += 1
-        for link in self.shared:
-            link.run_to(t, [])  # (nothing ends before the next event)
+        # (a shared link is served up to its events only: its bytes left are the same whenever
+        # anyone looks, so the results do not depend on how often the domain is advanced)
         if t > self.now:
             self.now = t
 
@@ -694,19 +705,18 @@ class RankOffload:
         return out
 
     # -- lookup and onboarding ------------------------------------------------------------------
-    def lookup(self, req, state: RequestOffload, hashes, pos: int, full: int, now_ms: float) -> tuple[int, int]:
-        """G2 blocks continuing a GPU hit of ``pos`` blocks (up to ``full``): (blocks, HIT or DEFER).
-        Makes the request's cached prompt blocks the most recent; a G3 hit starts a promotion
-        (DEFER). G2 is probed from the prompt's first block: a block G2 lost ends its hit."""
+    def lookup(self, req, state: RequestOffload, hashes, pos: int, full: int, now_ms: float) -> tuple[int, int, list]:
+        """G2 blocks continuing a GPU hit of ``pos`` blocks (up to ``full``): (blocks, HIT or DEFER,
+        the path to touch when the admission decides - ``touch``). A deferred lookup touches at
+        once; a G3 hit starts a promotion (DEFER). G2 is probed from the prompt's first block: a
+        block G2 lost ends its hit."""
         tier = self.tier
         if state.store is not None and not state.store.ended:
-            return 0, DEFER  # (its own latest store is still in flight)
+            return 0, DEFER, []  # (its own latest store is still in flight)
         n, path, p0 = tier.span(hashes, pos, full)
-        if state.version != tier.version:
-            tier.touch(path)
-            state.version = tier.version
         if n > pos and tier.held_in(path, pos - p0, n - p0):
-            return 0, DEFER  # (a block it needs is being stored or read)
+            self.touch(state, path)
+            return 0, DEFER, []  # (a block it needs is being stored or read)
         hit = n - pos if n > pos else 0
         g3 = self.g3
         if g3 is not None and pos + hit < full:
@@ -715,13 +725,26 @@ class RankOffload:
             while hi < full:
                 p = g3.probe(hashes[hi])
                 if p < 0:
-                    return 0, DEFER
+                    self.touch(state, path)
+                    return 0, DEFER, []
                 if p == 0:
                     break
                 hi += 1
-            if hi > lo and g3.promote(tier, hashes, lo, hi, lo == n, self, now_ms):
-                return 0, DEFER
-        return hit, HIT
+            if hi > lo:
+                self.touch(state, path)
+                if g3.promote(tier, hashes, lo, hi, lo == n, self, now_ms):
+                    return 0, DEFER, []
+                return hit, HIT, []  # (G2 had no room for them; touched already)
+        return hit, HIT, path
+
+    def touch(self, state: RequestOffload, path: list) -> None:
+        """The request's lookup counts (it is admitted, onboards or waits for a transfer): its
+        cached prompt blocks become the most recent - not at each pass a full GPU cache keeps it
+        waiting (a decode run takes no lookups)."""
+        tier = self.tier
+        if state.version != tier.version:
+            tier.touch(path)
+            state.version = tier.version
 
     def counted(self, hit: int) -> None:
         """A lookup decided (the request onboards, is admitted or waits for a transfer): counted
@@ -834,11 +857,10 @@ class RankOffload:
         if shared and self.events:
             return False  # (other ranks' transfers end during the run: their events' timing)
         if rank.waiting and len(rank.running) < rank.config.max_sequences:
-            # (each stepped pass would look the head up: a stepped pass after the run repeats it
-            # - its touch of the tier is the last one that counts - unless other ranks use the
-            # tier meanwhile)
-            if self.tier.num_pending or self.g3 is not None or shared:
-                return False  # (the head's lookup could be deferred, or start a G3 read)
+            # (each stepped pass would look the blocked head up, which changes the tiers only
+            # when it is deferred or starts a G3 read)
+            if self.tier.num_pending or self.g3 is not None:
+                return False
             state = rank.waiting[0].offload
             if state is not None and state.store is not None and not state.store.ended:
                 return False

@@ -573,7 +573,7 @@ class RankScheduler(RankQueues):
         state = req.offload
         if state is None:
             state = req.offload = RequestOffload()
-        n2, outcome = off.lookup(req, state, hashes, n1, full, now_ms)
+        n2, outcome, path = off.lookup(req, state, hashes, n1, full, now_ms)
         if outcome == DEFER:
             off.counted(0)
             self.waiting.popleft()
@@ -583,6 +583,7 @@ class RankScheduler(RankQueues):
         if not self.policy.fits(req, known, active1):
             return None  # (``_fit``'s answer too: the hit is the same below ``limit``)
         off.counted(n2)
+        off.touch(state, path)
         if not n2:
             if n1 <= limit:  # (``_fit``'s match: the same blocks)
                 return hashes, n1 * bs, hits1
