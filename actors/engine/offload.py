@@ -806,7 +806,8 @@ class RankOffload:
 
     def submit_stores(self, end_ms: float) -> None:
         """Pass end: send the pass's cohorts (one job each, in scheduling order)."""
-        self.domain.advance(end_ms)  # (transfers that ended before it: the links' busy time)
+        if end_ms >= self.domain.next_t:  # (transfers that ended before it: the links' busy time)
+            self.domain.advance(end_ms)
         tier = self.tier
         for req, state, hold, start, upto in self.cohorts:
             keys = req.hashes[start:upto]

@@ -259,8 +259,8 @@ class RankScheduler(RankQueues):
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
         cfg = self.config
         off = self.offload
-        if off is not None:
-            off.advance(now_ms)
+        if off is not None and now_ms >= off.domain.next_t:  # (else nothing ended since)
+            off.domain.advance(now_ms)
         running = self.running
         waiting = self.waiting
         kv = self.kv
