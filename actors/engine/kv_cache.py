@@ -259,14 +259,18 @@ class KVCache:
                 zeros.append(run)
         if zeros:
             zeros.reverse()
-            self._stamp += 1
-            stamp = self._stamp
-            for run in zeros:
-                run.stamp = stamp
-            self._batches.append([stamp, zeros, 0])
-            self._batch_entries += len(zeros)
+            self._append_batch(zeros)
             if self._batch_entries > 2 * self.num_inactive + 4096:
                 self._compact()
+
+    def _append_batch(self, zeros: list) -> None:
+        """Runs no request holds any more, eviction order: the most recent release batch."""
+        self._stamp += 1
+        stamp = self._stamp
+        for run in zeros:
+            run.stamp = stamp
+        self._batches.append([stamp, zeros, 0])
+        self._batch_entries += len(zeros)
 
     # -- allocation -----------------------------------------------------------------
     def grow(self, req, target_tokens: int, hashes: memoryview | None) -> bool:
@@ -549,12 +553,7 @@ class KVCache:
                         zeros.append(run)
                         num_zero += len(run.keys)
             if zeros:
-                self._stamp += 1
-                stamp = self._stamp
-                for run in zeros:
-                    run.stamp = stamp
-                self._batches.append([stamp, zeros, 0])
-                self._batch_entries += len(zeros)
+                self._append_batch(zeros)
                 self.num_inactive += num_zero
                 self.num_active_shared -= num_zero
                 if self._batch_entries > 2 * self.num_inactive + 4096:

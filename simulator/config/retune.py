@@ -177,8 +177,8 @@ def _not_retunable(knob: str):
     def check(v):
         if v is None:
             return None
-        raise ValueError(f"{knob} is not retunable: {_NOT_RETUNABLE[knob]} ({ROUTER_RESERVED[knob]}); "
-                         f"remove it from retune.router")
+        extra = f" ({ROUTER_RESERVED[knob]})" if knob in ROUTER_RESERVED else ""
+        raise ValueError(f"{knob} is not retunable: {_NOT_RETUNABLE[knob]}{extra}; remove it from retune.router")
     return Annotated[Any, BeforeValidator(check)]
 
 

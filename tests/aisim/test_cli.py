@@ -59,7 +59,7 @@ def test_outputs_json_format_and_overwrite(tmp_path):
         (["--set", "engine.workers.aggregated.parallelism.replicas=two"], "engine.workers.aggregated.parallelism.replicas"),
         (["--set", "traffic.source.paths=[/nonexistent/trace.jsonl]"], "not found"),
         (["--set", "traffic.source.paths.0=x"], "list indexes are not supported"),
-        (["--set", "router.host_cache_hit_weight=0.5"], "only the device (GPU) KV tier"),
+        (["--set", "router.host_cache_hit_weight=0.5"], "set router.policy: kv_router or remove it"),
         (["--config", "/nonexistent.yaml"], "not found"),
         (["--bogus-flag"], "unrecognized arguments"),
         (["--format", "xml"], "invalid choice"),
