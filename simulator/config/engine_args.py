@@ -10,7 +10,16 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from aisim.simulator.config.models import Fraction01, NonNegFloat, NonNegInt, PosFloat, PosInt, Strict
+from aisim.simulator.config.models import (
+    Fraction01,
+    G3Offload,
+    HostOffload,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    Strict,
+)
 from aisim.simulator.errors import InputError
 
 
@@ -52,6 +61,10 @@ class EngineArgs(Strict):
     moe_expert_parallel_size: PosInt = 1
     timing_model: TimingModelArgs = TimingModelArgs()
     kv_cache_bytes_per_token: PosInt | None = None
+    # host (G2) / disk (G3) KV tiers: the reference's engine arguments, the YAML's
+    # kv_cache.host_offload / g3_offload keys (docs/kv-offload.md)
+    native_host_offload: HostOffload | None = None
+    g3_offload: G3Offload | None = None
     preemption_mode: Literal["lifo", "fifo"] = "lifo"
     speedup_ratio: PosFloat = 1.0
     decode_speedup_ratio: PosFloat = 1.0
@@ -90,7 +103,10 @@ class EngineArgs(Strict):
                           "prefill_decode_interval": self.prefill_decode_interval,
                           "preemption_mode": self.preemption_mode},
             "kv_cache": {"block_size": self.block_size, "prefix_caching": self.enable_prefix_caching,
-                         "bytes_per_token": self.kv_cache_bytes_per_token or "auto", "capacity": capacity},
+                         "bytes_per_token": self.kv_cache_bytes_per_token or "auto", "capacity": capacity,
+                         **({"host_offload": self.native_host_offload.model_dump()}
+                            if self.native_host_offload is not None else {}),
+                         **({"g3_offload": self.g3_offload.model_dump()} if self.g3_offload is not None else {})},
             "timing": timing,
         }
 

@@ -277,3 +277,15 @@ def test_fast_forwarded_runs_change_nothing_on_the_conversation_slice(name):
     assert on.diagnostics["num_fast_forward_runs"] > 0 and off.diagnostics["num_fast_forward_runs"] == 0
     assert on.summary["kv_tiers"]["host"]["hit_lookups"] > 0
     assert same(on, off)
+
+
+def test_the_python_api_takes_the_reference_engine_arguments(tmp_path):
+    from aisim import run_trace_replay
+
+    trace = write_trace(tmp_path / "api.jsonl", [row(0, A), row(100, B), row(200, A)])
+    engine = {"block_size": 16, "num_gpu_blocks": 6, "kv_cache_bytes_per_token": 62500,
+              "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 1},
+              "native_host_offload": {"num_host_blocks": 100, "d2h_bandwidth_gbps": 1.0, "h2d_bandwidth_gbps": 1.0}}
+    rep = run_trace_replay(str(trace), trace_block_size=16, extra_engine_args=engine, capture_per_request=True)
+    r = sorted(rep.per_request, key=lambda x: x["arrival_time_ms"])[2]
+    assert times(r) == (203.0, 213.0, 48, 32)
