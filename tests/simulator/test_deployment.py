@@ -88,9 +88,12 @@ ARGS = {
     "kv_transfer_bandwidth": (7.0, lambda p, t: t.bandwidth_gb_per_second == 7.0),
     "kv_transfer_bytes_per_token": (999, lambda p, t: t.bytes_per_token == 999),
     "kv_transfer_timing_mode": ("full_prompt", lambda p, t: t.timing_mode == "full_prompt"),
+    "native_host_offload": ({"num_host_blocks": 77}, lambda p, t: p.scheduler.host_offload.num_blocks == 77
+                            and p.scheduler.host_offload.block_bytes == 64 * 1000),
 }
 NOT_LOWERED = {"worker_type": "the role itself", "engine_type": "engine.backend (each backend's scenarios test it)",
-               "gpu_memory_utilization": "sizes KV only without num_gpu_blocks (tested below)"}
+               "gpu_memory_utilization": "sizes KV only without num_gpu_blocks (tested below)",
+               "g3_offload": "aggregated workers only (tests/actors/engine/test_offload.py)"}
 
 
 def _lower(prefill: dict, decode: dict | None = None):
@@ -109,6 +112,8 @@ def test_every_engine_argument_has_a_yaml_key_and_reaches_the_pool():
             given["engine_type"] = "sglang"
         if name == "kv_transfer_bandwidth":  # (a transfer needs its bytes per token: no model here)
             given["kv_transfer_bytes_per_token"] = 1000
+        if name == "native_host_offload":  # (a host block's bytes: no model here)
+            given["kv_cache_bytes_per_token"] = 1000
         pools, transfer = _lower(given, given if same else None)
         assert shows(pools[0], transfer), name
         default_pools, default_transfer = _lower({}, {})
