@@ -19,8 +19,10 @@ reference's behaviour it follows).
   deterministic sequence of events whatever the runtime (the workers of such a deployment share
   one engine host). Private tiers get a domain per rank.
 
-Work is proportional to the blocks that move: lookups probe consecutive keys, eviction pops
-from the LRU front, nothing scans a tier.
+The G2 pool is kept as the GPU cache is (a ``KVCache`` over one-token blocks: runs of
+consecutive blocks, release batches for recency, holders for pending and pinned entries), so a
+store, a lookup, an onboarding or an eviction costs a step per run it touches; nothing scans a
+tier. G3 (rarer: aggregated workers with one attention-data rank) is kept block by block.
 """
 
 from __future__ import annotations
