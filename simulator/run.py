@@ -4,7 +4,6 @@ and assemble the report (``ReplayReport.to_dict()`` is exactly prediction.json).
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import time
 from contextlib import contextmanager

@@ -18,8 +18,8 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
-from itertools import islice, takewhile
 from collections.abc import Sequence
+from itertools import islice, takewhile
 
 import numpy as np
 

@@ -57,7 +57,7 @@ def kv_tier_lines(summary: dict) -> list[str]:
     t = summary.get("kv_tiers")
     if not t:
         return []
-    r, h = t["reuse"], t["host"]
+    r = t["reuse"]
     lines = [f"First Admission Reuse by Tier: device {r['first_admission_device_ratio']:.4f}, "
              f"host {r['first_admission_host_ratio']:.4f}"]
     for name, key in (("Host (G2)", "host"), ("Disk (G3)", "disk")):
