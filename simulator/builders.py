@@ -105,8 +105,8 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
     replay's KV tiers (one per replay: shared tiers are built once)."""
     cfg = pool.scheduler
     workers = []
-    if cfg.host_offload is not None and offload is None:
-        offload = OffloadRegistry()
+    if cfg.host_offload is not None and offload is None:  # (a shared tier must be built once per replay)
+        raise ValueError("workers with KV tiers need the replay's OffloadRegistry (offload=...)")
     for i in range(pool.replicas if replicas is None else replicas):
         ranks = [make_rank(cfg, timing, record_kv_events) for _ in range(pool.num_ranks)]
         if cfg.host_offload is not None:

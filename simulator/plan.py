@@ -250,11 +250,11 @@ def retune_router(spec: RouterSpec, rc) -> RouterSpec:
 
 def router_spec(r: m.Router) -> RouterSpec:
     """The router section as the plan carries it (the KV router's defaults filled in)."""
+    weights = {k: getattr(r, k) for k in ("host_cache_hit_weight", "disk_cache_hit_weight")
+               if getattr(r, k) is not None}  # (else RouterSpec's: Dynamo's defaults)
     return RouterSpec(r.policy, 1.0 if r.overlap_score_credit is None else r.overlap_score_credit,
                       1.0 if r.prefill_load_scale is None else r.prefill_load_scale,
-                      0.0 if r.temperature is None else r.temperature,
-                      host_cache_hit_weight=0.75 if r.host_cache_hit_weight is None else r.host_cache_hit_weight,
-                      disk_cache_hit_weight=0.25 if r.disk_cache_hit_weight is None else r.disk_cache_hit_weight)
+                      0.0 if r.temperature is None else r.temperature, **weights)
 
 
 def execution_plan(x: m.Execution) -> ExecutionPlan:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from aisim.actors.engine.kv_cache import REMOVED, STORED, KVCache
+from aisim.actors.engine.kv_cache import REMOVED, KVCache
 from aisim.actors.hashing import hash_view
 
 INF = float("inf")
@@ -257,11 +257,10 @@ class ShareLink:
 class OffloadDomain:
     """The tiers and links that share one clock (a rank's, or a deployment's shared ones)."""
 
-    __slots__ = ("links", "shared", "now", "next_id", "generation", "next_t", "shared_by")
+    __slots__ = ("links", "now", "next_id", "generation", "next_t", "shared_by")
 
     def __init__(self) -> None:
         self.links: list = []
-        self.shared: list = []  # the links of ``links`` that share (their bytes drain as time passes)
         self.next_t = INF  # no event before it (a lower bound: sending a job lowers it)
         self.shared_by = 0  # ranks using it
         self.now = 0.0
@@ -271,8 +270,6 @@ class OffloadDomain:
     def add(self, link) -> None:
         link.domain = self
         self.links.append(link)
-        if isinstance(link, ShareLink):
-            self.shared.append(link)
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -296,11 +293,7 @@ class OffloadDomain:
             return
         links = self.links
         while True:
-            t_ev = INF
-            for link in links:
-                e = link.next_event()
-                if e < t_ev:
-                    t_ev = e
+            t_ev = self.next_event_ms()
             if t_ev > t or t_ev == INF:
                 self.next_t = t_ev
                 break
@@ -370,9 +363,6 @@ class _Hold:
         self.hashes = None
 
 
-_GPU_TO_HOST_EVENT = {STORED: HOST_STORED, REMOVED: HOST_REMOVED}
-
-
 class HostTier:
     """A G2 pool, kept as the GPU cache is (``KVCache`` over one-token blocks, so chain positions
     are block counts): resident unpinned entries are its cached inactive blocks (LRU, a chain's
@@ -406,13 +396,23 @@ class HostTier:
         return self.kv.num_evicted
 
     def _publish(self) -> None:
+        """Evictions as HOST_REMOVED events (the pool's own STORED events mark pending entries:
+        ``stored`` tells the router when they become resident, as the reference does)."""
         events = self.kv.events
         if events:
             for kind, keys in events:
-                ev = (_GPU_TO_HOST_EVENT[kind], keys)
-                for sink in self.subscribers:
-                    sink.append(ev)
+                if kind == REMOVED:
+                    self._send((HOST_REMOVED, keys))
             events.clear()
+
+    def _send(self, ev: tuple) -> None:
+        for sink in self.subscribers:
+            sink.append(ev)
+
+    def stored(self, keys) -> None:
+        """``keys`` became resident (a store or a G3 read ended)."""
+        if self.subscribers:
+            self._send((HOST_STORED, keys))
 
     def prefix(self, hashes, limit: int) -> tuple[int, list]:
         """How many leading ``hashes`` (up to ``limit``) the pool holds, and the path to them."""
@@ -503,6 +503,7 @@ class HostTier:
         client = job.client
         if job.kind == STORE:
             client.store_ended(job, now)
+            self.stored(job.keys)
             g3 = client.g3  # (the storing rank's G3: its worker's, or the shared one)
             self.num_pending -= len(job.keys)
             if g3 is None or not g3.write_through(self, job, now):
@@ -567,7 +568,6 @@ class G3Tier:
         view = hash_view(keys)
         client = store.client
         job = Job(self.domain.new_id(), G3_WRITE, client, view, len(keys) * self.block_bytes, now, self)
-        job.req = g2
         job.hold = store.hold  # (the G2 copies stay held until the write ends)
         for k in keys:
             self.pending[k] = job
@@ -593,7 +593,6 @@ class G3Tier:
             return False
         view = hashes[lo:hi]
         job = Job(self.domain.new_id(), G3_READ, client, view, (hi - lo) * self.block_bytes, now, self)
-        job.req = g2
         job.hold = hold
         for k in view:
             self.pins[k] = self.pins.get(k, 0) + 1
@@ -606,7 +605,7 @@ class G3Tier:
         return True
 
     def complete(self, job: Job, now: float) -> None:
-        g2: HostTier = job.req
+        g2 = job.client.tier  # (the G2 pool of the rank that wrote or reads: its hold is there)
         if job.kind == G3_WRITE:
             for k in job.keys:
                 del self.pending[k]
@@ -627,6 +626,7 @@ class G3Tier:
                 else:
                     del pins[k]
             g2.release(job.hold, len(job.keys))
+            g2.stored(job.keys)
             job.client.g3_read.ended(job, now)
 
 
@@ -655,7 +655,7 @@ class RankOffload:
                  "retries", "worker_key", "block_size", "loading", "lagging", "stores", "events")
 
     def __init__(self, spec: HostOffloadSpec, domain: OffloadDomain, tier: HostTier, g3: G3Tier | None, d2h, h2d,
-                 block_size: int, worker_key: int) -> None:
+                 block_size: int, worker_key: int, events: list | None = None) -> None:
         self.spec = spec
         self.domain = domain
         self.tier = tier
@@ -669,7 +669,7 @@ class RankOffload:
         # them (an eviction could overwrite them)
         self.sources: set[int] = set()
         self.stores: list[Job] = []  # those stores, in sending order
-        self.cohorts: list = []  # (request, keys) prepared for the pass being scheduled
+        self.cohorts: list = []  # (request, its state, hold, first block, end) prepared for the pass
         self.store_stats = TierStats()
         self.load_stats = TierStats()
         self.g3_read = TierStats()
@@ -680,7 +680,7 @@ class RankOffload:
         # whose lookup was deferred (a block they need is in flight), in queue order
         self.loading: deque = deque()
         self.lagging: set = set()  # running requests whose last cohort found no room (retried each pass)
-        self.events: list | None = None  # the rank's KV event list, when the router indexes it
+        self.events = events  # the rank's KV event list, when the router indexes it
 
     # -- time -----------------------------------------------------------------------------
     def advance(self, now_ms: float) -> None:
@@ -857,7 +857,7 @@ class RankOffload:
         if self.sources or self.loading or self.lagging:
             return False
         shared = self.domain.shared_by > 1
-        if shared and self.events:
+        if shared and self.events is not None:
             return False  # (other ranks' transfers end during the run: their events' timing)
         if rank.waiting and len(rank.running) < rank.config.max_sequences:
             # (each stepped pass would look the blocked head up, which changes the tiers only
@@ -941,6 +941,4 @@ class OffloadRegistry:
             if g3 is not None:
                 g3.subscribers.append(events)
         domain.shared_by += 1
-        out = RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key)
-        out.events = events
-        return out
+        return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key, events)

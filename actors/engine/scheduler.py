@@ -30,6 +30,7 @@ from operator import mul
 
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.kv_cache import KVCache
+from aisim.actors.engine.offload import DEFER, RequestOffload
 from aisim.actors.engine.request import (
     COMPLETED,
     HANDED_OFF,
@@ -171,7 +172,7 @@ class RankQueues:
     rejects a request."""
 
     __slots__ = ()
-    offload = None  # host/disk KV tiers (vLLM ranks only: RankScheduler.attach_offload)
+    offload = None  # host/disk KV tiers (actors.engine.offload.RankOffload; vLLM ranks: attach_offload)
 
     @property
     def has_work(self) -> bool:
@@ -199,7 +200,6 @@ class RankScheduler(RankQueues):
     """Scheduler + KV cache of one rank."""
 
     joins_runs = True  # a transferred request may join a decode run (EngineWorker._join)
-    offload = None  # the host/disk KV tiers (actors.engine.offload.RankOffload), set by attach_offload
 
     def __init__(self, config: SchedulerConfig, timing: TimingModel, record_kv_events: bool = False) -> None:
         self.config = config
@@ -247,6 +247,8 @@ class RankScheduler(RankQueues):
         req.status = WAITING
         if self._tracks:
             self.policy.prepare(req)
+        if self.offload is not None:  # (its tier state is this rank's: a handed-off request starts afresh)
+            req.offload = RequestOffload()
         self.waiting.append(req)
 
     # -- general pass ---------------------------------------------------------------
@@ -557,8 +559,6 @@ class RankScheduler(RankQueues):
         complete blocks and G2 continues it, the request reserves GPU blocks for the whole hit and
         waits for its onboarding in the connector queue (False), or waits there until a transfer
         ends when a block it needs is in flight (False); else ``_fit``'s answer."""
-        from aisim.actors.engine.offload import DEFER, RequestOffload
-
         kv = self.kv
         bs = self.config.block_size
         if req.materialized or not kv.prefix_caching:
@@ -571,8 +571,6 @@ class RankScheduler(RankQueues):
         limit = (known - self._reuse_last) // bs
         off = self.offload
         state = req.offload
-        if state is None:
-            state = req.offload = RequestOffload()
         n2, outcome, path = off.lookup(req, state, hashes, n1, full, now_ms)
         if outcome == DEFER:
             off.counted(0)
@@ -653,7 +651,7 @@ class RankScheduler(RankQueues):
             req.admissions.append((now_ms, start, self.pool_label))
             if req.first_admit_ms is None:
                 req.first_admit_ms = now_ms
-            state.cursor = start // bs if start // bs > state.cursor else state.cursor
+            state.cursor = max(state.cursor, start // bs)
             running.append(req)
             out.append((req, n))
             budget -= n
@@ -671,10 +669,6 @@ class RankScheduler(RankQueues):
         bs = self.config.block_size
         for req, n in items:
             state = req.offload
-            if state is None:
-                from aisim.actors.engine.offload import RequestOffload
-
-                state = req.offload = RequestOffload()
             upto = min(req.num_computed + n, req.prompt_len) // bs
             if upto > state.cursor and not state.stuck:
                 off.prepare_store(req, state, upto)

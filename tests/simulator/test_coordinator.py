@@ -38,6 +38,16 @@ CASES = {
         "engine.workers.aggregated.parallelism.replicas=3",
         "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 2500}, "
         "host_offload: {scope: cluster_shared, num_host_blocks: 20000, shared_h2d_bandwidth_gbps: 20}}"]),
+    "offload_shared_kv_router": ("quickstart.yaml", SLICE_SETS + [
+        "router={policy: kv_router}", "engine.workers.aggregated.parallelism.replicas=3",
+        "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 1200}, "
+        "host_offload: {scope: cluster_shared, num_host_blocks: 20000, shared_h2d_bandwidth_gbps: 20}}"]),
+    # per-rank pools on both roles: a handed-off request's tier state is each rank's own
+    "offload_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
+        "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2",
+        "engine.workers.prefill.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 600}, "
+        "host_offload: {num_host_blocks: 6000}}",
+        "engine.workers.decode.kv_cache.host_offload={num_host_blocks: 6000}"]),
     "sglang_dp": ("quickstart.yaml", SLICE_SETS + [
         "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 1, capacity: {type: fixed, "
         "blocks: 60000}}", "engine.workers.aggregated.parallelism={replicas: 3, attention_data: 2}"]),
@@ -84,7 +94,7 @@ def test_direct_objects_and_three_hosts_over_the_wire_agree_byte_for_byte(name):
     wired = replay(name, engine_actors=3, wire=True)
     assert direct.diagnostics["runtime"]["num_hosts"] == 1
     # (a shared KV tier is one state: its deployment's workers share one host, over the wire too)
-    assert wired.diagnostics["runtime"]["num_hosts"] == (1 if name == "offload_shared" else 3)
+    assert wired.diagnostics["runtime"]["num_hosts"] == (1 if name.startswith("offload_shared") else 3)
     assert same(direct, wired)
 
 

@@ -263,7 +263,7 @@ def test_a_router_weight_needs_the_tier_it_weighs(tmp_path):
     assert err.value.where == "router.host_cache_hit_weight" and "host_offload" in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["offload_kv_router", "offload_shared"])
+@pytest.mark.parametrize("name", ["offload_kv_router", "offload_shared", "offload_2p2d"])
 def test_fast_forwarded_runs_change_nothing_on_the_conversation_slice(name):
     import dataclasses
 
