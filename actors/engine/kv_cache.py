@@ -140,6 +140,7 @@ class KVCache:
         "_num_unplaced",
         "watch",
         "fenced",
+        "removed_ids",
     )
 
     def __init__(self, capacity_blocks: int, block_size: int, prefix_caching: bool = True, record_events: bool = False):
@@ -165,6 +166,10 @@ class KVCache:
         # overwrites such a block appends its hash to ``fenced`` (the pass waits for the copy)
         self.watch: set | None = None
         self.fenced: list = []
+        # a host tier's evictions by block identity (no REMOVED events): ``(seq, index, count)``
+        # per evicted stretch, flat - the stretch's first block is the ``index``-th stored by
+        # registration ``seq`` (the run's first mark; a host tier's runs have one mark each)
+        self.removed_ids: list | None = None
 
     # -- capacity -----------------------------------------------------------------
     @property
@@ -246,6 +251,28 @@ class KVCache:
         self._heads[head.keys[0]] = head
         self._heads[keys[0]] = run
         return head
+
+    def split_in_place(self, run: _Run, at: int) -> None:
+        """Split ``run`` after its first ``at`` blocks, both parts keeping its place in eviction
+        order (``_split`` leaves a cached inactive run's head out of the LRU, for a caller that
+        holds the head at once; a host tier holds a tail instead): the head goes right after the
+        tail in the run's release batch, as a release queues a chain's runs."""
+        if run.holders:
+            self._split(run, at)
+            return
+        head = self._split(run, at)
+        stamp = run.stamp
+        for batch in reversed(self._batches):  # (a recently touched run: its batch is near the end)
+            if batch[0] == stamp:
+                runs = batch[1]
+                for j in range(len(runs) - 1, batch[2] - 1, -1):
+                    if runs[j] is run:
+                        runs.insert(j + 1, head)
+                        head.stamp = stamp
+                        self._batch_entries += 1
+                        return
+                break
+        raise RuntimeError("split_in_place: an inactive run is not in its release batch")
 
     def touch(self, path: list) -> None:
         """Make the cached inactive blocks of the hit ``path`` (from ``match_prefix``, nothing
@@ -470,19 +497,27 @@ class KVCache:
     def _evict(self, count: int) -> None:
         batches = self._batches
         watch = self.watch
-        if self.events is None and not watch:
+        if self.events is None:
             # the common case: the next live run has more than ``count`` blocks; cut its tail
             stamp, runs, i = batches[0]
             run = runs[i]
             keys = run.keys
             cut = len(keys) - count
             if cut > 0 and not run.holders and run.stamp == stamp:
+                if watch and not watch.isdisjoint(keys[cut:]):
+                    self.fenced.extend([h for h in keys[cut:] if h in watch])
+                ids = self.removed_ids
+                if ids is not None:
+                    _, seq, index = run.marks[0]
+                    ids += (seq, index + cut, count)
                 _cut_tail(run, cut)
                 self.num_inactive -= count
                 self.num_evicted += count
                 return
         heads = self._heads
-        victims = bytearray() if self.events is not None or watch else None  # (the evicted hashes' bytes)
+        victims = bytearray() if self.events is not None else None  # (the evicted hashes' bytes)
+        fenced = self.fenced
+        ids = self.removed_ids
         left = count
         while left:
             batch = batches[0]
@@ -501,6 +536,11 @@ class KVCache:
                         self._unloose(keys[0])
                     if victims is not None:
                         victims += keys[::-1].tobytes()
+                    if watch and not watch.isdisjoint(keys):
+                        fenced.extend([h for h in keys if h in watch])
+                    if ids is not None:
+                        _, seq, index = run.marks[0]
+                        ids += (seq, index, k)
                     run.keys = _NO_KEYS
                     run.marks = []
                     left -= k
@@ -511,6 +551,11 @@ class KVCache:
                     cut = k - left
                     if victims is not None:
                         victims += keys[cut:][::-1].tobytes()
+                    if watch and not watch.isdisjoint(keys[cut:]):
+                        fenced.extend([h for h in keys[cut:] if h in watch])
+                    if ids is not None:
+                        _, seq, index = run.marks[0]
+                        ids += (seq, index + cut, left)
                     _cut_tail(run, cut)
                     left = 0
                     break
@@ -521,11 +566,7 @@ class KVCache:
         self.num_inactive -= count
         self.num_evicted += count
         if victims is not None:
-            gone = hash_view(bytes(victims))
-            if watch and not watch.isdisjoint(gone):
-                self.fenced.extend([h for h in gone if h in watch])
-            if self.events is not None:
-                self.events.append((REMOVED, gone))
+            self.events.append((REMOVED, hash_view(bytes(victims))))
 
     # -- release --------------------------------------------------------------------
     def release(self, req) -> None:

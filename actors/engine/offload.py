@@ -27,10 +27,11 @@ tier. G3 (rarer: aggregated workers with one attention-data rank) is kept block 
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from aisim.actors.engine.kv_cache import REMOVED, KVCache
+from aisim.actors.engine.kv_cache import KVCache
 from aisim.actors.hashing import hash_view
 
 INF = float("inf")
@@ -352,7 +353,7 @@ class _Hold:
     """Holds host-tier blocks for one transfer (the pending blocks of a store or a G3 read, the
     blocks an onboarding reads): the request-side fields ``KVCache`` keeps holdings in."""
 
-    __slots__ = ("held", "num_held", "num_private", "num_full_registered", "dup_tail", "hashes")
+    __slots__ = ("held", "num_held", "num_private", "num_full_registered", "dup_tail", "hashes", "stretches")
 
     def __init__(self) -> None:
         self.held: list = []
@@ -361,6 +362,7 @@ class _Hold:
         self.num_full_registered = 0
         self.dup_tail = False
         self.hashes = None
+        self.stretches: list = ()  # the new blocks it registered, as HOST_STORED payloads (a router indexes it)
 
 
 class HostTier:
@@ -382,8 +384,8 @@ class HostTier:
         self.num_pending = 0  # blocks of stores and G3 reads in flight
 
     def subscribe(self, sink: list) -> None:
-        if self.kv.events is None:
-            self.kv.events = []
+        if self.kv.removed_ids is None:
+            self.kv.removed_ids = []
         self.subscribers.append(sink)
 
     @property
@@ -396,23 +398,25 @@ class HostTier:
         return self.kv.num_evicted
 
     def _publish(self) -> None:
-        """Evictions as HOST_REMOVED events (the pool's own STORED events mark pending entries:
-        ``stored`` tells the router when they become resident, as the reference does)."""
-        events = self.kv.events
-        if events:
-            for kind, keys in events:
-                if kind == REMOVED:
-                    self._send((HOST_REMOVED, keys))
-            events.clear()
+        """Evictions as one HOST_REMOVED event: ``(seq, index, count)`` per evicted stretch, the
+        blocks' identities (see ``stored``; the pool's new entries are pending until ``stored``
+        tells the router they are resident, as the reference does)."""
+        ids = self.kv.removed_ids
+        if ids:
+            self._send((HOST_REMOVED, hash_view(ids)))
+            ids.clear()
 
     def _send(self, ev: tuple) -> None:
         for sink in self.subscribers:
             sink.append(ev)
 
-    def stored(self, keys) -> None:
-        """``keys`` became resident (a store or a G3 read ended)."""
-        if self.subscribers:
-            self._send((HOST_STORED, keys))
+    def stored(self, hold: _Hold) -> None:
+        """The blocks ``hold`` registered became resident (a store or a G3 read ended): one
+        HOST_STORED event per stretch of consecutive new blocks, ``[seq, index, *hashes]`` - its
+        first block is the ``index``-th the pool's registration ``seq`` stored, the next ones
+        follow (the identities HOST_REMOVED names evicted stretches by)."""
+        for payload in hold.stretches:
+            self._send((HOST_STORED, payload))
 
     def prefix(self, hashes, limit: int) -> tuple[int, list]:
         """How many leading ``hashes`` (up to ``limit``) the pool holds, and the path to them."""
@@ -457,7 +461,7 @@ class HostTier:
             self.kv.touch(path)
         self.version += 1
 
-    def reserve_new(self, hashes, start: int, end: int, parent_resident: bool) -> _Hold | None:
+    def reserve_new(self, hashes, start: int, end: int) -> _Hold | None:
         """Pending entries for ``hashes[start:end]`` (not in the pool), evicting LRU entries; None
         (nothing changed) when the unpinned entries cannot make room."""
         kv = self.kv
@@ -469,8 +473,13 @@ class HostTier:
         h.num_full_registered = start
         h.hashes = hashes
         kv.register(h, hashes, end)
-        if start and not parent_resident and hashes[start] in kv._heads:
-            kv._loose[hashes[start]] = start  # (a run whose parent is not in the pool)
+        if start and hashes[start] in kv._heads:
+            # (its parent may go first: it is not in the pool, or not pinned while these are
+            # pending and older once they are stored - the pool does not evict leaves first)
+            kv._loose[hashes[start]] = start
+        if self.subscribers:  # (each new run: one registration's stretch, its first mark its identity)
+            h.stretches = [hash_view(array("Q", run.marks[0][1:]).tobytes() + run.keys.tobytes())
+                           for run, _ in h.held]
         self.num_pending += n
         self._publish()
         return h
@@ -483,7 +492,7 @@ class HostTier:
             for run, n in path:
                 if pos + n > lo:
                     if pos < lo:  # (a run starts at lo, so the hold begins there)
-                        kv._split(run, lo - pos)
+                        kv.split_in_place(run, lo - pos)
                     break
                 pos += n
             kv._loose[hashes[lo]] = lo  # (its parent may now be evicted before it)
@@ -503,7 +512,8 @@ class HostTier:
         client = job.client
         if job.kind == STORE:
             client.store_ended(job, now)
-            self.stored(job.keys)
+            if self.subscribers:
+                self.stored(job.hold)
             g3 = client.g3  # (the storing rank's G3: its worker's, or the shared one)
             self.num_pending -= len(job.keys)
             if g3 is None or not g3.write_through(self, job, now):
@@ -586,9 +596,9 @@ class G3Tier:
             return -1
         return 0
 
-    def promote(self, g2: HostTier, hashes, lo: int, hi: int, parent_resident: bool, client, now: float) -> bool:
+    def promote(self, g2: HostTier, hashes, lo: int, hi: int, client, now: float) -> bool:
         """Read ``hashes[lo:hi]`` (resident here) into new pending G2 entries; False when G2 has no room."""
-        hold = g2.reserve_new(hashes, lo, hi, parent_resident)
+        hold = g2.reserve_new(hashes, lo, hi)
         if hold is None:
             return False
         view = hashes[lo:hi]
@@ -626,7 +636,8 @@ class G3Tier:
                 else:
                     del pins[k]
             g2.release(job.hold, len(job.keys))
-            g2.stored(job.keys)
+            if g2.subscribers:
+                g2.stored(job.hold)
             job.client.g3_read.ended(job, now)
 
 
@@ -734,7 +745,7 @@ class RankOffload:
                 hi += 1
             if hi > lo:
                 self.touch(state, path)
-                if g3.promote(tier, hashes, lo, hi, lo == n, self, now_ms):
+                if g3.promote(tier, hashes, lo, hi, self, now_ms):
                     return 0, DEFER, []
                 return hit, HIT, []  # (G2 had no room for them; touched already)
         return hit, HIT, path
@@ -795,7 +806,7 @@ class RankOffload:
             return
         if state.version != tier.version:  # (a successful prepare repeats the lookup's touch)
             tier.touch(path)
-        hold = tier.reserve_new(hashes, start, upto, start == n or start > cur)
+        hold = tier.reserve_new(hashes, start, upto)
         if hold is None:
             self.retries += 1
             self.lagging.add(req)

@@ -263,13 +263,132 @@ class _Candidate:
         self.active = _ActiveChains()  # the blocks of the in-flight requests
         self.requests = 0
         self.cached = _CachedBlocks()  # the router's view of the rank's cached blocks
-        self.host: set[int] = set()  # blocks its host (G2) tier holds (HOST_* events)
+        self.host = _TierRuns()  # blocks its host (G2) tier holds (HOST_* events)
         self.disk: set[int] = set()  # blocks its disk (G3) tier holds (DISK_* events)
 
 
 def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
     """How many of ``hashes[pos:]`` are in ``tier``, consecutively from ``pos``."""
     return len(list(takewhile(tier.__contains__, islice(hashes, pos, None))))
+
+
+class _Stretch:
+    """Resident blocks of one host-tier registration: ``keys`` (chain order), the first being the
+    ``index``-th block registration ``seq`` stored."""
+
+    __slots__ = ("keys", "seq", "index")
+
+    def __init__(self, keys: Sequence[int], seq: int, index: int) -> None:
+        self.keys = keys
+        self.seq = seq
+        self.index = index
+
+
+class _TierRuns:
+    """The router's view of a candidate's host (G2) tier, as its HOST_* events tell them.
+
+    The tier (``actors.engine.offload.HostTier``) publishes each stretch of new blocks it stored
+    with an identity - registration ``seq``, index of its first block - and names evicted stretches
+    by identity and count, so an event costs one step per stretch, not one per block, whatever the
+    eviction order (a tier can evict a chain's head while a transfer pins its tail). Resident
+    blocks are kept as stretches indexed by first hash (and by ``seq``, to find an evicted one);
+    a resident block whose parent is resident lies in its parent's stretch or starts one (a hash is
+    resident once), so a lookup goes stretch by stretch (``run_from``)."""
+
+    __slots__ = ("heads", "by_seq", "num_blocks")
+
+    def __init__(self) -> None:
+        self.heads: dict[int, _Stretch] = {}
+        self.by_seq: dict[int, list[_Stretch]] = {}
+        self.num_blocks = 0
+
+    def __bool__(self) -> bool:
+        return self.num_blocks > 0
+
+    def store(self, payload: Sequence[int]) -> None:
+        """``[seq, index, *hashes]``: new resident blocks (none of them was)."""
+        st = _Stretch(payload[2:], payload[0], payload[1])
+        if st.keys:
+            self.heads[st.keys[0]] = st
+            self.by_seq.setdefault(st.seq, []).append(st)
+            self.num_blocks += len(st.keys)
+
+    def remove(self, payload: Sequence[int]) -> None:
+        """``[seq, index, count, ...]``: evicted stretches, each ``count`` blocks from the
+        ``index``-th of registration ``seq`` (within one resident stretch)."""
+        heads = self.heads
+        by_seq = self.by_seq
+        for i in range(0, len(payload), 3):
+            seq, index, count = payload[i], payload[i + 1], payload[i + 2]
+            group = by_seq.get(seq, ())
+            for st in group:
+                off = index - st.index
+                if 0 <= off < len(st.keys):
+                    break
+            else:
+                raise RuntimeError(f"host KV event: evicted blocks {seq}:{index} are not resident")
+            keys = st.keys
+            end = off + count
+            if end > len(keys):
+                raise RuntimeError(f"host KV event: evicted blocks {seq}:{index}+{count} are not resident")
+            self.num_blocks -= count
+            if off == 0:
+                del heads[keys[0]]
+                if end == len(keys):
+                    group.remove(st)
+                    if not group:
+                        del by_seq[seq]
+                    continue
+                st.keys = keys[end:]
+                st.index += end
+                heads[st.keys[0]] = st
+            elif end == len(keys):
+                st.keys = keys[:off]
+            else:  # (the middle: a hold pinned the tail, the head was looked up since)
+                st.keys = keys[:off]
+                rest = _Stretch(keys[end:], seq, index + count)
+                heads[rest.keys[0]] = rest
+                group.append(rest)
+
+    def run_from(self, hashes: Sequence[int], pos: int) -> int:
+        """How many of ``hashes[pos:]`` are resident, consecutively from ``pos`` (as the tier's
+        ``span`` finds them: along the chain from its first block, else back from ``pos`` to the
+        stretch holding it)."""
+        heads = self.heads
+        n = len(hashes)
+        if pos >= n:
+            return 0
+        p = 0
+        while p <= pos:  # (from the first block)
+            st = heads.get(hashes[p])
+            if st is None:
+                break
+            a = agreeing(st.keys, 0, hashes, p, n)
+            p += a
+        if p <= pos:  # (a gap: the stretch holding ``pos`` starts after it, if any)
+            q = pos
+            while q > p:
+                st = heads.get(hashes[q])
+                if st is not None:
+                    break
+                q -= 1
+            else:  # (none after ``p``, which is not resident: it ended the walk)
+                return 0
+            keys = st.keys
+            off = pos - q
+            if off >= len(keys) or keys[off] != hashes[pos]:
+                return 0
+            p = q + agreeing(keys, 0, hashes, q, n)
+        while p < n:  # (past ``pos``: the next stretches)
+            st = heads.get(hashes[p])
+            if st is None:
+                break
+            p += agreeing(st.keys, 0, hashes, p, n)
+        return p - pos
+
+    def blocks(self) -> set[int]:
+        """Every resident block (tests, diagnostics)."""
+        return {h for st in self.heads.values() for h in st.keys}
 
 
 class KvRouter:
@@ -364,7 +483,7 @@ class KvRouter:
             overlap = c.cached.prefix_len(hashes) if use_cache and first in c.cached else 0
             credited = credit * overlap
             if (c.host or c.disk) and use_cache and overlap < n:  # (the lower tiers continue the prefix)
-                h = _run_in(c.host, hashes, overlap) if c.host else 0
+                h = c.host.run_from(hashes, overlap) if c.host else 0
                 d = _run_in(c.disk, hashes, overlap + h) if c.disk else 0
                 if h or d:
                     extra = self.host_weight * h + self.disk_weight * d
@@ -439,9 +558,9 @@ class KvRouter:
         elif kind == REMOVED:
             c.cached.remove(hashes)
         elif kind == HOST_STORED:
-            c.host.update(hashes)
+            c.host.store(hashes)
         elif kind == HOST_REMOVED:
-            c.host.difference_update(hashes)
+            c.host.remove(hashes)
         elif kind == DISK_STORED:
             c.disk.update(hashes)
         elif kind == DISK_REMOVED:
