@@ -112,7 +112,7 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
         if cfg.host_offload is not None:
             for r in ranks:
                 r.attach_offload(offload.rank(cfg.host_offload, cfg.g3_offload, cfg.block_size, first_id + i,
-                                              r.kv.events))
+                                              [] if record_kv_events else None))
         if cfg.sglang is not None and len(ranks) > 1:  # (SGLang's DP ranks share the interval gate)
             for r in ranks:
                 r.group = ranks

@@ -285,6 +285,8 @@ class WorkerHost:
 
     def _sync(self, wid: int, worker: EngineWorker, t: float) -> None:
         worker.sync(t)
+        if worker.has_tiers:
+            worker.publish_tiers(t)
         if worker.kv_events:
             self._take_kv(wid, worker)
         if worker.exits:

@@ -155,14 +155,15 @@ class FifoLane:
 class ShareLink:
     """A shared link direction: equal-share service of its jobs (see the module doc)."""
 
-    __slots__ = ("rate", "jobs", "now", "domain", "_rates_now")
+    __slots__ = ("rate", "jobs", "now", "domain", "_rates_now", "_next")
 
     def __init__(self, shared_gbps: float) -> None:
         self.rate = bytes_per_ms(shared_gbps)
         self.jobs: list[Job] = []  # in send order
-        self.now = 0.0
+        self.now = 0.0  # the jobs' bytes left are as of then (the link's last event)
         self.domain: OffloadDomain | None = None
         self._rates_now: list | None = None  # the active jobs' rates while the active set stands
+        self._next: float | None = None  # its next event while nothing is sent (None: to compute)
 
     def send(self, job: Job, ready_ms: float, latency_ms: float, rate: float) -> None:
         job.start_ms = ready_ms + latency_ms
@@ -170,6 +171,7 @@ class ShareLink:
         job.link = self
         self.jobs.append(job)
         self._rates_now = None
+        self._next = None
         d = self.domain  # (its first byte is an event; the others' ends only move later)
         if job.start_ms < d.next_t:
             d.next_t = job.start_ms
@@ -194,6 +196,12 @@ class ShareLink:
         return out
 
     def next_event(self) -> float:
+        t = self._next
+        if t is None:
+            t = self._next = self._next_event()
+        return t
+
+    def _next_event(self) -> float:
         t = INF
         now = self.now
         for j in self.jobs:
@@ -211,6 +219,7 @@ class ShareLink:
             return job.done_ms
         saved = [(j, j.left) for j in self.jobs]
         now0 = self.now
+        next0 = self._next
         done: list[Job] = []
         try:
             while job not in done:
@@ -225,9 +234,15 @@ class ShareLink:
                 j.left = left
             self.now = now0
             self._rates_now = None
+            self._next = next0
 
     def run_to(self, t: float, out: list, mark: bool = True) -> None:
-        """Serve up to ``t`` (no rate change strictly before it); jobs ending at ``t`` go to ``out``."""
+        """Serve up to ``t`` (no event of this link before it); jobs ending at ``t`` go to ``out``.
+        Before its next event nothing changes but the bytes left, which are drained at events
+        only (the same whenever and however often the domain looks)."""
+        if t < self.next_event():
+            return
+        self._next = None
         now = self.now
         if not self.jobs:
             if t > now:
@@ -691,7 +706,7 @@ class RankOffload:
         # whose lookup was deferred (a block they need is in flight), in queue order
         self.loading: deque = deque()
         self.lagging: set = set()  # running requests whose last cohort found no room (retried each pass)
-        self.events = events  # the rank's KV event list, when the router indexes it
+        self.events = events  # its tiers' KV events not yet published, when the router indexes them
 
     # -- time -----------------------------------------------------------------------------
     def advance(self, now_ms: float) -> None:
@@ -867,9 +882,6 @@ class RankOffload:
         flight that could turn its lookup deferred."""
         if self.sources or self.loading or self.lagging:
             return False
-        shared = self.domain.shared_by > 1
-        if shared and self.events is not None:
-            return False  # (other ranks' transfers end during the run: their events' timing)
         if rank.waiting and len(rank.running) < rank.config.max_sequences:
             # (each stepped pass would look the blocked head up, which changes the tiers only
             # when it is deferred or starts a G3 read)

@@ -135,6 +135,7 @@ class EngineWorker:
         # tiers' next event, or at once when a request arrives
         self._waits = False
         self._offload = [r.offload for r in ranks if r.offload is not None]
+        self.has_tiers = any(off.events is not None for off in self._offload)  # (tier KV events: publish_tiers)
         self.exits: list[Request] = []  # completed inside a run, not taken yet (take_exits)
         self.num_passes = 0
         self.num_runs = 0
@@ -337,6 +338,20 @@ class EngineWorker:
                 if ev:
                     self.kv_events.extend((i, kind, hashes) for kind, hashes in ev)
                     ev.clear()
+
+    def publish_tiers(self, now_ms: float) -> None:
+        """The KV tiers' events up to ``now_ms`` (an edge: the engine host reports to the
+        router): the tiers are brought to ``now_ms`` and what they published since the last
+        edge joins the KV events. So the router hears a tier's change at the first edge at or
+        after it, however the ranks' passes were stepped or fast-forwarded, and a rank sharing a
+        tier hears the other ranks' transfers whether it runs passes or not."""
+        for i, r in enumerate(self.ranks):
+            off = r.offload
+            if off is not None and off.events is not None:
+                off.advance(now_ms)
+                if off.events:
+                    self.kv_events.extend([(i, kind, payload) for kind, payload in off.events])
+                    off.events.clear()
 
     def take_rejected(self) -> list[Request]:
         """Requests the ranks rejected at admission since the last call (they never run)."""
@@ -756,13 +771,6 @@ class EngineWorker:
         blocks, gaps and token counts (the batch's requests' own state is ``_set_members``')."""
         # schedule-time effects (blocks) of started passes; their KV events publish when they end
         if self.records_kv_events:
-            if self._offload and done_upto > run.n_done:
-                # (the tiers' events as stepping publishes them: transfers ended by the start
-                # of the last pass ending now, published at its end)
-                t = run.ends[done_upto - 2] if done_upto > 1 else run.start_ms
-                for off in self._offload:
-                    off.advance(t)
-                self._publish()
             if run.held_events is not None and done_upto >= run.n_sched:
                 self.kv_events.extend(run.held_events)
                 run.held_events = None
