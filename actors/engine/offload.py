@@ -166,15 +166,24 @@ class ShareLink:
         self._next: float | None = None  # its next event while nothing is sent (None: to compute)
 
     def send(self, job: Job, ready_ms: float, latency_ms: float, rate: float) -> None:
-        job.start_ms = ready_ms + latency_ms
+        start = job.start_ms = ready_ms + latency_ms
         job.cap = rate
         job.link = self
+        now = self.now
+        if start <= self.domain.now and now <= start < self.next_event():
+            # it starts now and nothing of the link happens before: serve the others up to now
+            # and count it active at once (what its first-byte event would do, one event less)
+            if start > now:
+                dt = start - now
+                for j, r in self._rates():
+                    j.left -= r * dt
+                self.now = start
         self.jobs.append(job)
         self._rates_now = None
         self._next = None
         d = self.domain  # (its first byte is an event; the others' ends only move later)
-        if job.start_ms < d.next_t:
-            d.next_t = job.start_ms
+        if start < d.next_t:
+            d.next_t = start
 
     def _rates(self) -> list[tuple[Job, float]]:
         out = self._rates_now
@@ -834,8 +843,7 @@ class RankOffload:
 
     def submit_stores(self, end_ms: float) -> None:
         """Pass end: send the pass's cohorts (one job each, in scheduling order)."""
-        if end_ms >= self.domain.next_t:  # (transfers that ended before it: the links' busy time)
-            self.domain.advance(end_ms)
+        self.domain.advance(end_ms)  # (transfers that ended before it: the links' busy time)
         tier = self.tier
         for req, state, hold, start, upto in self.cohorts:
             keys = req.hashes[start:upto]

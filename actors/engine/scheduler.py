@@ -158,6 +158,22 @@ def blocks_bound(computed: list[int], remaining: list[int], k: int, bs: int, ava
     return k
 
 
+def _cut_path(path: list, limit: int) -> tuple[int, int, list]:
+    """``KVCache.match_prefix``'s answer for ``limit`` blocks from its answer for more."""
+    out = []
+    pos = active = 0
+    for run, n in path:
+        if pos >= limit:
+            break
+        if n > limit - pos:
+            n = limit - pos
+        out.append((run, n))
+        if run.holders:
+            active += n
+        pos += n
+    return pos, active, out
+
+
 def make_rank(config: "SchedulerConfig", timing: TimingModel, record_kv_events: bool = False):
     """The rank scheduler a config names: SGLang's when it carries SGLang knobs, else this module's."""
     if config.sglang is not None:
@@ -261,7 +277,7 @@ class RankScheduler(RankQueues):
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
         cfg = self.config
         off = self.offload
-        if off is not None and now_ms >= off.domain.next_t:  # (else nothing ended since)
+        if off is not None:
             off.domain.advance(now_ms)
         running = self.running
         waiting = self.waiting
@@ -566,9 +582,14 @@ class RankScheduler(RankQueues):
         hashes = req.block_hashes(bs)
         full = req.prompt_len // bs
         n1, active1, hits1 = kv.match_prefix(hashes, full)
-        if n1 >= full:
-            return self._fit(req, known)
         limit = (known - self._reuse_last) // bs
+        if n1 >= full:
+            if limit > full:
+                return self._fit(req, known)
+            num, active, hits = _cut_path(hits1, limit)  # (``_fit``'s match: the first ``limit`` blocks)
+            if req.index not in self.policy.reserved_ids and not self.policy.fits(req, known, active):
+                return None
+            return hashes, num * bs, hits
         off = self.offload
         state = req.offload
         n2, outcome, path = off.lookup(req, state, hashes, n1, full, now_ms)
@@ -585,7 +606,10 @@ class RankScheduler(RankQueues):
         if not n2:
             if n1 <= limit:  # (``_fit``'s match: the same blocks)
                 return hashes, n1 * bs, hits1
-            return self._fit(req, known)
+            num, active, hits = _cut_path(hits1, limit)  # (``_fit``'s match and test)
+            if req.index not in self.policy.reserved_ids and not self.policy.fits(req, known, active):
+                return None
+            return hashes, num * bs, hits
         self.waiting.popleft()
         kv.acquire(req, hits1)
         mark = len(kv.fenced)  # (the running requests' evictions fence the pass; these the onboarding)

@@ -318,8 +318,8 @@ class _TierRuns:
         ``index``-th of registration ``seq`` (within one resident stretch)."""
         heads = self.heads
         by_seq = self.by_seq
-        for i in range(0, len(payload), 3):
-            seq, index, count = payload[i], payload[i + 1], payload[i + 2]
+        it = iter(payload.tolist() if isinstance(payload, memoryview) else payload)
+        for seq, index, count in zip(it, it, it):
             group = by_seq.get(seq, ())
             for st in group:
                 off = index - st.index
