@@ -170,7 +170,9 @@ class ShareLink:
         job.cap = rate
         job.link = self
         now = self.now
-        if start <= self.domain.now and now <= start < self.next_event():
+        d = self.domain
+        first = start  # (the link's first event it causes)
+        if start <= d.now and now <= start < self.next_event():
             # it starts now and nothing of the link happens before: serve the others up to now
             # and count it active at once (what its first-byte event would do, one event less)
             if start > now:
@@ -178,19 +180,25 @@ class ShareLink:
                 for j, r in self._rates():
                     j.left -= r * dt
                 self.now = start
+            fastest = rate if rate < self.rate else self.rate
+            first = start + job.nbytes / fastest if fastest < INF else start  # (it ends no sooner)
         self.jobs.append(job)
         self._rates_now = None
         self._next = None
-        d = self.domain  # (its first byte is an event; the others' ends only move later)
-        if start < d.next_t:
-            d.next_t = start
+        if first < d.next_t:  # (the others' ends only move later)
+            d.next_t = first
 
     def _rates(self) -> list[tuple[Job, float]]:
         out = self._rates_now
         if out is not None:
             return out
         now = self.now
-        active = [j for j in self.jobs if j.start_ms <= now]
+        jobs = self.jobs
+        if len(jobs) == 1 and jobs[0].start_ms <= now:  # (the usual case: one job, the link's rate or its cap)
+            j = jobs[0]
+            out = self._rates_now = [(j, j.cap if j.cap < self.rate else self.rate)]
+            return out
+        active = [j for j in jobs if j.start_ms <= now]
         out = []
         if active:
             per_client: dict[int, int] = {}
