@@ -4,7 +4,7 @@
 The full Mooncake conversation trace (12,031 requests, 1 h) through 2 vLLM workers of 8,000 GPU
 blocks of 64 tokens (a tight GPU cache), polynomial timing: without a host tier, with 60,000 host
 blocks per rank at 32 and at 8 GB/s, and with one 120,000-block pool for the cluster; round robin,
-and the KV router with and without a host tier. Each replay runs in this process (``run_plan``: the
+and the KV router without a tier, with one per rank and with the shared pool. Each replay runs in this process (``run_plan``: the
 replay alone, no interpreter start or report writing), the variants interleaved repeat by repeat so
 that a change in the machine's load hits all alike. Prints each variant's median replay time, its
 ratio to the same router without a tier (the issue's bound: 1.5x) and the summary numbers the
@@ -34,7 +34,7 @@ HOST = {
     "shared": {"scope": "cluster_shared", "num_host_blocks": 120000},
 }
 VARIANTS = [("none", "round_robin"), ("g2", "round_robin"), ("g2_8gbps", "round_robin"), ("shared", "round_robin"),
-            ("none", "kv_router"), ("g2", "kv_router")]
+            ("none", "kv_router"), ("g2", "kv_router"), ("shared", "kv_router")]
 
 
 def config(trace: Path, host: str, router: str) -> dict:
