@@ -320,7 +320,7 @@ class Engine(Strict):
     enable_chunked_prefill: bool = True
     speculation: dict[str, Any] | None = None
     nextn: NonNegInt = 0
-    nextn_accepted: list[Float] | None = None
+    nextn_accepted: Float | None = None  # mean accepted draft tokens per pass (the reference's scalar)
     tokenization: Tokenization | None = None
 
     @model_validator(mode="after")

@@ -121,6 +121,8 @@ def test_cross_field_rules():
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
         (("engine", "speculation"), {"draft": 3}, "engine.speculation"),
+        (("engine", "nextn_accepted"), 1.4, "engine.nextn_accepted"),  # (a number, as the reference takes it)
+        (("engine", "nextn"), 2, "engine.nextn"),
     ],
 )
 def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value, key):
