@@ -165,7 +165,8 @@ class KvUpdate(NamedTuple):
     tag: int  # UpdateKind.KV
     worker_id: int
     events: list  # (rank, kind, hashes) each: the KV cache's event kind (stored | removed) and the
-    # blocks' hashes (a view, or bytes over msgpack)
+    # blocks' hashes (a view, or bytes over msgpack); a host tier's (HOST_STORED / HOST_REMOVED) carry
+    # u64 payloads naming stretches by identity (actors.engine.offload.HostTier.stored / _publish)
 
 
 class RequestUpdate(NamedTuple):
