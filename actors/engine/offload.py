@@ -290,12 +290,11 @@ class ShareLink:
 class OffloadDomain:
     """The tiers and links that share one clock (a rank's, or a deployment's shared ones)."""
 
-    __slots__ = ("links", "now", "next_id", "generation", "next_t", "shared_by")
+    __slots__ = ("links", "now", "next_id", "generation", "next_t")
 
     def __init__(self) -> None:
         self.links: list = []
         self.next_t = INF  # no event before it (a lower bound: sending a job lowers it)
-        self.shared_by = 0  # ranks using it
         self.now = 0.0
         self.next_id = 0
         self.generation = 0  # completions so far (a deferred lookup retries after one)
@@ -979,5 +978,4 @@ class OffloadRegistry:
             tier.subscribe(events)
             if g3 is not None:
                 g3.subscribers.append(events)
-        domain.shared_by += 1
         return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key, events)
