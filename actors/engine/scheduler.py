@@ -539,10 +539,14 @@ class RankScheduler(RankQueues):
             num_hits, active_hits, hits = kv.match_prefix(hashes, (known - self._reuse_last) // bs)
         else:
             num_hits, active_hits, hits = 0, 0, []
+        return self._fit_match(req, known, hashes, num_hits, active_hits, hits)
+
+    def _fit_match(self, req: Request, known: int, hashes, num_hits: int, active_hits: int, hits: list):
+        """``_fit``'s answer for the prefix match ``(num_hits, active_hits, hits)``."""
         policy = self.policy
         if req.index not in policy.reserved_ids and not policy.fits(req, known, active_hits):
             return None
-        return hashes, num_hits * bs, hits
+        return hashes, num_hits * self.config.block_size, hits
 
     def _admit(self, req: Request, fit: tuple, start: int, n: int, now_ms: float) -> bool:
         """Admit the waiting head with ``fit`` (``_fit``'s), ``start`` tokens computed and blocks
@@ -586,10 +590,7 @@ class RankScheduler(RankQueues):
         if n1 >= full:
             if limit > full:
                 return self._fit(req, known)
-            num, active, hits = _cut_path(hits1, limit)  # (``_fit``'s match: the first ``limit`` blocks)
-            if req.index not in self.policy.reserved_ids and not self.policy.fits(req, known, active):
-                return None
-            return hashes, num * bs, hits
+            return self._fit_match(req, known, hashes, *_cut_path(hits1, limit))  # (``_fit``'s match)
         off = self.offload
         state = req.offload
         n2, outcome, path = off.lookup(req, state, hashes, n1, full, now_ms)
@@ -606,10 +607,7 @@ class RankScheduler(RankQueues):
         if not n2:
             if n1 <= limit:  # (``_fit``'s match: the same blocks)
                 return hashes, n1 * bs, hits1
-            num, active, hits = _cut_path(hits1, limit)  # (``_fit``'s match and test)
-            if req.index not in self.policy.reserved_ids and not self.policy.fits(req, known, active):
-                return None
-            return hashes, num * bs, hits
+            return self._fit_match(req, known, hashes, *_cut_path(hits1, limit))
         self.waiting.popleft()
         kv.acquire(req, hits1)
         mark = len(kv.fenced)  # (the running requests' evictions fence the pass; these the onboarding)
