@@ -84,6 +84,9 @@ class Request:
         # onboarded from them
         "offload",
         "host_reused",
+        # speculative decoding: the decode passes that verified drafts (the request's acceptance
+        # stream's position, actors.engine.speculation)
+        "spec_passes",
     )
 
     def __init__(
@@ -133,6 +136,7 @@ class Request:
         self.tokens = None
         self.offload = None
         self.host_reused = 0
+        self.spec_passes = 0
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

@@ -42,6 +42,7 @@ from aisim.actors.engine.request import (
     WAITING,
     Request,
 )
+from aisim.actors.engine.speculation import accepted
 from aisim.actors.engine.timing import PassShape, TimingModel
 
 
@@ -61,6 +62,7 @@ class SchedulerConfig:
     sglang: object = None  # SGLang's knobs (actors.engine.sglang.SGLangKnobs): an SGLang rank, not this one
     host_offload: object = None  # a host (G2) KV tier (actors.engine.offload.HostOffloadSpec)
     g3_offload: object = None  # a disk (G3) KV tier behind it (actors.engine.offload.G3Spec)
+    speculation: object = None  # speculative decoding (actors.engine.speculation.Speculation)
 
 
 @dataclass(slots=True)
@@ -294,7 +296,9 @@ class RankScheduler(RankQueues):
         num_running = len(running)
         lead = self._lead
         self._lead = None  # (kept below when this pass takes a lead)
-        if num_running:
+        spec = cfg.speculation
+        spent = None  # speculative decoding: request -> budget its decode step took (drafts count)
+        if num_running and spec is None:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
             if lead is not None and self._lead_at == self.pass_count and running[: len(lead)] == lead:
@@ -313,10 +317,17 @@ class RankScheduler(RankQueues):
             if defer_prefill and not req.prefill_done and n > 1:
                 i += 1
                 continue
+            cost = n
             if n > budget:
                 if not chunked:
                     break
-                n = budget
+                n = cost = budget
+            elif spec is not None and req.prefill_done:  # a decode step verifying drafts: its burst
+                cost = spec.verify_tokens if spec.verify_tokens < budget else budget
+                n = self._burst(req, known, cost)
+                if spent is None:
+                    spent = {}
+                spent[req] = cost
             target = req.num_computed + n
             # inline no-op check of kv.grow: most decode steps need no new block
             if target > (req.num_held + req.num_private) * bs or (
@@ -342,7 +353,7 @@ class RankScheduler(RankQueues):
                         for k, (r, rn) in enumerate(items):
                             if r is victim:
                                 del items[k]
-                                budget += rn
+                                budget += spent.get(r, rn) if spent else rn
                                 if was_decode:
                                     vk = victim.prompt_len + victim.num_generated
                                     num_decode -= 1
@@ -352,7 +363,7 @@ class RankScheduler(RankQueues):
                 if not can_schedule:
                     break
             items.append((req, n))
-            budget -= n
+            budget -= cost
             i += 1
             if req.prefill_done:
                 num_decode += 1
@@ -430,6 +441,16 @@ class RankScheduler(RankQueues):
             else:  # (a FIFO preemption took a lead request back)
                 self._lead = None
         return rp
+
+    def _burst(self, req: Request, known: int, verify: int) -> int:
+        """The tokens a decode step of ``req`` emits with speculative decoding: 1 + the drafts its
+        acceptance stream accepts at this pass, at most the ``verify`` tokens it computes and what
+        it may still generate (its output and the context length)."""
+        b = 1 + accepted(self.config.speculation, req.index, req.spec_passes)
+        room = req.max_output - req.num_generated
+        if self.context_limit - known < room:
+            room = self.context_limit - known
+        return min(b, verify, room)
 
     def _new_lead(self, budget: int) -> tuple | None:
         """The leading decode requests of ``running``, their blocks grown for one more token:
@@ -791,11 +812,16 @@ class RankScheduler(RankQueues):
                 items = items[lead:]
             else:
                 items = ()
+        spec = self.config.speculation
+        zeros = 0  # tokens after the first of a speculative burst (0 ms gaps)
         for req, n in items:
             c = req.num_computed + n
             req.num_computed = c
+            t = 1  # tokens emitted
             if req.prefill_done:
-                pass
+                t = n  # a decode step: 1, or a speculative burst
+                if spec is not None and req.num_generated:
+                    req.spec_passes += 1
             elif c == req.prompt_len + req.num_generated:
                 req.prefill_done = True
                 self.committed_prefill_tokens += n
@@ -811,23 +837,26 @@ class RankScheduler(RankQueues):
             else:
                 self.committed_prefill_tokens += n
                 continue
-            # emit one token
-            g = req.num_generated + 1
+            # emit t tokens
+            g0 = req.num_generated
+            g = g0 + t
             req.num_generated = g
             last = req.last_token_ms
-            if g == 1:
+            if g0 == 0:
                 req.first_token_ms = end_ms
                 if self.first_tokens is not None:
                     self.first_tokens.append(req)
             else:
-                if g == 2:
+                if g0 == 1:
                     req.second_token_ms = end_ms
                 if last == start_ms:
                     pooled += 1
                 else:
                     gaps.individual.append(end_ms - last)
+                if t > 1:
+                    zeros += t - 1
             req.last_token_ms = end_ms
-            self.num_generated_tokens += 1
+            self.num_generated_tokens += t
             if g >= req.max_output or req.prompt_len + g >= limit:
                 req.status = COMPLETED
                 req.terminal_ms = end_ms
@@ -835,6 +864,9 @@ class RankScheduler(RankQueues):
         if pooled:
             gaps.pooled_values.append(end_ms - start_ms)
             gaps.pooled_weights.append(pooled)
+        if zeros:
+            gaps.pooled_values.append(0.0)
+            gaps.pooled_weights.append(zeros)
         if any_done:
             self.reap_completed(completed)
 
@@ -904,9 +936,15 @@ class RankScheduler(RankQueues):
         first = min(remaining)
         if first <= 0:
             return None
+        c0 = [r.num_computed for r in running]
+        if cfg.speculation is not None:
+            # (remaining counts tokens, an upper bound of the passes: the run's segments draw the
+            # bursts and end it at the first completion or the blocks, actors.engine.worker)
+            if off is not None or n * cfg.speculation.verify_tokens > cfg.max_batched_tokens:
+                return None
+            return min(max_passes, max(remaining)), list(running), c0, g0, known, remaining
         # (something waiting - a request or a destination's reservation - ends the run at the first completion)
         k = min(max_passes, max(remaining) if not (self.waiting or self.policy.pending) else first)
-        c0 = [r.num_computed for r in running]
         k = self.blocks_bound(c0, remaining, k)
         if off is not None and off.stores:
             cap = off.run_cap(running, remaining)
@@ -917,18 +955,24 @@ class RankScheduler(RankQueues):
 
         return k, list(running), c0, g0, known, remaining
 
-    def grow_run(self, batch: list, computed: list[int], upto: int) -> None:
+    def grow_run(self, batch: list, computed: list[int], upto) -> None:
         """A decode run's schedule-time effects up to pass ``upto``: the blocks of the batch's
-        requests (``computed`` tokens at the run's start) for ``computed + upto`` tokens."""
+        requests (``computed`` tokens at the run's start) for ``computed + upto`` tokens (``upto``:
+        a list, per request, with speculative decoding)."""
         kv = self.kv
         bs = kv.block_size
         caching = kv.prefix_caching
         # most passes neither cross a block boundary nor fill a block
         # kv.grow's test for t = c + upto tokens: ceil(t / bs) > held + private blocks, or
         # t // bs > registered full blocks (prefix caching); integer forms of it
-        items = [(req, c + upto) for req, c in zip(batch, computed)
-                 if c + upto > (req.num_held + req.num_private) * bs
-                 or (caching and c + upto >= (req.num_full_registered + 1) * bs)]
+        if type(upto) is int:
+            items = [(req, c + upto) for req, c in zip(batch, computed)
+                     if c + upto > (req.num_held + req.num_private) * bs
+                     or (caching and c + upto >= (req.num_full_registered + 1) * bs)]
+        else:
+            items = [(req, c + u) for req, c, u in zip(batch, computed, upto)
+                     if c + u > (req.num_held + req.num_private) * bs
+                     or (caching and c + u >= (req.num_full_registered + 1) * bs)]
         if not items:
             return
         done = kv.grow_decode(items)

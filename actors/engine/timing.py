@@ -68,6 +68,13 @@ class TimingModel:
         decode = self.decode_ms
         return [float(decode(num_decode, kv_tokens0 + j * num_decode, total_kv_tokens)) for j in range(num_passes)]
 
+    def decode_passes_ms(self, num_decode: int, kv_tokens: list[int], total_kv_tokens: int) -> list[float]:
+        """Durations of decode-only passes of ``num_decode`` requests holding ``kv_tokens[j]`` KV
+        tokens in pass j (non-decreasing: speculative decoding grows them unevenly); each equals
+        ``decode_ms`` of that pass bit for bit."""
+        decode = self.decode_ms
+        return [float(decode(num_decode, kv, total_kv_tokens)) for kv in kv_tokens]
+
     def describe(self) -> dict:
         return {"estimator": self.estimator, "timing_source": self.timing_source, "data_version": self.data_version}
 
@@ -90,6 +97,9 @@ class FixedTiming(TimingModel):
 
     def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
         return [self._decode] * num_passes
+
+    def decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens):
+        return [self._decode] * len(kv_tokens)
 
 
 # Reference polynomial coefficients.
@@ -408,30 +418,36 @@ class MeasuredTiming(TimingModel):
         return got
 
     def _decode_run_vector(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
-        """``_decode_run_scalar`` in numpy, grid segment by grid segment: the same IEEE operations
-        element by element (exact integer lengths divided once, then the segment's affine map and
-        the row blend in the same order), so bit-identical; for long runs (numpy's per-call cost
+        """``_decode_run_scalar`` in numpy (``_lengths_ms``); for long runs (numpy's per-call cost
         is a few microseconds)."""
-        rows = self._batch_rows(b)
+        seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.int64) / b
+        return self._lengths_ms(seq, self._batch_rows(b))
+
+    def _lengths_ms(self, seq: np.ndarray, rows: tuple, scale: float | None = None) -> list[float]:
+        """Decode pass times of the non-decreasing mean sequence lengths ``seq`` (exact integer
+        sums divided once) with ``_batch_rows``' rows, grid segment by grid segment: the same IEEE
+        operations as ``decode_ms`` element by element (the segment's affine map and the row blend
+        in the same order; ``scale``: the pass time multiplied by it), so bit-identical."""
         xs = self._seq
         n2 = self._seq_n2
-        seq = np.arange(kv_tokens0, kv_tokens0 + num_passes * b, b, dtype=np.int64) / b
-        j = _bracket(xs, kv_tokens0 / b)
-        if j == n2 or (kv_tokens0 + (num_passes - 1) * b) / b < xs[j + 1]:
-            return self._segment_ms(seq, j, rows).tolist()  # (most runs: one grid segment)
+        num_passes = len(seq)
+        j = _bracket(xs, float(seq[0]))
+        if j == n2 or seq[-1] < xs[j + 1]:
+            return self._segment_ms(seq, j, rows, scale).tolist()  # (most runs: one grid segment)
         out = np.empty(num_passes)
         p = 0
         while p < num_passes:
             q = num_passes if j == n2 else int(seq.searchsorted(xs[j + 1]))  # (side "left": bisect_left)
             if q > p:
-                out[p:q] = self._segment_ms(seq[p:q], j, rows)
+                out[p:q] = self._segment_ms(seq[p:q], j, rows, scale)
                 p = q
             j += 1
         return out.tolist()
 
-    def _segment_ms(self, seq: np.ndarray, j: int, rows: tuple) -> np.ndarray:
+    def _segment_ms(self, seq: np.ndarray, j: int, rows: tuple, scale: float | None = None) -> np.ndarray:
         """Pass times of sequence lengths ``seq`` in grid segment j (``_batch_rows``' rows):
-        ``shared + d`` with d = y0 + dy * t, blended toward the upper row as ``d + (e - d) * w``."""
+        ``shared + d`` with d = y0 + dy * t, blended toward the upper row as ``d + (e - d) * w``
+        (the sum multiplied by ``scale`` when given)."""
         shared, w, r0, r1 = rows
         xs = self._seq
         x0 = xs[j]
@@ -448,6 +464,8 @@ class MeasuredTiming(TimingModel):
             e *= w
             d += e
         d += shared
+        if scale is not None:
+            d *= scale
         return d
 
     def _decode_run_scalar(self, b: int, kv_tokens0: int, num_passes: int) -> list[float]:
@@ -485,3 +503,39 @@ class MeasuredTiming(TimingModel):
                 p = q
             j += 1
         return out
+
+
+class SpeculativeMeasuredTiming(MeasuredTiming):
+    """``MeasuredTiming`` of a rank with speculative decoding (aiconfigurator's nextn path): each
+    decoding request computes ``verify`` tokens a pass (its last token and the drafts), so a
+    decode-only pass of b requests costs the plain pass of ``b x verify`` sequences of the same
+    mean length times ``scale`` (MTP: the draft heads' layers, (layers + n) / layers, on every
+    op; n-gram: 1), as aiconfigurator's decode step with nextn prices it; a mixed pass costs its
+    prefill chunks as a prefill-only pass plus its decode step as a decode-only pass (how the
+    reference prices MTP passes: within 1.2% of it on the conversation trace, where one shared
+    token-count part for both was 3-6% faster). Shares the tables of the plain model it is made
+    from (docs/speculative-decoding.md)."""
+
+    def __init__(self, base: MeasuredTiming, verify: int, scale: float) -> None:  # (shares base's tables)
+        self.__dict__.update(base.__dict__)
+        self._by_batch = {}
+        self._by_tokens = {}
+        self._verify = int(verify)
+        self._scale = float(scale)
+        self.timing_source = f"{base.timing_source}; speculative decoding: {verify} tokens per decoding request"
+
+    def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
+        b = num_decode * self._verify
+        return (self.shared(b) + MeasuredTiming.decode_attention(self, b, decode_kv_tokens / num_decode)) * self._scale
+
+    pass_ms = TimingModel.pass_ms  # (a mixed pass: its prefill as a prefill pass + its decode step)
+
+    def decode_run_ms(self, num_decode, kv_tokens0, total_kv_tokens, num_passes):
+        return self.decode_passes_ms(num_decode, [kv_tokens0 + j * num_decode for j in range(num_passes)],
+                                     total_kv_tokens)
+
+    def decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens):
+        if len(kv_tokens) < _VECTOR_RUN:
+            return TimingModel.decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens)
+        seq = np.asarray(kv_tokens, dtype=np.int64) / num_decode
+        return self._lengths_ms(seq, self._batch_rows(num_decode * self._verify), self._scale)

@@ -38,8 +38,11 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import NamedTuple
 
+import numpy as np
+
 from aisim.actors.engine.request import COMPLETED, Request
 from aisim.actors.engine.scheduler import GapSink, RankPass, RankScheduler
+from aisim.actors.engine.speculation import accepted_block
 from aisim.actors.engine.timing import PassShape
 
 MAX_RUN_PASSES = 4096
@@ -86,14 +89,6 @@ class DecodeRun:
     @property
     def end_ms(self) -> float:
         return self.ends[self.num_passes - 1]
-
-    def segment(self, rank, j: int) -> tuple:
-        """The (first pass, batch size, length sum, variance) entry of ``rank`` covering pass j."""
-        segs = self.segments[id(rank)].entries
-        i = len(segs) - 1
-        while segs[i][0] > j:
-            i -= 1
-        return segs[i]
 
 
 class TimelineColumns(NamedTuple):
@@ -147,7 +142,7 @@ class EngineWorker:
         # (one rank; no timeline, queue tracking or KV events, which a joining pass would have
         # to record as a general pass does): see _join
         self._joins = self._runs and len(ranks) == 1 and not record_timeline and not track_queue \
-            and not self.records_kv_events and ranks[0].joins_runs
+            and not self.records_kv_events and ranks[0].joins_runs and cfg.speculation is None
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
@@ -262,8 +257,8 @@ class EngineWorker:
         out = {}
         for entry in run.ranks:
             rank = entry[0]
-            _, n, kv, var = run.segment(rank, j)
-            out[id(rank)] = (wall, 0, 0, 0, 0.0, n, kv + j * n, var)
+            n, kv, var = run.segments[id(rank)].metrics(j)
+            out[id(rank)] = (wall, 0, 0, 0, 0.0, n, kv, var)
         return out
 
     def forward_pass_metrics(self) -> list[tuple]:
@@ -429,9 +424,11 @@ class EngineWorker:
             return []
         if run is not None:
             if run.num_passes < run.num_planned and (horizon_ms is None or horizon_ms > now_ms):
+                m = run.num_passes
                 self._extend(run, horizon_ms, hint_ms, hint_bounds)
-                self.pass_end_ms = run.end_ms
-                return self.take_exits()
+                if run.num_passes > m:  # (speculative segments may end the run where it is)
+                    self.pass_end_ms = run.end_ms
+                    return self.take_exits()
             if (self._joins and run.num_passes < run.bound and (horizon_ms is None or horizon_ms > now_ms)
                     and (hint_ms is None or hint_ms > now_ms)
                     and self._join(run, now_ms, horizon_ms, hint_ms, hint_bounds)):
@@ -567,10 +564,17 @@ class EngineWorker:
         entries = []
         segments = {}
         for rank, (_, batch, c0, g0, known, remaining) in plans:
-            entries.append([rank, batch, c0, g0, remaining[:]])  # (its own list: exits delete from it)
-            segments[id(rank)] = _Segments(known, remaining, k)
+            if rank.config.speculation is not None:  # (passes to completion: known as the bursts are drawn)
+                entry = [rank, batch, c0, g0, [-1] * len(batch)]
+                segments[id(rank)] = _SpecSegments(rank, entry, known, remaining, k)
+            else:
+                entry = [rank, batch, c0, g0, remaining[:]]  # (its own list: exits delete from it)
+                segments[id(rank)] = _Segments(known, remaining, k)
+            entries.append(entry)
         run = DecodeRun(now_ms, k, entries, segments)
         self._extend(run, horizon_ms, hint_ms, hint_bounds)
+        if not run.num_passes:  # (speculative segments found no pass to run: nothing was changed)
+            return None
         return run
 
     def _extend(self, run: DecodeRun, horizon_ms: float | None, hint_ms: float | None = None,
@@ -600,12 +604,20 @@ class EngineWorker:
                 upto = min(upto, _passes_to_reach(hint_ms, m, start, last))
         while True:
             upto = min(upto, run.num_planned)
+            for entry in run.ranks:
+                segs = run.segments[id(entry[0])]
+                segs.build(upto)
+                if segs.k < run.num_planned:  # (speculative segments: a completion or the blocks end it)
+                    run.num_planned = segs.k
+                    run.bound = min(run.bound, segs.k)
+                    upto = min(upto, segs.k)
+            if upto <= m:
+                break
             durations = None
             exits = None
             for entry in run.ranks:
                 rank = entry[0]
                 segs = run.segments[id(rank)]
-                segs.build(upto)
                 d = segs.durations(rank, m, upto)
                 durations = d if durations is None else list(map(max, durations, d))
                 exits = segs.exits if exits is None else sorted(set(exits) | set(segs.exits))
@@ -622,7 +634,8 @@ class EngineWorker:
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
         for rank, batch, c0, _, _ in run.ranks:
-            rank.grow_run(batch, c0, upto)
+            segs = run.segments[id(rank)]
+            rank.grow_run(batch, c0, upto if segs.uniform else segs.advanced(batch, upto))
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time
@@ -741,11 +754,15 @@ class EngineWorker:
             for _ in range(num):
                 i = remaining.index(left, i + 1)
                 at.append(i)
+            segs = run.segments[id(rank)]
+            adv = [left] * num if segs.uniform else segs.advanced([batch[i] for i in at], left)
             leaving = []
-            for i in at:
+            for i, t in zip(at, adv):
                 req = batch[i]
-                req.num_computed = c0[i] + left
-                req.num_generated = g0[i] + left
+                req.num_computed = c0[i] + t
+                req.num_generated = g0[i] + t
+                if not segs.uniform:
+                    req.spec_passes = segs.passes_of(req, left)
                 req.last_token_ms = end
                 req.status = COMPLETED
                 req.terminal_ms = end
@@ -760,11 +777,19 @@ class EngineWorker:
     def _set_members(self, run: DecodeRun, b: int) -> None:
         """The batch's requests as they are after the run's first ``b`` passes."""
         last_end = run.ends[b - 1]
-        for _, batch, c0, g0, _ in run.ranks:
-            for req, c, g in zip(batch, c0, g0):
-                req.num_computed = c + b
-                req.num_generated = g + b
-                req.last_token_ms = last_end
+        for rank, batch, c0, g0, _ in run.ranks:
+            segs = run.segments[id(rank)]
+            if segs.uniform:
+                for req, c, g in zip(batch, c0, g0):
+                    req.num_computed = c + b
+                    req.num_generated = g + b
+                    req.last_token_ms = last_end
+            else:
+                for req, c, g, t in zip(batch, c0, g0, segs.advanced(batch, b)):
+                    req.num_computed = c + t
+                    req.num_generated = g + t
+                    req.spec_passes = segs.passes_of(req, b)
+                    req.last_token_ms = last_end
 
     def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving:
@@ -807,8 +832,18 @@ class EngineWorker:
                         gaps.individual.append(first_end - req.last_token_ms)
                     if g == 1:
                         req.second_token_ms = first_end
+        zeros = 0
         for rank, batch, _, _, _ in run.ranks:
-            rank.num_generated_tokens += len(batch) * (b - a)
+            segs = run.segments[id(rank)]
+            if segs.uniform:
+                rank.num_generated_tokens += len(batch) * (b - a)
+            else:
+                t = segs.tokens(a, b)
+                rank.num_generated_tokens += t
+                zeros += t - len(batch) * (b - a)  # (a burst's tokens after its first: 0 ms gaps)
+        if zeros:
+            gaps.pooled_values.append(0.0)
+            gaps.pooled_weights.append(zeros)
         if pooled0:
             gaps.pooled_values.append(first_end - start)
             gaps.pooled_weights.append(pooled0)
@@ -826,6 +861,7 @@ class _Segments:
     pass a would compute); ``exits``: the passes after which requests leave, ascending."""
 
     __slots__ = ("known", "remaining", "order", "k", "i", "s1", "s2", "n", "entries", "exits", "cursor")
+    uniform = True  # every request advances one token a pass
 
     def __init__(self, known: list[int], remaining: list[int], k: int) -> None:
         self.known = known
@@ -864,6 +900,15 @@ class _Segments:
             if self.n and nxt < self.k:
                 self._add(nxt)
 
+    def metrics(self, j: int) -> tuple:
+        """(batch size, KV tokens, variance of the sequence lengths) of pass j."""
+        segs = self.entries
+        i = len(segs) - 1
+        while segs[i][0] > j:
+            i -= 1
+        _, n, kv, var = segs[i]
+        return n, kv + j * n, var
+
     def durations(self, rank, m: int, upto: int) -> list[float]:
         """Durations of the rank's passes ``m`` to ``upto`` (exclusive)."""
         out: list[float] = []
@@ -886,3 +931,124 @@ class _Segments:
             if lo < hi:
                 out.extend(timing.decode_run_ms(n, s + n * lo, total, hi - lo))
         return out
+
+
+class _SpecSegments:
+    """``_Segments`` of a rank with speculative decoding: request i advances ``T[i, j]`` tokens in
+    the run's first j passes (its bursts, drawn for a block of passes at once from the requests'
+    acceptance streams: ``actors.engine.speculation.accepted_block``, the numbers stepping draws),
+    so the batch's KV tokens grow unevenly and a request leaves after the pass at which ``T``
+    reaches its ``remaining`` tokens. ``build`` draws the passes as the run's end times are
+    computed and lowers ``k`` where stepping would do otherwise: at the first completion when
+    something waits, before a pass whose blocks are not free or evictable now, and where the
+    rank's batch is empty (the entry's ``remaining`` learns each request's passes as they are
+    drawn). Per pass: batch size, KV tokens, their squares' sum and the tokens emitted."""
+
+    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "indices", "avail", "bs", "stop_first",
+                 "k", "T", "built", "n_pass", "kv", "sq", "tok", "exits", "cursor")
+    uniform = False
+
+    def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
+        batch = entry[1]
+        self.spec = rank.config.speculation
+        self.entry = entry
+        self.rows = {id(r): i for i, r in enumerate(batch)}
+        self.known = np.array(known, dtype=np.int64)
+        self.R = np.array(remaining, dtype=np.int64)
+        self.c = np.array(entry[2], dtype=np.int64)
+        self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
+        self.p0 = [r.spec_passes for r in batch]
+        self.indices = [r.index for r in batch]
+        self.avail = rank.kv.num_reclaimable
+        self.bs = rank.config.block_size
+        self.stop_first = bool(rank.waiting or rank.policy.pending)
+        self.k = k
+        self.T = np.zeros((len(batch), 1), dtype=np.int64)
+        self.built = 0
+        self.n_pass: list[int] = []
+        self.kv: list[int] = []
+        self.sq: list[int] = []
+        self.tok: list[int] = []
+        self.exits: list[int] = []
+        self.cursor = 0
+
+    def build(self, upto: int) -> None:
+        a = self.built
+        upto = min(upto, self.k)
+        if upto <= a:
+            return
+        w = upto - a
+        bursts = accepted_block(self.spec, self.indices, [p + a for p in self.p0], w)
+        bursts += 1
+        R = self.R[:, None]
+        T = np.minimum(self.T[:, a:a + 1] + np.cumsum(bursts, axis=1), R)
+        before = np.concatenate([self.T[:, a:a + 1], T[:, :-1]], axis=1)  # T at passes a .. upto - 1
+        member = before < R
+        n_pass = member.sum(axis=0)
+        lengths = (self.known[:, None] + before) * member
+        # blocks: pass j takes what c + T[:, j + 1] tokens need beyond the blocks held at the start
+        need = np.maximum(-(-(self.c[:, None] + T) // self.bs) - self.h[:, None], 0).sum(axis=0)
+        leaving = member & (T >= R)
+        stop = w
+        over = np.flatnonzero(need > self.avail)
+        if len(over):
+            stop = int(over[0])
+        empty = np.flatnonzero(n_pass == 0)
+        if len(empty) and empty[0] < stop:
+            stop = int(empty[0])
+        if self.stop_first:
+            first = np.flatnonzero(leaving.any(axis=0))
+            if len(first) and first[0] + 1 < stop:
+                stop = int(first[0]) + 1
+        if stop < w:
+            self.k = a + stop
+        self.T = np.concatenate([self.T[:, :a + 1], T[:, :stop]], axis=1)
+        self.n_pass += n_pass[:stop].tolist()
+        self.kv += lengths[:, :stop].sum(axis=0).tolist()
+        self.sq += (lengths[:, :stop] * lengths[:, :stop]).sum(axis=0).tolist()
+        self.tok += (T[:, :stop] - before[:, :stop]).sum(axis=0).tolist()
+        rows, cols = np.nonzero(leaving[:, :stop])
+        if len(cols):
+            batch, remaining = self.entry[1], self.entry[4]
+            order = np.argsort(cols, kind="stable")
+            reqs = [r for r in batch]  # (rows are the plan's positions: find each leaver's place now)
+            by_row = {self.rows[id(r)]: i for i, r in enumerate(reqs)}
+            for row, col in zip(rows[order].tolist(), cols[order].tolist()):
+                remaining[by_row[row]] = a + col + 1
+                e = a + col
+                if not self.exits or self.exits[-1] != e:
+                    self.exits.append(e)
+        self.built = a + stop
+
+    def metrics(self, j: int) -> tuple:
+        n, kv = self.n_pass[j], self.kv[j]
+        return n, kv, self.sq[j] / n - (kv / n) ** 2
+
+    def durations(self, rank, m: int, upto: int) -> list[float]:
+        out: list[float] = []
+        timing = rank.timing
+        total = rank.total_kv_tokens
+        n_pass = self.n_pass
+        j = m
+        while j < upto:
+            n = n_pass[j]
+            e = j + 1
+            while e < upto and n_pass[e] == n:
+                e += 1
+            out.extend(timing.decode_passes_ms(n, self.kv[j:e], total))
+            j = e
+        return out
+
+    def advanced(self, reqs: list, j: int) -> list[int]:
+        """The tokens each of ``reqs`` (members of the plan's batch) advanced in the run's first j passes."""
+        rows = self.rows
+        col = self.T[:, j]
+        return col[[rows[id(r)] for r in reqs]].tolist()
+
+    def passes_of(self, req, j: int) -> int:
+        """``req``'s decode passes after the run's first j passes (at most its own passes in the run)."""
+        return self.p0[self.rows[id(req)]] + j
+
+    def tokens(self, a: int, b: int) -> int:
+        """Tokens the rank's batch emitted in passes a .. b - 1."""
+        return sum(self.tok[a:b])
