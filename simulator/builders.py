@@ -6,13 +6,22 @@ The engine, router and planner hosts (in process or inside Ray actors) hold what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from aisim.actors.engine.offload import OffloadRegistry
 from aisim.actors.engine.scheduler import make_rank
-from aisim.actors.engine.timing import FixedTiming, PassShape, PolynomialTiming, RooflineFactors, RooflineTiming, TimingModel
+from aisim.actors.engine.timing import (
+    FixedTiming,
+    MeasuredTiming,
+    PassShape,
+    PolynomialTiming,
+    RooflineFactors,
+    RooflineTiming,
+    SpeculativeMeasuredTiming,
+    TimingModel,
+)
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
 from aisim.simulator.catalog.hardware import get_hardware
@@ -56,6 +65,10 @@ class ScaledTiming(TimingModel):
         div = self._ddiv
         return [d / div for d in self.inner.decode_run_ms(num_decode, kv_tokens0, total_kv_tokens, num_passes)]
 
+    def decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens):
+        div = self._ddiv
+        return [d / div for d in self.inner.decode_passes_ms(num_decode, kv_tokens, total_kv_tokens)]
+
     def describe(self) -> dict:
         return self.inner.describe()
 
@@ -90,6 +103,9 @@ def build_timing(pool, field: str = "timing") -> TimingModel:
             tensor=shape.tensor, pipeline=shape.pipeline, attention_data=shape.attention_data,
             moe_tensor=shape.moe_tensor, moe_expert=shape.moe_expert, field=field,
         )
+    spec = pool.scheduler.speculation
+    if spec is not None and isinstance(model, MeasuredTiming):  # (fixed timing: the pass time as given)
+        model = SpeculativeMeasuredTiming(model, spec.verify_tokens, spec.layer_scale)
     if t.speedup_ratio != 1.0 or t.decode_speedup_ratio != 1.0:
         model = ScaledTiming(model, t.speedup_ratio, t.decode_speedup_ratio)
     return model
@@ -99,11 +115,14 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
                   record_kv_events: bool = False, pool_label: str | None = None,
                   record_timeline: bool = False, track_queue: bool = False,
                   initial_kv: dict | None = None, replicas: int | None = None,
-                  offload: OffloadRegistry | None = None) -> list[EngineWorker]:
+                  offload: OffloadRegistry | None = None, seed: int = 42) -> list[EngineWorker]:
     """``replicas`` workers of ``pool`` (default: the pool's) from id ``first_id``; ``initial_kv``:
     worker id -> per rank, the blocks its KV cache starts with (warm start); ``offload``: the
-    replay's KV tiers (one per replay: shared tiers are built once)."""
+    replay's KV tiers (one per replay: shared tiers are built once); ``seed``: the replay's root
+    seed (speculative decoding's acceptance streams when its section names none)."""
     cfg = pool.scheduler
+    if cfg.speculation is not None and cfg.speculation.seed is None:
+        cfg = replace(cfg, speculation=replace(cfg.speculation, seed=seed))
     workers = []
     if cfg.host_offload is not None and offload is None:  # (a shared tier must be built once per replay)
         raise ValueError("workers with KV tiers need the replay's OffloadRegistry (offload=...)")

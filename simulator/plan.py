@@ -18,6 +18,7 @@ from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.offload import G3Spec, HostOffloadSpec
 from aisim.actors.engine.scheduler import SchedulerConfig
 from aisim.actors.engine.sglang import SGLangKnobs
+from aisim.actors.engine.speculation import Speculation, rates_from_mean, thresholds
 from aisim.simulator.builders import RouterSpec, TimingSpec
 from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.models import load_geometry
@@ -201,6 +202,7 @@ def pool_plan(e: m.Engine, role: str, wk: m.Worker, geometry, context_length: in
         sglang=_sglang_knobs(wk) if e.backend == "sglang" else None,
         host_offload=_host_offload(wk, bs, kv.bytes_per_token, base),
         g3_offload=_g3_offload(wk, bs, kv.bytes_per_token),
+        speculation=None if role == "prefill" else _speculation(e, geometry),
     )
     timing = TimingSpec(t.type, t.prefill_ms, t.decode_ms, t.compute_efficiency, t.memory_efficiency, t.overhead_ms,
                         wk.speedup_ratio, wk.decode_speedup_ratio)
@@ -219,6 +221,19 @@ def _host_offload(wk: m.Worker, block_size: int, bytes_per_token: int | None, ba
     return HostOffloadSpec(h.num_host_blocks, block_size * bytes_per_token, h.scope, h.d2h_bandwidth_gbps,
                            h.h2d_bandwidth_gbps, h.shared_d2h_bandwidth_gbps, h.shared_h2d_bandwidth_gbps,
                            h.latency_to_first_byte_ms)
+
+
+def _speculation(e: m.Engine, geometry) -> Speculation | None:
+    """A decoding role's speculative decoding: MTP's mean acceptance as conditional rates, its draft
+    heads as extra layers of decode attention; n-gram drafts as given. The seed: the section's, else
+    the replay's root seed (filled in when the workers are built)."""
+    if e.nextn:
+        scale = (geometry.num_layers + e.nextn) / geometry.num_layers if geometry is not None else 1.0
+        return Speculation("mtp", e.nextn, thresholds(rates_from_mean(e.nextn_accepted, e.nextn)), scale, None)
+    sp = e.speculation
+    if sp is None:
+        return None
+    return Speculation("ngram", sp.num_speculative_tokens, thresholds(sp.acceptance_rates), 1.0, sp.seed)
 
 
 def _g3_offload(wk: m.Worker, block_size: int, bytes_per_token: int | None) -> G3Spec | None:

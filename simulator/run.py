@@ -77,7 +77,7 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
                        record_kv_events=pool.role != "decode" and router.needs_kv_events,
                        pool_label="decode" if pool.role == "decode" else None,
                        record_timeline=plan.capture_worker_timeline, track_queue=plan.planner is not None,
-                       initial_kv=initial_kv, offload=offload)
+                       initial_kv=initial_kv, offload=offload, seed=plan.seed)
         pools.append(Pool(pool.role, list(range(num_workers, num_workers + pool.replicas)), router, pool.route_block_size,
                           caps=capabilities(pool), gpus_per_worker=pool.gpus_per_worker,
                           startup_ms=pool.startup_seconds * 1000.0, spawn=_Spawn(make), num_ranks=pool.num_ranks,

@@ -305,6 +305,15 @@ class Tokenization(Strict):
     per_input_token_us: NonNegFloat = 0.0
 
 
+class Speculation(Strict):
+    """n-gram (prompt lookup) speculative decoding (docs/speculative-decoding.md)."""
+
+    kind: Literal["ngram"]
+    num_speculative_tokens: PosInt
+    acceptance_rates: list[Float]  # P(draft t accepted | drafts before it accepted), t = 1..num_speculative_tokens
+    seed: Int | None = None  # the requests' acceptance streams (default: execution.seed)
+
+
 class Engine(Strict):
     mode: Literal["aggregated", "disaggregated", "afd"] = "aggregated"
     # model and hardware: required wherever a rule needs them (measured or roofline timing, KV
@@ -318,8 +327,8 @@ class Engine(Strict):
     workers: dict[Literal["aggregated", "prefill", "decode", "encoder"], Worker]
     kv_transfer: KvTransfer | None = None
     enable_chunked_prefill: bool = True
-    speculation: dict[str, Any] | None = None
-    nextn: NonNegInt = 0
+    speculation: Speculation | None = None
+    nextn: NonNegInt = 0  # MTP draft tokens a decode pass verifies (0: off)
     nextn_accepted: Float | None = None  # mean accepted draft tokens per pass (the reference's scalar)
     tokenization: Tokenization | None = None
 

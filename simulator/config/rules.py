@@ -75,11 +75,8 @@ def check_engine_supported(e: m.Engine) -> None:
     """The engine features this build does not model yet."""
     if e.mode == "afd":
         raise _no("engine.mode", "mode afd (analytical attention-FFN disaggregation)", "use aggregated or disaggregated")
-    for key in ("speculation", "nextn_accepted", "tokenization"):
-        if getattr(e, key) is not None:
-            raise _no(f"engine.{key}", key, f"remove engine.{key}")
-    if e.nextn:
-        raise _no("engine.nextn", "speculative decoding (nextn > 0)", "remove engine.nextn")
+    if e.tokenization is not None:
+        raise _no("engine.tokenization", "tokenization", "remove engine.tokenization")
     for role, w in e.workers.items():
         base = f"engine.workers.{role}"
         if role == "encoder":
@@ -146,9 +143,60 @@ def check_offload(e: m.Engine) -> None:
                                  f"{key}: {r1}={a}, {r2}={b}; set the same value on both")
 
 
+MAX_NEXTN = 5
+SPEC_TIMING = ("default", "fixed")  # timing types that price a pass's draft tokens
+
+
+def check_speculation(e: m.Engine) -> None:
+    """MTP (``nextn``) and n-gram ``speculation``: the reference's rules, one-line errors
+    (docs/speculative-decoding.md)."""
+    sp = e.speculation
+    if e.nextn_accepted is not None and not e.nextn:
+        raise InputError("engine.nextn_accepted", "is the mean accepted MTP drafts per pass and needs engine.nextn > 0; "
+                                                  "set engine.nextn or remove nextn_accepted")
+    if e.nextn:
+        if e.nextn > MAX_NEXTN:
+            raise InputError("engine.nextn", f"must be between 0 and {MAX_NEXTN} (got {e.nextn})")
+        if e.nextn_accepted is None:
+            raise InputError("engine.nextn_accepted", f"Field required with engine.nextn {e.nextn}: the mean accepted "
+                                                      f"drafts per pass, in [0, {e.nextn}] (e.g. 1.4; README: choosing "
+                                                      "nextn_accepted)")
+        if not 0 <= e.nextn_accepted <= e.nextn:
+            raise InputError("engine.nextn_accepted", f"must be within [0, nextn={e.nextn}] (got {e.nextn_accepted})")
+        if sp is not None:
+            raise InputError("engine.speculation", "n-gram speculation cannot be combined with MTP (engine.nextn); "
+                                                   "remove one of them")
+    if sp is not None:
+        if e.backend != "vllm":
+            raise InputError("engine.speculation", f"n-gram speculation is supported only for vLLM language workers "
+                                                   f"(backend is {e.backend}); set engine.backend: vllm or remove it")
+        if len(sp.acceptance_rates) != sp.num_speculative_tokens:
+            raise InputError("engine.speculation.acceptance_rates", f"needs one rate per speculative token: "
+                                                                    f"{sp.num_speculative_tokens}, got "
+                                                                    f"{len(sp.acceptance_rates)}")
+        for i, r in enumerate(sp.acceptance_rates):
+            if not 0 <= r <= 1:
+                raise InputError(f"engine.speculation.acceptance_rates[{i}]", f"is a probability: must be within "
+                                                                              f"[0, 1] (got {r})")
+        for role, wk in e.workers.items():
+            if wk.kv_cache.host_offload is not None:
+                raise InputError(f"engine.workers.{role}.kv_cache.host_offload", "n-gram speculation cannot run with "
+                                                                                 "host KV offload; remove one of them")
+    if not e.nextn and sp is None:
+        return
+    if e.backend == "sglang":
+        raise _no("engine.nextn", "speculative decoding on SGLang workers", "use engine.backend vllm or trtllm")
+    for role, wk in e.workers.items():
+        if role != "prefill" and wk.timing.type not in SPEC_TIMING:
+            raise InputError(f"engine.workers.{role}.timing.type", f"speculative decoding needs timing that prices "
+                                                                   f"the draft tokens: default (measured) or fixed, "
+                                                                   f"not {wk.timing.type}")
+
+
 def check_engine(e: m.Engine) -> None:
     """The engine section's rules across its fields (the Python API's engine section too)."""
     check_engine_supported(e)
+    check_speculation(e)
     check_offload(e)
     for role, wk in e.workers.items():
         base = f"engine.workers.{role}"

@@ -120,7 +120,7 @@ def test_a_role_may_set_its_own_context_length():
 
 @pytest.mark.parametrize("path,overrides", [
     (QUICK, ["engine.mode=afd"]),
-    (QUICK, ["engine.speculation={draft: 3}"]),
+    (QUICK, ["engine.tokenization={workers: 2}"]),
 ])
 def test_unsupported(path, overrides):
     e = failure(path, *overrides)

@@ -120,9 +120,7 @@ def test_cross_field_rules():
         (("router", "prefill_load_model"), {"type": "aic"}, "router.prefill_load_model.type"),
         (("engine", "workers", "aggregated", "timing"), {"type": "default", "forward_model": "fpm"},
          "engine.workers.aggregated.timing.forward_model"),
-        (("engine", "speculation"), {"draft": 3}, "engine.speculation"),
-        (("engine", "nextn_accepted"), 1.4, "engine.nextn_accepted"),  # (a number, as the reference takes it)
-        (("engine", "nextn"), 2, "engine.nextn"),
+        (("engine", "tokenization"), {"workers": 2}, "engine.tokenization"),
     ],
 )
 def test_valid_reference_features_not_modelled_yet_say_not_supported(path, value, key):
