@@ -87,6 +87,7 @@ class Request:
         # speculative decoding: the decode passes that verified drafts (the request's acceptance
         # stream's position, actors.engine.speculation)
         "spec_passes",
+        "spec_stream",
     )
 
     def __init__(
@@ -137,6 +138,7 @@ class Request:
         self.offload = None
         self.host_reused = 0
         self.spec_passes = 0
+        self.spec_stream: int | None = None
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

@@ -42,7 +42,7 @@ from aisim.actors.engine.request import (
     WAITING,
     Request,
 )
-from aisim.actors.engine.speculation import accepted
+from aisim.actors.engine.speculation import GOLDEN, MASK, MIX1, MIX2, accepted, stream_of
 from aisim.actors.engine.timing import PassShape, TimingModel
 
 
@@ -298,7 +298,13 @@ class RankScheduler(RankQueues):
         self._lead = None  # (kept below when this pass takes a lead)
         spec = cfg.speculation
         spent = None  # speculative decoding: request -> budget its decode step took (drafts count)
-        if num_running and spec is None:
+        if num_running and spec is not None:
+            taken = self._spec_lead(budget)
+            if taken is not None:  # (their bursts in the general loop's form: finish() emits them)
+                items, decode_kv, sq_kv = taken
+                i = num_decode = len(items)
+                budget -= i * spec.verify_tokens
+        elif num_running:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
             if lead is not None and self._lead_at == self.pass_count and running[: len(lead)] == lead:
@@ -446,11 +452,59 @@ class RankScheduler(RankQueues):
         """The tokens a decode step of ``req`` emits with speculative decoding: 1 + the drafts its
         acceptance stream accepts at this pass, at most the ``verify`` tokens it computes and what
         it may still generate (its output and the context length)."""
-        b = 1 + accepted(self.config.speculation, req.index, req.spec_passes)
+        spec = self.config.speculation
+        b = 1 + accepted(spec, stream_of(spec, req), req.spec_passes)
         room = req.max_output - req.num_generated
         if self.context_limit - known < room:
             room = self.context_limit - known
         return min(b, verify, room)
+
+    def _spec_lead(self, budget: int) -> tuple | None:
+        """``_new_lead`` with speculative decoding: the leading decode requests, each with its
+        burst (``_burst`` with all its drafts verified) and the blocks for it: (items, their KV
+        tokens, sum of squares); None (changing nothing) when there are none, their verify
+        tokens exceed ``budget`` or a block they need is not there."""
+        running = self.running
+        spec = self.config.speculation
+        decoding = [r.prefill_done for r in running]
+        d = len(running) if all(decoding) else decoding.index(False)
+        if not d or d * spec.verify_tokens > budget:
+            return None
+        limit = self.context_limit
+        bs = self.config.block_size
+        caching = self.kv.prefix_caching
+        always, cuts = spec.cutoffs
+        items = []
+        grow = []
+        kv = sq = 0
+        for r in running[:d]:
+            # (``accepted`` inline: the request's next draw, its drafts all verified)
+            state = r.spec_stream
+            if state is None:
+                state = stream_of(spec, r)
+            z = (state + (r.spec_passes + 1) * GOLDEN) & MASK
+            z = ((z ^ (z >> 30)) * MIX1) & MASK
+            z = ((z ^ (z >> 27)) * MIX2) & MASK
+            z ^= z >> 31
+            b = always + 1
+            for cut in cuts:
+                if z < cut:
+                    b += 1
+            known = r.prompt_len + r.num_generated
+            room = r.max_output - r.num_generated
+            if limit - known < room:
+                room = limit - known
+            if room < b:
+                b = room
+            items.append((r, b))
+            c = r.num_computed + b
+            if c > (r.num_held + r.num_private) * bs or (caching and c >= (r.num_full_registered + 1) * bs):
+                grow.append((r, c))
+            kv += known
+            sq += known * known
+        if grow and not self.kv.grow_decode(grow):
+            return None
+        return items, kv, sq
 
     def _new_lead(self, budget: int) -> tuple | None:
         """The leading decode requests of ``running``, their blocks grown for one more token:

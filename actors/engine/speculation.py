@@ -6,14 +6,16 @@ and emits ``1 + a`` tokens: the ``a`` leading drafts accepted plus the target mo
 token, clipped to what the request may still generate. Draft ``t`` is accepted with probability
 ``rates[t]`` given that the ones before it were (the first rejection ends the burst), so
 ``P(a >= t) = thresholds[t - 1] = rates[0] x ... x rates[t - 1]``; one uniform number ``u`` per pass
-decides the burst: ``a = #{t : u < thresholds[t - 1]}`` (the same distribution as one draw per draft).
+decides the burst: ``a = #{t : u < thresholds[t - 1]}`` (the same distribution as one draw per draft;
+compared exactly in integers, ``Speculation.cutoffs``).
 
 MTP's ``nextn_accepted = x`` (mean accepted drafts per pass) becomes the rates ``[1] x floor(x) +
 [x - floor(x)]``: every pass accepts ``floor(x)`` drafts and one more with probability
 ``x - floor(x)``, the reference's draw.
 
-Determinism: each request has its own SplitMix64 stream, seeded from (seed, request index); the
-``p``-th decode pass of the request (``Request.spec_passes``) takes the stream's ``p``-th output. The
+Determinism: each request has its own SplitMix64 stream, seeded from (seed, request index)
+(``Request.spec_stream``); the ``p``-th decode pass of the request (``Request.spec_passes``) takes
+the stream's ``p``-th output. The
 draws do not depend on the batch, the rank, the order passes are stepped in or on whether a decode
 run fast-forwards them (a run draws a whole block of passes for its batch as one numpy expression,
 bit for bit what stepping draws one at a time).
@@ -21,6 +23,8 @@ bit for bit what stepping draws one at a time).
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +34,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 _UNIT = 2.0 ** -53
+GOLDEN, MIX1, MIX2, MASK = _GOLDEN, _M1, _M2, _MASK  # (the stream's constants, for inline draws)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,16 @@ class Speculation:
     draft_tokens: int
     thresholds: tuple[float, ...]
     layer_scale: float = 1.0
-    seed: int = 42
+    seed: int | None = 42
+
+    @functools.cached_property
+    def cutoffs(self) -> tuple[int, tuple[int, ...]]:
+        """The thresholds as integer cutoffs on a 64-bit output ``z`` (its uniform number is
+        ``(z >> 11) x 2^-53``): ``u < t`` exactly when ``z < ceil(t x 2^53) x 2^11``. (The thresholds
+        that are 1, always passed; the cutoffs of the others): the accepted count is
+        ``always + #{c : z < c}``."""
+        always = sum(1 for t in self.thresholds if t >= 1.0)
+        return always, tuple(math.ceil(t * 2.0 ** 53) << 11 for t in self.thresholds if t < 1.0)
 
     @property
     def verify_tokens(self) -> int:
@@ -85,40 +99,52 @@ def stream_seed(seed: int, index: int) -> int:
     return _mix((_mix(seed & _MASK) + (index + 1) * _GOLDEN) & _MASK)
 
 
-def uniform(seed: int, index: int, p: int) -> float:
-    """The ``p``-th uniform number in [0, 1) of request ``index``'s stream (p >= 0)."""
-    return (_mix((stream_seed(seed, index) + (p + 1) * _GOLDEN) & _MASK) >> 11) * _UNIT
+def uniform(state: int, p: int) -> float:
+    """The ``p``-th uniform number in [0, 1) of the stream with state ``state`` (p >= 0)."""
+    return (_mix((state + (p + 1) * _GOLDEN) & _MASK) >> 11) * _UNIT
 
 
-def accepted(spec: Speculation, index: int, p: int) -> int:
-    """Drafts accepted at the ``p``-th decode pass of request ``index``."""
-    u = uniform(spec.seed, index, p)
-    a = 0
-    for t in spec.thresholds:
-        if u < t:
-            a += 1
-        else:
-            break
-    return a
+def stream_of(spec: Speculation, req) -> int:
+    """``req``'s stream state under ``spec`` (kept on the request)."""
+    state = req.spec_stream
+    if state is None:
+        state = req.spec_stream = stream_seed(spec.seed, req.index)
+    return state
+
+
+def accepted(spec: Speculation, state: int, p: int) -> int:
+    """Drafts accepted at the ``p``-th decode pass of the request whose stream state is ``state``:
+    the thresholds its uniform number lies below (compared exactly in integers, ``Speculation.cutoffs``)."""
+    always, cuts = spec.cutoffs
+    z = _mix((state + (p + 1) * _GOLDEN) & _MASK)
+    return always + sum(1 for c in cuts if z < c)
 
 
 def _mix_array(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    return z ^ (z >> np.uint64(31))
+    """``_mix`` of each element, in place."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_M1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_M2)
+    z ^= z >> np.uint64(31)
+    return z
 
 
-def accepted_block(spec: Speculation, indices, first_pass, num_passes: int) -> np.ndarray:
-    """``accepted`` for requests ``indices`` (one row each) at their decode passes ``first_pass[i]``
-    .. ``first_pass[i] + num_passes - 1`` (columns), as an int64 array: the same numbers."""
+def accepted_block(spec: Speculation, states: np.ndarray, first_pass, num_passes: int) -> np.ndarray:
+    """``accepted`` for the requests whose stream states are ``states`` (uint64, one row each) at
+    their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1`` (columns), as an
+    int64 array: the same numbers."""
+    always, cuts = spec.cutoffs
     with np.errstate(over="ignore"):
-        states = np.array([stream_seed(spec.seed, i) for i in indices], dtype=np.uint64)
-        p = np.asarray(first_pass, dtype=np.uint64)[:, None] + np.arange(1, num_passes + 1, dtype=np.uint64)[None, :]
-        z = states[:, None] + p * np.uint64(_GOLDEN)
-        u = (_mix_array(z) >> np.uint64(11)).astype(np.float64) * _UNIT
-    out = np.zeros(u.shape, dtype=np.int64)
-    alive = np.ones(u.shape, dtype=bool)
-    for t in spec.thresholds:
-        alive &= u < t
-        out += alive
+        p = np.asarray(first_pass, dtype=np.uint64)[:, None] + np.arange(1, num_passes + 1, dtype=np.uint64)
+        p *= np.uint64(_GOLDEN)
+        p += states[:, None]
+        z = _mix_array(p)
+    if not cuts:
+        return np.full(z.shape, always, dtype=np.int64)
+    out = (z < np.uint64(cuts[0])).astype(np.int64)
+    for c in cuts[1:]:
+        out += z < np.uint64(c)
+    if always:
+        out += always
     return out

@@ -474,13 +474,18 @@ class MeasuredTiming(TimingModel):
         size, every pass's sequence length at C speed, then the passes grid segment by grid
         segment (the length only grows), each segment's constants once and its passes in one
         comprehension."""
-        shared, w, r0, r1 = self._batch_rows(b)
-        xs = self._seq
-        n2 = self._seq_n2
         if type(b) is int and type(kv_tokens0) is int:
             seq = list(map(truediv, range(kv_tokens0, kv_tokens0 + num_passes * b, b), repeat(b, num_passes)))
         else:  # (non-integer counts: the lengths as stepping sums them)
             seq = list(map(truediv, accumulate(repeat(b, num_passes - 1), initial=kv_tokens0), repeat(b, num_passes)))
+        return self._lengths_scalar(seq, self._batch_rows(b))
+
+    def _lengths_scalar(self, seq: list[float], rows: tuple, scale: float | None = None) -> list[float]:
+        """``_lengths_ms`` in Python for a short list of non-decreasing mean lengths."""
+        shared, w, r0, r1 = rows
+        num_passes = len(seq)
+        xs = self._seq
+        n2 = self._seq_n2
         out: list[float] = []
         j = _bracket(xs, seq[0]) if num_passes else 0
         p = 0
@@ -502,6 +507,8 @@ class MeasuredTiming(TimingModel):
                     out += [shared + ((d := y0 + dy * (t := (x - x0) / dx)) + ((z0 + dz * t) - d) * w) for x in part]
                 p = q
             j += 1
+        if scale is not None:
+            return [x * scale for x in out]
         return out
 
 
@@ -535,7 +542,9 @@ class SpeculativeMeasuredTiming(MeasuredTiming):
                                      total_kv_tokens)
 
     def decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens):
+        rows = self._batch_rows(num_decode * self._verify)
         if len(kv_tokens) < _VECTOR_RUN:
-            return TimingModel.decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens)
+            return self._lengths_scalar(list(map(truediv, kv_tokens, repeat(num_decode, len(kv_tokens)))), rows,
+                                        self._scale)
         seq = np.asarray(kv_tokens, dtype=np.int64) / num_decode
-        return self._lengths_ms(seq, self._batch_rows(num_decode * self._verify), self._scale)
+        return self._lengths_ms(seq, rows, self._scale)

@@ -42,10 +42,11 @@ import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, Request
 from aisim.actors.engine.scheduler import GapSink, RankPass, RankScheduler
-from aisim.actors.engine.speculation import accepted_block
+from aisim.actors.engine.speculation import accepted_block, stream_of
 from aisim.actors.engine.timing import PassShape
 
 MAX_RUN_PASSES = 4096
+_SPEC_CHUNK = 4096  # (requests x passes) a run with speculative decoding draws at least at once
 
 
 def _passes_to_reach(t_ms: float, m: int, start_ms: float, last_ms: float) -> int:
@@ -61,7 +62,7 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joined")
+                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joined", "drawn")
 
     def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
         self.start_ms = start_ms
@@ -85,6 +86,7 @@ class DecodeRun:
         # None once its first token is applied); pass 0 is its prompt's last step (its first
         # token), pass 1 its first decode step (its second)
         self.joined: tuple | None = None
+        self.drawn = any(not s.uniform for s in segments.values())  # (speculative decoding on a rank)
 
     @property
     def end_ms(self) -> float:
@@ -602,6 +604,8 @@ class EngineWorker:
             upto = m + max(32, m)
             if hint_ms is not None and m and hint_ms > last > start:
                 upto = min(upto, _passes_to_reach(hint_ms, m, start, last))
+        if run.drawn:  # (speculative segments draw a block of passes for a fixed cost: a long one)
+            upto = max(upto, m + max(64, _SPEC_CHUNK // run.batch_size))
         while True:
             upto = min(upto, run.num_planned)
             for entry in run.ranks:
@@ -942,10 +946,11 @@ class _SpecSegments:
     computed and lowers ``k`` where stepping would do otherwise: at the first completion when
     something waits, before a pass whose blocks are not free or evictable now, and where the
     rank's batch is empty (the entry's ``remaining`` learns each request's passes as they are
-    drawn). Per pass: batch size, KV tokens, their squares' sum and the tokens emitted."""
+    drawn). Per pass: batch size and KV tokens; ``F``: the column sums of ``T`` (tokens emitted);
+    the variance of a pass's lengths when asked for."""
 
-    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "indices", "avail", "bs", "stop_first",
-                 "k", "T", "built", "n_pass", "kv", "sq", "tok", "exits", "cursor")
+    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "avail", "bs", "stop_first",
+                 "k", "T", "built", "n_pass", "kv", "F", "exits")
     uniform = False
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
@@ -957,8 +962,8 @@ class _SpecSegments:
         self.R = np.array(remaining, dtype=np.int64)
         self.c = np.array(entry[2], dtype=np.int64)
         self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
-        self.p0 = [r.spec_passes for r in batch]
-        self.indices = [r.index for r in batch]
+        self.p0 = np.array([r.spec_passes for r in batch], dtype=np.uint64)
+        self.states = np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64)
         self.avail = rank.kv.num_reclaimable
         self.bs = rank.config.block_size
         self.stop_first = bool(rank.waiting or rank.policy.pending)
@@ -967,10 +972,8 @@ class _SpecSegments:
         self.built = 0
         self.n_pass: list[int] = []
         self.kv: list[int] = []
-        self.sq: list[int] = []
-        self.tok: list[int] = []
+        self.F: list[int] = [0]
         self.exits: list[int] = []
-        self.cursor = 0
 
     def build(self, upto: int) -> None:
         a = self.built
@@ -978,51 +981,85 @@ class _SpecSegments:
         if upto <= a:
             return
         w = upto - a
-        bursts = accepted_block(self.spec, self.indices, [p + a for p in self.p0], w)
-        bursts += 1
-        R = self.R[:, None]
-        T = np.minimum(self.T[:, a:a + 1] + np.cumsum(bursts, axis=1), R)
-        before = np.concatenate([self.T[:, a:a + 1], T[:, :-1]], axis=1)  # T at passes a .. upto - 1
-        member = before < R
-        n_pass = member.sum(axis=0)
-        lengths = (self.known[:, None] + before) * member
+        R = self.R
+        Ta = self.T[:, a]
+        full = accepted_block(self.spec, self.states, self.p0 + np.uint64(a), w)  # drafts accepted
+        full += 1
+        np.cumsum(full, axis=1, out=full)
+        full += Ta[:, None]
+        np.minimum(full, R[:, None], out=full)  # T at passes a + 1 .. upto
+        live = Ta < R  # (the batch at pass a)
+        reached = full >= R[:, None]
+        leaves = reached.any(axis=1) & live
+        n_live = int(live.sum())
+        stop = w if n_live else 0
         # blocks: pass j takes what c + T[:, j + 1] tokens need beyond the blocks held at the start
-        need = np.maximum(-(-(self.c[:, None] + T) // self.bs) - self.h[:, None], 0).sum(axis=0)
-        leaving = member & (T >= R)
-        stop = w
-        over = np.flatnonzero(need > self.avail)
-        if len(over):
-            stop = int(over[0])
-        empty = np.flatnonzero(n_pass == 0)
-        if len(empty) and empty[0] < stop:
-            stop = int(empty[0])
-        if self.stop_first:
-            first = np.flatnonzero(leaving.any(axis=0))
-            if len(first) and first[0] + 1 < stop:
-                stop = int(first[0]) + 1
+        # (at most verify tokens a pass each: nothing to check while that fits for every request)
+        if len(R) * (self.spec.verify_tokens * upto // self.bs + 1) > self.avail:
+            need = np.maximum(-(-(self.c[:, None] + full) // self.bs) - self.h[:, None], 0).sum(axis=0)
+            over = np.flatnonzero(need > self.avail)
+            if len(over) and over[0] < stop:
+                stop = int(over[0])
+        out_rows = np.flatnonzero(leaves)
+        out_cols = reached[out_rows].argmax(axis=1)  # the pass (from a) after which each leaves
+        if self.stop_first and len(out_cols):
+            first = int(out_cols.min()) + 1
+            if first < stop:
+                stop = first
+        colsum = full[:, :stop].sum(axis=0).tolist()  # tokens advanced after each pass, summed
+        before = [self.F[a]] + colsum[:-1]  # (the same at the pass's start)
+        known_live = int(self.known[live].sum())
+        R_gone = int(R[~live].sum())  # (requests gone before a: T stays at their remaining tokens)
+        if len(out_cols) and int(out_cols.min()) < stop - 1:  # (some leave before the last pass)
+            n_pass = []
+            kv = []
+            gone = {}
+            for row, col in zip(out_rows.tolist(), out_cols.tolist()):
+                if col < stop - 1:
+                    d = gone.setdefault(col + 1, [0, 0, 0])
+                    d[0] += 1
+                    d[1] += int(self.known[row])
+                    d[2] += int(R[row])
+            n, kl, rg = n_live, known_live, R_gone
+            for j in range(stop):
+                d = gone.get(j)
+                if d is not None:
+                    n -= d[0]
+                    kl -= d[1]
+                    rg += d[2]
+                n_pass.append(n)
+                kv.append(kl + before[j] - rg)
+            if not n_pass[-1]:  # (the batch emptied: the run ends where it did)
+                stop = n_pass.index(0)
+                del n_pass[stop:], kv[stop:], colsum[stop:]
+        else:
+            n_pass = [n_live] * stop
+            kv = [known_live + b - R_gone for b in before]
         if stop < w:
             self.k = a + stop
-        self.T = np.concatenate([self.T[:, :a + 1], T[:, :stop]], axis=1)
-        self.n_pass += n_pass[:stop].tolist()
-        self.kv += lengths[:, :stop].sum(axis=0).tolist()
-        self.sq += (lengths[:, :stop] * lengths[:, :stop]).sum(axis=0).tolist()
-        self.tok += (T[:, :stop] - before[:, :stop]).sum(axis=0).tolist()
-        rows, cols = np.nonzero(leaving[:, :stop])
-        if len(cols):
-            batch, remaining = self.entry[1], self.entry[4]
-            order = np.argsort(cols, kind="stable")
-            reqs = [r for r in batch]  # (rows are the plan's positions: find each leaver's place now)
-            by_row = {self.rows[id(r)]: i for i, r in enumerate(reqs)}
-            for row, col in zip(rows[order].tolist(), cols[order].tolist()):
-                remaining[by_row[row]] = a + col + 1
-                e = a + col
-                if not self.exits or self.exits[-1] != e:
-                    self.exits.append(e)
+        if stop:
+            self.T = np.concatenate([self.T, full[:, :stop]], axis=1)
+            self.n_pass += n_pass
+            self.kv += kv
+            self.F += colsum
+            if len(out_cols):
+                batch, remaining = self.entry[1], self.entry[4]
+                rows = self.rows
+                by_row = {rows[id(r)]: i for i, r in enumerate(batch)}
+                for col, row in sorted(zip(out_cols.tolist(), out_rows.tolist())):
+                    if col >= stop:
+                        break
+                    remaining[by_row[row]] = a + col + 1
+                    if not self.exits or self.exits[-1] != a + col:
+                        self.exits.append(a + col)
         self.built = a + stop
 
     def metrics(self, j: int) -> tuple:
         n, kv = self.n_pass[j], self.kv[j]
-        return n, kv, self.sq[j] / n - (kv / n) ** 2
+        T = self.T[:, j]
+        x = self.known + T
+        sq = int((x * x)[T < self.R].sum())
+        return n, kv, sq / n - (kv / n) ** 2
 
     def durations(self, rank, m: int, upto: int) -> list[float]:
         out: list[float] = []
@@ -1047,8 +1084,8 @@ class _SpecSegments:
 
     def passes_of(self, req, j: int) -> int:
         """``req``'s decode passes after the run's first j passes (at most its own passes in the run)."""
-        return self.p0[self.rows[id(req)]] + j
+        return int(self.p0[self.rows[id(req)]]) + j
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens the rank's batch emitted in passes a .. b - 1."""
-        return sum(self.tok[a:b])
+        return self.F[b] - self.F[a]
