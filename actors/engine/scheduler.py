@@ -75,7 +75,7 @@ class RankPass:
     num_preempted: int
     var_prefill_length: float = 0.0  # of the chunks computed this pass
     var_decode_kv_tokens: float = 0.0  # of the decoding requests' sequence lengths
-    num_lead: int = 0  # the first items are this many decoding requests (one token each), nothing else
+    num_lead: int = 0  # the first items are this many decoding requests (one token each, or a burst), nothing else
 
 
 class GapSink:
@@ -300,9 +300,9 @@ class RankScheduler(RankQueues):
         spent = None  # speculative decoding: request -> budget its decode step took (drafts count)
         if num_running and spec is not None:
             taken = self._spec_lead(budget)
-            if taken is not None:  # (their bursts in the general loop's form: finish() emits them)
+            if taken is not None:
                 items, decode_kv, sq_kv = taken
-                i = num_decode = len(items)
+                i = num_lead = num_decode = len(items)
                 budget -= i * spec.verify_tokens
         elif num_running:
             # the leading decode requests at once when they all fit and every block they need is
@@ -841,7 +841,35 @@ class RankScheduler(RankQueues):
             self._lead_at = self.pass_count
         items = rp.items
         lead = rp.num_lead
-        if lead:
+        spec = self.config.speculation
+        zeros = 0  # tokens after the first of a speculative burst (0 ms gaps)
+        if lead and spec is not None:
+            # (the same for bursts: each computes and emits n tokens)
+            individual = gaps.individual
+            emitted = 0
+            for req, n in items[:lead] if lead < len(items) else items:
+                req.num_computed += n
+                g0 = req.num_generated
+                g = g0 + n
+                req.num_generated = g
+                req.spec_passes += 1
+                last = req.last_token_ms
+                if last == start_ms:
+                    pooled += 1
+                else:
+                    individual.append(end_ms - last)
+                if g0 == 1:
+                    req.second_token_ms = end_ms
+                req.last_token_ms = end_ms
+                emitted += n
+                if g >= req.max_output or req.prompt_len + g >= limit:
+                    req.status = COMPLETED
+                    req.terminal_ms = end_ms
+                    any_done = True
+            self.num_generated_tokens += emitted
+            zeros += emitted - lead
+            items = items[lead:] if lead < len(items) else ()
+        elif lead:
             # the leading decoding requests: what the loop below does for them, without the
             # branches that cannot apply (each computes its one token and emits another)
             individual = gaps.individual
@@ -866,8 +894,6 @@ class RankScheduler(RankQueues):
                 items = items[lead:]
             else:
                 items = ()
-        spec = self.config.speculation
-        zeros = 0  # tokens after the first of a speculative burst (0 ms gaps)
         for req, n in items:
             c = req.num_computed + n
             req.num_computed = c

@@ -130,21 +130,26 @@ def _mix_array(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def accepted_block(spec: Speculation, states: np.ndarray, first_pass, num_passes: int) -> np.ndarray:
-    """``accepted`` for the requests whose stream states are ``states`` (uint64, one row each) at
-    their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1`` (columns), as an
-    int64 array: the same numbers."""
+def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray, num_passes: int,
+                   plus: int = 0) -> np.ndarray:
+    """``accepted`` (+ ``plus``) for the requests whose stream states are ``states`` (uint64, one
+    column each) at their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1``
+    (rows), as an int64 array of shape (num_passes, requests): the same numbers."""
     always, cuts = spec.cutoffs
-    with np.errstate(over="ignore"):
-        p = np.asarray(first_pass, dtype=np.uint64)[:, None] + np.arange(1, num_passes + 1, dtype=np.uint64)
-        p *= np.uint64(_GOLDEN)
-        p += states[:, None]
-        z = _mix_array(p)
+    # (uint64 array arithmetic wraps silently, as the stream's arithmetic modulo 2^64 wants)
+    z = _steps(num_passes)[:, None] + (states + (first_pass + np.uint64(1)) * np.uint64(_GOLDEN))
+    _mix_array(z)
     if not cuts:
-        return np.full(z.shape, always, dtype=np.int64)
-    out = (z < np.uint64(cuts[0])).astype(np.int64)
+        return np.full(z.shape, always + plus, dtype=np.int64)
+    out = np.add(z < np.uint64(cuts[0]), always + plus, dtype=np.int64)
     for c in cuts[1:]:
         out += z < np.uint64(c)
-    if always:
-        out += always
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _steps(num_passes: int) -> np.ndarray:
+    """``j x golden`` for j = 0 .. num_passes - 1 (the stream's step between passes; read-only)."""
+    out = np.arange(num_passes, dtype=np.uint64) * np.uint64(_GOLDEN)
+    out.setflags(write=False)
     return out

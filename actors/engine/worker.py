@@ -605,7 +605,12 @@ class EngineWorker:
             if hint_ms is not None and m and hint_ms > last > start:
                 upto = min(upto, _passes_to_reach(hint_ms, m, start, last))
         if run.drawn:  # (speculative segments draw a block of passes for a fixed cost: a long one)
-            upto = max(upto, m + max(64, _SPEC_CHUNK // run.batch_size))
+            want = min(_SPEC_CHUNK // run.batch_size, *[s.horizon() for s in run.segments.values()])
+            if target is not None and not m:  # (about as many as reach the target at the first pass's pace)
+                first = max(s.first_pass_ms(e[0]) for e in run.ranks for s in (run.segments[id(e[0])],))
+                if first > 0:
+                    want = min(want, int((target - start) / first) + 8)
+            upto = max(upto, m + max(16, want))
         while True:
             upto = min(upto, run.num_planned)
             for entry in run.ranks:
@@ -938,7 +943,7 @@ class _Segments:
 
 
 class _SpecSegments:
-    """``_Segments`` of a rank with speculative decoding: request i advances ``T[i, j]`` tokens in
+    """``_Segments`` of a rank with speculative decoding: request i advances ``T[j, i]`` tokens in
     the run's first j passes (its bursts, drawn for a block of passes at once from the requests'
     acceptance streams: ``actors.engine.speculation.accepted_block``, the numbers stepping draws),
     so the batch's KV tokens grow unevenly and a request leaves after the pass at which ``T``
@@ -946,11 +951,12 @@ class _SpecSegments:
     computed and lowers ``k`` where stepping would do otherwise: at the first completion when
     something waits, before a pass whose blocks are not free or evictable now, and where the
     rank's batch is empty (the entry's ``remaining`` learns each request's passes as they are
-    drawn). Per pass: batch size and KV tokens; ``F``: the column sums of ``T`` (tokens emitted);
-    the variance of a pass's lengths when asked for."""
+    drawn). Per pass: batch size and KV tokens; ``F``: the sums of ``T`` by pass (tokens emitted);
+    the variance of a pass's lengths when asked for. (Arrays are passes x requests: numpy sums
+    and accumulates along the first axis fastest.)"""
 
     __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "avail", "bs", "stop_first",
-                 "k", "T", "built", "n_pass", "kv", "F", "exits")
+                 "k", "T", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
     uniform = False
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
@@ -968,12 +974,14 @@ class _SpecSegments:
         self.bs = rank.config.block_size
         self.stop_first = bool(rank.waiting or rank.policy.pending)
         self.k = k
-        self.T = np.zeros((len(batch), 1), dtype=np.int64)
+        self.T = np.zeros((1, len(batch)), dtype=np.int64)
         self.built = 0
         self.n_pass: list[int] = []
         self.kv: list[int] = []
         self.F: list[int] = [0]
         self.exits: list[int] = []
+        self.known_live = sum(known)  # (the known tokens of those still in the batch after the built passes)
+        self.R_gone = 0  # (the remaining tokens of those gone)
 
     def build(self, upto: int) -> None:
         a = self.built
@@ -982,67 +990,55 @@ class _SpecSegments:
             return
         w = upto - a
         R = self.R
-        Ta = self.T[:, a]
-        full = accepted_block(self.spec, self.states, self.p0 + np.uint64(a), w)  # drafts accepted
-        full += 1
-        np.cumsum(full, axis=1, out=full)
-        full += Ta[:, None]
-        np.minimum(full, R[:, None], out=full)  # T at passes a + 1 .. upto
+        Ta = self.T[a]
+        full = accepted_block(self.spec, self.states, self.p0 + np.uint64(a), w, 1)  # bursts
+        np.cumsum(full, axis=0, out=full)
+        full += Ta
+        np.minimum(full, R, out=full)  # T at passes a + 1 .. upto
         live = Ta < R  # (the batch at pass a)
-        reached = full >= R[:, None]
-        leaves = reached.any(axis=1) & live
-        n_live = int(live.sum())
+        n_live = int(np.count_nonzero(live))
         stop = w if n_live else 0
-        # blocks: pass j takes what c + T[:, j + 1] tokens need beyond the blocks held at the start
+        # blocks: pass j takes what c + T[j + 1] tokens need beyond the blocks held at the start
         # (at most verify tokens a pass each: nothing to check while that fits for every request)
         if len(R) * (self.spec.verify_tokens * upto // self.bs + 1) > self.avail:
-            need = np.maximum(-(-(self.c[:, None] + full) // self.bs) - self.h[:, None], 0).sum(axis=0)
+            need = np.maximum(-(-(self.c + full) // self.bs) - self.h, 0).sum(axis=1)
             over = np.flatnonzero(need > self.avail)
             if len(over) and over[0] < stop:
                 stop = int(over[0])
-        out_rows = np.flatnonzero(leaves)
-        out_cols = reached[out_rows].argmax(axis=1)  # the pass (from a) after which each leaves
-        if self.stop_first and len(out_cols):
-            first = int(out_cols.min()) + 1
-            if first < stop:
-                stop = first
-        colsum = full[:, :stop].sum(axis=0).tolist()  # tokens advanced after each pass, summed
-        before = [self.F[a]] + colsum[:-1]  # (the same at the pass's start)
-        known_live = int(self.known[live].sum())
-        R_gone = int(R[~live].sum())  # (requests gone before a: T stays at their remaining tokens)
-        if len(out_cols) and int(out_cols.min()) < stop - 1:  # (some leave before the last pass)
-            n_pass = []
-            kv = []
-            gone = {}
-            for row, col in zip(out_rows.tolist(), out_cols.tolist()):
-                if col < stop - 1:
-                    d = gone.setdefault(col + 1, [0, 0, 0])
-                    d[0] += 1
-                    d[1] += int(self.known[row])
-                    d[2] += int(R[row])
-            n, kl, rg = n_live, known_live, R_gone
-            for j in range(stop):
-                d = gone.get(j)
-                if d is not None:
-                    n -= d[0]
-                    kl -= d[1]
-                    rg += d[2]
-                n_pass.append(n)
-                kv.append(kl + before[j] - rg)
-            if not n_pass[-1]:  # (the batch emptied: the run ends where it did)
-                stop = n_pass.index(0)
-                del n_pass[stop:], kv[stop:], colsum[stop:]
-        else:
-            n_pass = [n_live] * stop
-            kv = [known_live + b - R_gone for b in before]
+        out_rows = np.flatnonzero((full[-1] >= R) & live)  # (T only grows: those reaching R in the block)
+        if len(out_rows):
+            out_cols = (full[:, out_rows] >= R[out_rows]).argmax(axis=0)  # the pass (from a) after which each leaves
+            if self.stop_first:
+                first = int(out_cols.min()) + 1
+                if first < stop:
+                    stop = first
+        colsum = full[:stop].sum(axis=1)  # tokens advanced after each pass, summed
+        kv = np.empty(stop, dtype=np.int64)  # (their sum at each pass's start, + the live's known - the gone's R)
+        if stop:
+            base = self.known_live - self.R_gone
+            kv[0] = self.F[a] + base
+            np.add(colsum[:-1], base, out=kv[1:])
+        n_pass = None
+        if len(out_rows):
+            soon = out_cols < stop - 1  # (leaving before the last pass: the batch shrinks within the block)
+            if soon.any():
+                after = out_cols[soon] + 1
+                rows = out_rows[soon]
+                n_pass = n_live - np.bincount(after, minlength=stop).cumsum()
+                # (each leaver's known + remaining tokens, out of the sums from the pass after its last;
+                # integer sums, exact in float64 weights)
+                kv -= np.rint(np.bincount(after, weights=(self.known[rows] + R[rows]).astype(np.float64),
+                                          minlength=stop).cumsum()).astype(np.int64)
+                if not n_pass[-1]:  # (the batch emptied: the run ends where it did)
+                    stop = int(np.flatnonzero(n_pass == 0)[0])
         if stop < w:
             self.k = a + stop
         if stop:
-            self.T = np.concatenate([self.T, full[:, :stop]], axis=1)
-            self.n_pass += n_pass
-            self.kv += kv
-            self.F += colsum
-            if len(out_cols):
+            self.T = np.concatenate([self.T, full[:stop]])
+            self.n_pass += [n_live] * stop if n_pass is None else n_pass[:stop].tolist()
+            self.kv += kv[:stop].tolist()
+            self.F += colsum[:stop].tolist()
+            if len(out_rows):
                 batch, remaining = self.entry[1], self.entry[4]
                 rows = self.rows
                 by_row = {rows[id(r)]: i for i, r in enumerate(batch)}
@@ -1050,13 +1046,28 @@ class _SpecSegments:
                     if col >= stop:
                         break
                     remaining[by_row[row]] = a + col + 1
+                    self.known_live -= int(self.known[row])
+                    self.R_gone += int(R[row])
                     if not self.exits or self.exits[-1] != a + col:
                         self.exits.append(a + col)
         self.built = a + stop
 
+    def first_pass_ms(self, rank) -> float:
+        """The duration of the run's first pass here (before any is built: an estimate's basis)."""
+        return rank.timing.decode_ms(len(self.R), int(self.known.sum()), rank.total_kv_tokens)
+
+    def horizon(self) -> int:
+        """Passes the run may still take here (from those built): up to the first completion when
+        something waits, else the last (each pass emits a token at least)."""
+        if self.built >= self.k:
+            return 0
+        left = self.R - self.T[self.built]
+        left = left[left > 0]
+        return int(left.min() if self.stop_first else left.max()) if len(left) else 0
+
     def metrics(self, j: int) -> tuple:
         n, kv = self.n_pass[j], self.kv[j]
-        T = self.T[:, j]
+        T = self.T[j]
         x = self.known + T
         sq = int((x * x)[T < self.R].sum())
         return n, kv, sq / n - (kv / n) ** 2
@@ -1079,8 +1090,7 @@ class _SpecSegments:
     def advanced(self, reqs: list, j: int) -> list[int]:
         """The tokens each of ``reqs`` (members of the plan's batch) advanced in the run's first j passes."""
         rows = self.rows
-        col = self.T[:, j]
-        return col[[rows[id(r)] for r in reqs]].tolist()
+        return self.T[j, [rows[id(r)] for r in reqs]].tolist()
 
     def passes_of(self, req, j: int) -> int:
         """``req``'s decode passes after the run's first j passes (at most its own passes in the run)."""
