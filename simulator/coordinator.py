@@ -142,7 +142,8 @@ class KvTransferModel:
 
 class TrafficAccumulator:
     """The traffic window the Planner's throughput loop reads: arrivals (count, ISL, requested
-    OSL) and completions (TTFT, ITL, prefix-cache hit rate) since the window last closed. The
+    OSL) and completions (TTFT, ITL, prefix-cache hit rate, speculative decoding's accept length:
+    tokens per decode pass) since the window last closed. The
     hit rate is reported only where the router tracks KV (the live Planner reads it from the
     KV router's events: 0 under round robin or random)."""
 
@@ -161,6 +162,8 @@ class TrafficAccumulator:
         self.itl_n = 0
         self.reused = 0
         self.inputs = 0
+        self.spec_tokens = 0  # speculative decoding: tokens the completed requests' decode passes emitted
+        self.spec_passes = 0
 
     def arrive(self, req: Request) -> None:
         self.arrivals += 1
@@ -175,6 +178,9 @@ class TrafficAccumulator:
         if req.num_generated >= 2:
             self.itl += (req.last_token_ms - req.first_token_ms) / (req.num_generated - 1)
             self.itl_n += 1
+        if req.spec_passes:
+            self.spec_tokens += req.spec_tokens
+            self.spec_passes += req.spec_passes
         first = [r for _, r, pool in req.admissions if pool != "decode"]
         if first:
             self.reused += first[0]
@@ -196,6 +202,7 @@ class TrafficAccumulator:
             avg_ttft_ms=self.ttft / self.completed if self.completed else None,
             avg_itl_ms=self.itl / self.itl_n if self.itl_n else None,
             avg_kv_hit_rate=self.reused / self.inputs if self.inputs and self.reports_hit_rate else 0.0,
+            avg_accept_length=self.spec_tokens / self.spec_passes if self.spec_passes else 1.0,
         )
 
 

@@ -85,8 +85,9 @@ class Request:
         "offload",
         "host_reused",
         # speculative decoding: the decode passes that verified drafts (the request's acceptance
-        # stream's position, actors.engine.speculation)
+        # stream's position, actors.engine.speculation), the tokens they emitted and the stream
         "spec_passes",
+        "spec_tokens",
         "spec_stream",
     )
 
@@ -138,6 +139,7 @@ class Request:
         self.offload = None
         self.host_reused = 0
         self.spec_passes = 0
+        self.spec_tokens = 0
         self.spec_stream: int | None = None
 
     def block_hashes(self, block_size: int) -> memoryview:
@@ -160,7 +162,7 @@ class Request:
 WIRE_IDENTITY = ("index", "arrival_ms", "prompt_len", "max_output", "session_id", "turn_index")
 WIRE_PROGRESS = ("num_computed", "num_generated", "prefill_done", "status", "worker", "rank", "first_admit_ms",
                  "first_token_ms", "second_token_ms", "last_token_ms", "terminal_ms", "materialized", "reject_reason",
-                 "reject_detail", "host_reused")
+                 "reject_detail", "host_reused", "spec_passes", "spec_tokens")
 
 
 def request_to_wire(req: Request) -> list:

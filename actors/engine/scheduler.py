@@ -853,6 +853,7 @@ class RankScheduler(RankQueues):
                 g = g0 + n
                 req.num_generated = g
                 req.spec_passes += 1
+                req.spec_tokens += n
                 last = req.last_token_ms
                 if last == start_ms:
                     pooled += 1
@@ -902,6 +903,7 @@ class RankScheduler(RankQueues):
                 t = n  # a decode step: 1, or a speculative burst
                 if spec is not None and req.num_generated:
                     req.spec_passes += 1
+                    req.spec_tokens += n
             elif c == req.prompt_len + req.num_generated:
                 req.prefill_done = True
                 self.committed_prefill_tokens += n

@@ -771,7 +771,7 @@ class EngineWorker:
                 req.num_computed = c0[i] + t
                 req.num_generated = g0[i] + t
                 if not segs.uniform:
-                    req.spec_passes = segs.passes_of(req, left)
+                    segs.set_progress(req, left, t)
                 req.last_token_ms = end
                 req.status = COMPLETED
                 req.terminal_ms = end
@@ -797,7 +797,7 @@ class EngineWorker:
                 for req, c, g, t in zip(batch, c0, g0, segs.advanced(batch, b)):
                     req.num_computed = c + t
                     req.num_generated = g + t
-                    req.spec_passes = segs.passes_of(req, b)
+                    segs.set_progress(req, b, t)
                     req.last_token_ms = last_end
 
     def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
@@ -955,7 +955,7 @@ class _SpecSegments:
     the variance of a pass's lengths when asked for. (Arrays are passes x requests: numpy sums
     and accumulates along the first axis fastest.)"""
 
-    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "avail", "bs", "stop_first",
+    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "s0", "avail", "bs", "stop_first",
                  "k", "T", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
     uniform = False
 
@@ -970,6 +970,7 @@ class _SpecSegments:
         self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
         self.p0 = np.array([r.spec_passes for r in batch], dtype=np.uint64)
         self.states = np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64)
+        self.s0 = [r.spec_tokens for r in batch]
         self.avail = rank.kv.num_reclaimable
         self.bs = rank.config.block_size
         self.stop_first = bool(rank.waiting or rank.policy.pending)
@@ -1092,9 +1093,12 @@ class _SpecSegments:
         rows = self.rows
         return self.T[j, [rows[id(r)] for r in reqs]].tolist()
 
-    def passes_of(self, req, j: int) -> int:
-        """``req``'s decode passes after the run's first j passes (at most its own passes in the run)."""
-        return int(self.p0[self.rows[id(req)]]) + j
+    def set_progress(self, req, j: int, t: int) -> None:
+        """``req``'s speculative counters after the run's first j passes, in which it emitted t tokens
+        (j: its own passes in the run)."""
+        row = self.rows[id(req)]
+        req.spec_passes = int(self.p0[row]) + j
+        req.spec_tokens = self.s0[row] + t
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens the rank's batch emitted in passes a .. b - 1."""

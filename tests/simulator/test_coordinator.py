@@ -48,6 +48,14 @@ CASES = {
         "engine.workers.prefill.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 600}, "
         "host_offload: {num_host_blocks: 6000}}",
         "engine.workers.decode.kv_cache.host_offload={num_host_blocks: 6000}"]),
+    # speculative decoding: MTP on attention-DP ranks with the KV router; n-gram drafts on the decode role
+    "mtp_kv_router_dp": ("quickstart.yaml", SLICE_SETS + [
+        "engine.nextn=2", "engine.nextn_accepted=1.4", "engine.workers.aggregated.timing={type: default}",
+        "router={policy: kv_router}", "engine.workers.aggregated.parallelism={replicas: 2, attention_data: 2}"]),
+    "ngram_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
+        "engine.speculation={kind: ngram, num_speculative_tokens: 3, acceptance_rates: [0.8, 0.6, 0.4]}",
+        "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2",
+        "engine.workers.decode.timing={type: default}"]),
     "sglang_dp": ("quickstart.yaml", SLICE_SETS + [
         "engine.backend=sglang", "engine.workers.aggregated.kv_cache={block_size: 1, capacity: {type: fixed, "
         "blocks: 60000}}", "engine.workers.aggregated.parallelism={replicas: 3, attention_data: 2}"]),

@@ -89,6 +89,41 @@ def test_decode_run_equals_stepping_random(llama):
         assert run == [llama.decode_ms(b, kv0 + j * b, 10**7) for j in range(num_passes)]
 
 
+# -- speculative decoding: aiconfigurator's nextn path -------------------------------------------------
+def test_a_speculative_decode_pass_is_aiconfigurators_nextn_decode_step(llama):
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    from aisim.actors.engine.timing import SpeculativeMeasuredTiming
+
+    eng = EngineHandle.compile(_model_dir(), "h200_sxm", "vllm", backend_version="current", tp_size=1, nextn=2)
+    spec = SpeculativeMeasuredTiming(llama, 3, 34 / 32)  # 2 drafts: 3 tokens a request; 2 draft layers on 32
+    for b in (1, 8, 40, 200):
+        for ctx in (600, 3000, 20_000):
+            direct = eng.decode_step_latency(b, ctx, 1)
+            assert spec.decode_ms(b, b * ctx, 10**7) == pytest.approx(direct, rel=0.03)
+            # exactly: the plain pass of 3b sequences, times 34 / 32
+            assert spec.decode_ms(b, b * ctx, 10**7) == pytest.approx(llama.decode_ms(3 * b, 3 * b * ctx, 10**7) * 34 / 32)
+    # a mixed pass: its prefill as a prefill-only pass plus its decode step
+    shape = PassShape(1, 1000, 1000, 0, 8, 8 * 2000, 10**7)
+    assert spec.pass_ms(shape) == llama.prefill_ms(shape) + spec.decode_ms(8, 8 * 2000, 10**7)
+    assert llama.describe()["timing_source"] in spec.describe()["timing_source"]
+
+
+@pytest.mark.parametrize("num_passes", [1, 17, 63, 64, 300])
+def test_speculative_decode_passes_equal_stepping(llama, num_passes):
+    from aisim.actors.engine.timing import SpeculativeMeasuredTiming
+
+    spec = SpeculativeMeasuredTiming(llama, 3, 34 / 32)
+    rnd = random.Random(num_passes)
+    for b in (1, 7, 100, 400):
+        kv = [b * 900 + rnd.randint(0, 50)]
+        for _ in range(num_passes - 1):  # (each request gains 1 to 3 tokens a pass)
+            kv.append(kv[-1] + b + rnd.randint(0, 2 * b))
+        assert spec.decode_passes_ms(b, kv, 10**7) == [spec.decode_ms(b, x, 10**7) for x in kv]
+        assert spec.decode_run_ms(b, kv[0], 10**7, num_passes) == [spec.decode_ms(b, kv[0] + j * b, 10**7)
+                                                                    for j in range(num_passes)]
+
+
 def _forbid(monkeypatch, *targets):
     """Make each (object, name) step fail the test if a lookup runs it; returns the calls attempted."""
     calls = []

@@ -35,7 +35,7 @@ def test_quickstart_on_ray_is_byte_identical_to_local(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["kv_router_4", "planner_disaggregated", "sglang_dp", "sglang_2p2d",
-                                  "offload_kv_router", "offload_shared"])
+                                  "offload_kv_router", "offload_shared", "mtp_kv_router_dp"])
 def test_exact_lockstep_on_ray_equals_local(name):
     ray_run = replay(name, backend="ray", engine_actors=2)
     assert ray_run.diagnostics["runtime"]["backend"] == "ray"
