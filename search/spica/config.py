@@ -72,6 +72,7 @@ from aisim.search.spica.space import SearchSpace
 from aisim.simulator.config.models import (
     Evaluation,
     Execution,
+    Float,
     Int,
     KvCapacityFractionLoad,
     KvTransfer,
@@ -171,6 +172,8 @@ _SEARCHED_ENGINE_KEYS = {
     "mode": "it is searched: list the modes in search_space.deployment_mode ([agg], [disagg] or both)",
     "backend": "it is searched: list the backends in search_space.backend",
     "context_length": "set it once in search_space.context_length",
+    "nextn": "it is pinned for every candidate in search_space.aic_nextn; set its acceptance in "
+             "engine.nextn_accepted",
     "workers": "each candidate's workers come from search_space (parallel_configs or the enumerated shapes, the "
                "batching knobs, <role>_block_size, <role>_gpu_memory_utilization, <role>_enable_prefix_caching); "
                "set the timing model in engine.timing",
@@ -184,6 +187,9 @@ class SearchEngine(Strict):
     backend_version: Name | None = None
     enable_chunked_prefill: Annotated[bool, StrictType()] = True
     kv_transfer: KvTransfer | None = None
+    # MTP's mean accepted drafts per pass for the candidates of search_space.aic_nextn > 0 (ours: the
+    # seed pins aic_nextn in every sample but no acceptance; README "Speculative decoding")
+    nextn_accepted: Float | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -327,6 +333,7 @@ class SearchConfig(Strict):
         _check_policies(self)
         _check_gpu_constraints(self)
         _check_dgd(self)
+        _check_nextn(self)
         if self.engine.kv_transfer is not None and "disagg" not in self.branches:
             raise InputError("engine.kv_transfer", "only disaggregated candidates transfer KV, but "
                                                    "search_space.deployment_mode is [agg]; remove it")
@@ -367,6 +374,37 @@ class SearchConfig(Strict):
 
 
 # -- rules across sections -------------------------------------------------------------------
+def _check_nextn(cfg: SearchConfig) -> None:
+    """MTP candidates (search_space.aic_nextn > 0): the acceptance they replay with, and the rules
+    of engine.nextn (simulator.config.rules.check_speculation) checked once for the whole search."""
+    from aisim.simulator.config.rules import MAX_NEXTN, SPEC_TIMING
+
+    n = cfg.search_space.aic_nextn or 0
+    acc = cfg.engine.nextn_accepted
+    if not n:
+        if acc is not None:
+            raise InputError("engine.nextn_accepted", "is the MTP acceptance of candidates with search_space.aic_nextn "
+                                                      "> 0 (it is null or 0); set aic_nextn or remove nextn_accepted")
+        return
+    if n > MAX_NEXTN:
+        raise InputError("search_space.aic_nextn", f"must be between 0 and {MAX_NEXTN} (got {n})")
+    if acc is None:
+        raise InputError("engine.nextn_accepted", f"is required with search_space.aic_nextn {n}: the mean accepted "
+                                                  f"drafts per pass, in [0, {n}] (the search space carries none; "
+                                                  "README: choosing nextn_accepted)")
+    if not 0 <= acc <= n:
+        raise InputError("engine.nextn_accepted", f"must be within [0, aic_nextn={n}] (got {acc})")
+    if cfg.search_space.num_g2_blocks:
+        raise InputError("search_space.num_g2_blocks", "host KV offload does not support MTP (aic_nextn > 0), as in "
+                                                       "the reference; set num_g2_blocks 0 or aic_nextn null")
+    if "sglang" in cfg.search_space.backend:
+        raise InputError("search_space.backend", "MTP (aic_nextn > 0) is not modelled for SGLang workers; drop "
+                                                 "sglang from the backends or set aic_nextn null")
+    if cfg.engine.timing.type not in SPEC_TIMING:
+        raise InputError("engine.timing.type", f"MTP candidates need timing that prices the draft tokens: default "
+                                               f"(measured) or fixed, not {cfg.engine.timing.type}")
+
+
 def _check_traffic(cfg: SearchConfig) -> None:
     if cfg.traffic is None and cfg.workload is None:
         raise InputError("workload", "is missing: describe the traffic with a workload section (isl, osl, the load, "

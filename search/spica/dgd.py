@@ -147,8 +147,9 @@ def _check_supported(config: Mapping[str, Any]) -> None:
     for key in CACHE_HIT_WEIGHTS:
         if key in config and not config.get("num_g2_blocks"):
             raise NotSupportedError(key, "host/disk cache-hit weights come with the host tier; set num_g2_blocks > 0")
-    if config.get("aic_nextn"):
-        raise NotSupportedError("aic_nextn", "speculative decoding (nextn > 0) is not rendered; set aic_nextn null")
+    if config.get("aic_nextn") and backend == "sglang":
+        raise NotSupportedError("aic_nextn", "MTP on SGLang workers is not rendered (nor modelled); set aic_nextn "
+                                             "null or use vllm or trtllm")
     for key in ROUTER_ADMISSION:
         if config.get(key) not in (None, False):
             raise NotSupportedError(key, "router admission control is reserved in the search and not rendered")
@@ -219,6 +220,9 @@ def _trtllm_worker_args(config: Mapping[str, Any], par: str, eng: str, role: str
     }
     if moe_tp > 1:
         engine["moe_tensor_parallel_size"] = moe_tp
+    if config.get("aic_nextn"):  # MTP: the model's next-n prediction layers draft
+        engine["speculative_config"] = {"decoding_type": "MTP",
+                                        "num_nextn_predict_layers": _count(config, "aic_nextn")}
     if role is not None:
         engine["cache_transceiver_config"] = {"backend": "DEFAULT"}
         engine["disable_overlap_scheduler"] = role == "prefill"
@@ -295,6 +299,9 @@ def _worker_args(config: Mapping[str, Any], par: str, eng: str, role_flag: str |
     args.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
     if config.get("context_length") is not None:
         args += ["--max-model-len", _arg(config["context_length"], "context_length")]
+    if config.get("aic_nextn"):  # MTP: the model's next-n prediction layers draft
+        args += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens":
+                                                     _count(config, "aic_nextn")}, separators=(",", ":"))]
     if role_flag is not None:
         args.append(role_flag)
     return args

@@ -158,8 +158,6 @@ def _check_supported(flat: Mapping[str, Any]) -> None:
         if flat.get("offload_batch_size") is not None:
             raise _unsupported("offload_batch_size", "has no counterpart in the modelled offload, which stores one "
                                                      "batch per request and pass as the reference does; leave it null")
-    if flat.get("aic_nextn"):
-        raise _unsupported("aic_nextn", "speculative decoding (nextn > 0) is not modelled yet; set aic_nextn null")
     for key in CACHE_HIT_WEIGHTS:
         if key in flat and not flat.get("num_g2_blocks"):
             raise _unsupported(key, "weighs host/disk cache hits, which need the host tier; set num_g2_blocks > 0")
@@ -213,6 +211,9 @@ def _engine(cfg: SearchConfig, flat: Mapping[str, Any], mode: str) -> dict[str, 
         out["backend_version"] = e.backend_version
     out["context_length"] = "max" if context is None else context
     out["enable_chunked_prefill"] = e.enable_chunked_prefill
+    if flat.get("aic_nextn"):  # (MTP: the search's acceptance, engine.nextn_accepted)
+        out["nextn"] = flat["aic_nextn"]
+        out["nextn_accepted"] = e.nextn_accepted
     if mode == "disagg" and e.kv_transfer is not None:
         out["kv_transfer"] = e.kv_transfer.model_dump(mode="json", exclude_none=True)
     out["workers"] = {role: _worker(cfg, flat, role, par, eng) for role, par, eng in _ROLES[mode]}

@@ -166,6 +166,11 @@ def check_speculation(e: m.Engine) -> None:
         if sp is not None:
             raise InputError("engine.speculation", "n-gram speculation cannot be combined with MTP (engine.nextn); "
                                                    "remove one of them")
+        for role, wk in e.workers.items():
+            if wk.kv_cache.host_offload is not None:
+                raise InputError(f"engine.workers.{role}.kv_cache.host_offload", "host KV offload does not support "
+                                                                                 "MTP (engine.nextn), as in the "
+                                                                                 "reference; remove one of them")
     if sp is not None:
         if e.backend != "vllm":
             raise InputError("engine.speculation", f"n-gram speculation is supported only for vLLM language workers "

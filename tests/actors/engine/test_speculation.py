@@ -291,6 +291,8 @@ def test_the_traffic_window_reports_tokens_per_decode_pass():
      "engine.speculation", "only for vLLM language workers"),
     ({"speculation": {"kind": "ngram", "num_speculative_tokens": 1, "acceptance_rates": [0.5]},
       "host": {"num_host_blocks": 10}}, "engine.workers.aggregated.kv_cache.host_offload", "cannot run with host KV"),
+    ({"nextn": 1, "nextn_accepted": 0.5, "host": {"num_host_blocks": 10}},
+     "engine.workers.aggregated.kv_cache.host_offload", "does not support MTP"),
     ({"speculation": {"kind": "mtp"}}, "engine.speculation.kind", "ngram"),
     ({"nextn": 1, "nextn_accepted": 0.5, "timing": {"type": "polynomial"}}, "engine.workers.aggregated.timing.type",
      "default (measured) or fixed"),

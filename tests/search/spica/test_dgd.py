@@ -297,7 +297,7 @@ def test_renderer_aic_is_not_supported(tmp_path):
     ({"backend": "tgi"}, "backend", NotSupportedError, "vllm, sglang and trtllm candidates render"),
     ({"num_g2_blocks": 64, "backend": "sglang"}, "num_g2_blocks", NotSupportedError, "vllm workers only"),
     ({"host_cache_hit_weight": 0.75}, "host_cache_hit_weight", NotSupportedError, "num_g2_blocks > 0"),
-    ({"aic_nextn": 1}, "aic_nextn", NotSupportedError, "speculative"),
+    ({"aic_nextn": 1, "backend": "sglang"}, "aic_nextn", NotSupportedError, "MTP on SGLang workers"),
     ({"moe_ep": 4}, "moe_ep", NotSupportedError, "tp x data-parallel ranks (2)"),
     ({"moe_tp": 4}, "moe_tp", NotSupportedError, "not expressible"),
     ({"router_mode": "random"}, "router_mode", InputError, "round_robin or kv_router"),
@@ -436,3 +436,22 @@ def test_a_trtllm_shape_it_cannot_express_is_refused():
     with pytest.raises(NotSupportedError) as info:
         render_manifest(config, Dgd(**DIRECT))
     assert info.value.where == "agg_attention_dp" or info.value.where == "attention_dp"
+
+
+def test_mtp_renders_as_each_backends_speculative_config():
+    import json
+
+    def worker_args(manifest, service):
+        return manifest["spec"]["services"][service]["extraPodSpec"]["mainContainer"]["args"]
+
+    vllm = render_manifest({**_agg_round_robin(), "aic_nextn": 2}, DIRECT)
+    args = worker_args(vllm, next(k for k in vllm["spec"]["services"] if k != "Frontend"))
+    i = args.index("--speculative-config")
+    assert json.loads(args[i + 1]) == {"method": "mtp", "num_speculative_tokens": 2}
+    trt = render_manifest({**_agg_round_robin(), "aic_nextn": 1, "backend": "trtllm"}, DIRECT)
+    args = worker_args(trt, next(k for k in trt["spec"]["services"] if k != "Frontend"))
+    engine = json.loads(args[args.index("--override-engine-args") + 1])
+    assert engine["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    plain = render_manifest(_agg_round_robin(), DIRECT)
+    assert "--speculative-config" not in worker_args(plain, next(k for k in plain["spec"]["services"]
+                                                                 if k != "Frontend"))

@@ -297,7 +297,6 @@ def test_a_gpu_floor_becomes_the_planners_floor():
 # -- unsupported values ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("space", "where", "needle"), [
     ({"num_g2_blocks": 1000, "offload_batch_size": 8}, "offload_batch_size", "no counterpart"),
-    ({"aic_nextn": 1}, "aic_nextn", "speculative decoding"),
 ])
 def test_unsupported_values_are_named(space, where, needle):
     cfg = _cfg(search_space=space)
@@ -326,6 +325,35 @@ def test_the_host_tier_lowers_to_aggregated_and_prefill_workers_only():
     cfg = _cfg(search_space={"num_g2_blocks": 50000})
     mapping, _ = _plan(cfg, _flat(cfg, {"deployment_mode": "agg"}, ONE))
     assert mapping["engine"]["workers"]["aggregated"]["kv_cache"]["host_offload"] == {"num_host_blocks": 50000}
+
+
+def test_aic_nextn_lowers_to_mtp_with_the_searchs_acceptance():
+    cfg = _cfg(search_space={"aic_nextn": 2, "backend": ["vllm", "trtllm"]},
+               engine={"timing": {"type": "fixed", "prefill_ms": 20, "decode_ms": 5}, "nextn_accepted": 1.4})
+    mapping, plan = _plan(cfg, _flat(cfg, {"deployment_mode": "agg", "backend": "trtllm"}, ONE))
+    assert (mapping["engine"]["nextn"], mapping["engine"]["nextn_accepted"]) == (2, 1.4)
+    spec = plan.pools[0].scheduler.speculation
+    assert (spec.kind, spec.draft_tokens, spec.thresholds) == ("mtp", 2, (1.0, pytest.approx(0.4)))
+    mapping, plan = _plan(cfg, _flat(cfg, {**DISAGG_SELECTION, "prefill_max_num_seqs": 1, "backend": "vllm"},
+                                     DISAGG_SHAPE))
+    prefill, decode = plan.pools  # (a prefill worker verifies no drafts)
+    assert prefill.scheduler.speculation is None and decode.scheduler.speculation.draft_tokens == 2
+
+
+@pytest.mark.parametrize(("space", "engine", "where", "needle"), [
+    ({"aic_nextn": 2}, {}, "engine.nextn_accepted", "is required with search_space.aic_nextn 2"),
+    ({"aic_nextn": 2}, {"nextn_accepted": 2.5}, "engine.nextn_accepted", "must be within [0, aic_nextn=2]"),
+    ({}, {"nextn_accepted": 1.0}, "engine.nextn_accepted", "set aic_nextn or remove nextn_accepted"),
+    ({"aic_nextn": 6}, {"nextn_accepted": 1.0}, "search_space.aic_nextn", "between 0 and 5"),
+    ({"aic_nextn": 1, "backend": ["vllm", "sglang"]}, {"nextn_accepted": 0.5}, "search_space.backend", "SGLang"),
+    ({"aic_nextn": 1}, {"nextn_accepted": 0.5, "timing": {"type": "polynomial"}}, "engine.timing.type",
+     "default (measured) or fixed"),
+    ({}, {"nextn": 1}, "engine.nextn", "pinned for every candidate in search_space.aic_nextn"),
+    ({"aic_nextn": 1, "num_g2_blocks": 100}, {"nextn_accepted": 0.5, "timing": {"type": "default"}},
+     "search_space.num_g2_blocks", "does not support MTP"),
+])
+def test_mtp_search_rules(space, engine, where, needle):
+    _reject(lambda: _cfg(search_space=space, engine=engine), where, needle, "invalid_config")
 
 
 def test_inert_flat_keys_map_to_nothing():
