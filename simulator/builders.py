@@ -105,7 +105,7 @@ def build_timing(pool, field: str = "timing") -> TimingModel:
         )
     spec = pool.scheduler.speculation
     if spec is not None and isinstance(model, MeasuredTiming):  # (fixed timing: the pass time as given)
-        model = SpeculativeMeasuredTiming(model, spec.verify_tokens, spec.layer_scale)
+        model = SpeculativeMeasuredTiming(model, spec.verify_tokens, spec.layer_scale, spec.kind == "mtp")
     if t.speedup_ratio != 1.0 or t.decode_speedup_ratio != 1.0:
         model = ScaledTiming(model, t.speedup_ratio, t.decode_speedup_ratio)
     return model

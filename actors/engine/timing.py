@@ -301,7 +301,9 @@ class MeasuredTables:
 
 class MeasuredTiming(TimingModel):
     """Table-driven pass time (``timing.type: default``): piecewise-linear interpolation of
-    measured-data tables (see ``simulator.catalog.measured``); no kernel-data lookups per pass."""
+    measured-data tables (see ``simulator.catalog.measured``); no kernel-data lookups per pass.
+    (The reference prices a mixed pass as its prefill part plus its decode part, each a pass of
+    its own; this one shared token-count part is 2-5% faster: docs/dev/reference-speculative.md.)"""
 
     estimator = "aiconfigurator"
 
@@ -513,27 +515,31 @@ class MeasuredTiming(TimingModel):
 
 
 class SpeculativeMeasuredTiming(MeasuredTiming):
-    """``MeasuredTiming`` of a rank with speculative decoding (aiconfigurator's nextn path): each
-    decoding request computes ``verify`` tokens a pass (its last token and the drafts), so a
-    decode-only pass of b requests costs the plain pass of ``b x verify`` sequences of the same
-    mean length times ``scale`` (MTP: the draft heads' layers, (layers + n) / layers, on every
-    op; n-gram: 1), as aiconfigurator's decode step with nextn prices it; a mixed pass costs its
-    prefill chunks as a prefill-only pass plus its decode step as a decode-only pass (how the
-    reference prices MTP passes: within 1.2% of it on the conversation trace, where one shared
-    token-count part for both was 3-6% faster). Shares the tables of the plain model it is made
-    from (docs/speculative-decoding.md)."""
+    """``MeasuredTiming`` of a rank with speculative decoding: each decoding request computes
+    ``verify`` tokens a pass (its last token and the drafts). A decode-only pass of b requests
+    costs the token-count ops (GEMMs, norms) of ``b x verify`` tokens, plus the decode attention
+    of ``b x verify`` sequences of the same mean length with MTP (aiconfigurator's nextn path) or
+    of the b sequences with n-gram drafts (``attention_per_token`` False: a request's drafts
+    attend over its one KV, read once), the whole times ``scale`` (MTP: the draft heads' layers,
+    (layers + n) / layers; n-gram: 1). A mixed pass costs its prefill chunks as a prefill-only pass
+    plus its decode step as a decode-only pass. Both as the reference prices them (within 1.2% of
+    it on the conversation trace; docs/speculative-decoding.md). Shares the tables of the plain
+    model it is made from."""
 
-    def __init__(self, base: MeasuredTiming, verify: int, scale: float) -> None:  # (shares base's tables)
-        self.__dict__.update(base.__dict__)
+    def __init__(self, base: MeasuredTiming, verify: int, scale: float, attention_per_token: bool = True) -> None:
+        self.__dict__.update(base.__dict__)  # (shares base's tables)
         self._by_batch = {}
         self._by_tokens = {}
         self._verify = int(verify)
         self._scale = float(scale)
+        self._attn_q = self._verify if attention_per_token else 1
+        self._spec_rows: dict[int, tuple] = {}
         self.timing_source = f"{base.timing_source}; speculative decoding: {verify} tokens per decoding request"
 
     def decode_ms(self, num_decode: int, decode_kv_tokens: int, total_kv_tokens: int) -> float:
-        b = num_decode * self._verify
-        return (self.shared(b) + MeasuredTiming.decode_attention(self, b, decode_kv_tokens / num_decode)) * self._scale
+        return (self.shared(num_decode * self._verify)
+                + MeasuredTiming.decode_attention(self, num_decode * self._attn_q, decode_kv_tokens / num_decode)
+                ) * self._scale
 
     pass_ms = TimingModel.pass_ms  # (a mixed pass: its prefill as a prefill pass + its decode step)
 
@@ -541,8 +547,16 @@ class SpeculativeMeasuredTiming(MeasuredTiming):
         return self.decode_passes_ms(num_decode, [kv_tokens0 + j * num_decode for j in range(num_passes)],
                                      total_kv_tokens)
 
+    def _rows_of(self, b: int) -> tuple:
+        """``_batch_rows``' tuple for a pass of b decoding requests: the shared time of their verify
+        tokens, the attention rows of their sequences (per token with MTP)."""
+        got = self._spec_rows.get(b)
+        if got is None:
+            got = self._spec_rows[b] = (self.shared(b * self._verify),) + self._batch_rows(b * self._attn_q)[1:]
+        return got
+
     def decode_passes_ms(self, num_decode, kv_tokens, total_kv_tokens):
-        rows = self._batch_rows(num_decode * self._verify)
+        rows = self._rows_of(num_decode)
         if len(kv_tokens) < _VECTOR_RUN:
             return self._lengths_scalar(list(map(truediv, kv_tokens, repeat(num_decode, len(kv_tokens)))), rows,
                                         self._scale)

@@ -107,21 +107,27 @@ def test_a_speculative_decode_pass_is_aiconfigurators_nextn_decode_step(llama):
     shape = PassShape(1, 1000, 1000, 0, 8, 8 * 2000, 10**7)
     assert spec.pass_ms(shape) == llama.prefill_ms(shape) + spec.decode_ms(8, 8 * 2000, 10**7)
     assert llama.describe()["timing_source"] in spec.describe()["timing_source"]
+    # n-gram drafts (4 tokens a request): the GEMMs of 4b tokens, the attention of the b sequences
+    ngram = SpeculativeMeasuredTiming(llama, 4, 1.0, attention_per_token=False)
+    for b, ctx in ((1, 600), (64, 560), (200, 3000)):
+        assert ngram.decode_ms(b, b * ctx, 10**7) == pytest.approx(llama.shared(4 * b) + llama.decode_attention(b, ctx))
+        assert llama.decode_ms(b, b * ctx, 10**7) < ngram.decode_ms(b, b * ctx, 10**7) < \
+            llama.decode_ms(4 * b, 4 * b * ctx, 10**7)
 
 
 @pytest.mark.parametrize("num_passes", [1, 17, 63, 64, 300])
 def test_speculative_decode_passes_equal_stepping(llama, num_passes):
     from aisim.actors.engine.timing import SpeculativeMeasuredTiming
 
-    spec = SpeculativeMeasuredTiming(llama, 3, 34 / 32)
     rnd = random.Random(num_passes)
-    for b in (1, 7, 100, 400):
-        kv = [b * 900 + rnd.randint(0, 50)]
-        for _ in range(num_passes - 1):  # (each request gains 1 to 3 tokens a pass)
-            kv.append(kv[-1] + b + rnd.randint(0, 2 * b))
-        assert spec.decode_passes_ms(b, kv, 10**7) == [spec.decode_ms(b, x, 10**7) for x in kv]
-        assert spec.decode_run_ms(b, kv[0], 10**7, num_passes) == [spec.decode_ms(b, kv[0] + j * b, 10**7)
-                                                                    for j in range(num_passes)]
+    for spec in (SpeculativeMeasuredTiming(llama, 3, 34 / 32), SpeculativeMeasuredTiming(llama, 4, 1.0, False)):
+        for b in (1, 7, 100, 400):
+            kv = [b * 900 + rnd.randint(0, 50)]
+            for _ in range(num_passes - 1):  # (each request gains 1 to 3 tokens a pass)
+                kv.append(kv[-1] + b + rnd.randint(0, 2 * b))
+            assert spec.decode_passes_ms(b, kv, 10**7) == [spec.decode_ms(b, x, 10**7) for x in kv]
+            assert spec.decode_run_ms(b, kv[0], 10**7, num_passes) == [spec.decode_ms(b, kv[0] + j * b, 10**7)
+                                                                        for j in range(num_passes)]
 
 
 def _forbid(monkeypatch, *targets):
