@@ -523,8 +523,8 @@ class SpeculativeMeasuredTiming(MeasuredTiming):
     attend over its one KV, read once), the whole times ``scale`` (MTP: the draft heads' layers,
     (layers + n) / layers; n-gram: 1). A mixed pass costs its prefill chunks as a prefill-only pass
     plus its decode step as a decode-only pass. Both as the reference prices them (within 1.2% of
-    it on the conversation trace; docs/speculative-decoding.md). Shares the tables of the plain
-    model it is made from."""
+    it on the conversation trace but one p90 ITL, docs/speculative-decoding.md). Shares the tables
+    of the plain model it is made from."""
 
     def __init__(self, base: MeasuredTiming, verify: int, scale: float, attention_per_token: bool = True) -> None:
         self.__dict__.update(base.__dict__)  # (shares base's tables)

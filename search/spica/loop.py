@@ -232,11 +232,12 @@ class _Search:
                                           f"({found.trials} trials): pass --resume (resume=True) to continue it, "
                                           "--overwrite (overwrite=True) to start over, or give study.name another "
                                           "name")
-            elif found.attrs is not None and found.attrs.get("identity") != identity(self.config_json):
-                diff = differing_keys(identity_view(found.attrs.get("config") or {}), identity_view(self.config_json))
+            elif found.attrs is not None and found.attrs.get("identity") != identity(self.config_json) and (
+                    diff := differing_keys(identity_view(found.attrs.get("config") or {}),
+                                           identity_view(self.config_json))):
                 shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
                 raise InputError("study", f"search {name!r} in {self.location.label} was started with another "
-                                          f"config (differs at {shown or 'its identity'}); resume it with the config "
+                                          f"config (differs at {shown}); resume it with the config "
                                           "it was started with (search.spica.resume_search reads it from the "
                                           "study), or give study.name another name")
         return storage

@@ -124,9 +124,11 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def differing_keys(a: dict, b: dict) -> list[str]:
-    """The dotted keys whose values differ between two config dumps (sorted)."""
+    """The dotted keys whose values differ between two config dumps (sorted). A key one dump lacks
+    and the other holds as null is no difference: a study stored before an optional key existed
+    resumes under a version that writes it out with its null default."""
     fa, fb = _flat(a), _flat(b)
-    return sorted(k for k in set(fa) | set(fb) if fa.get(k, "<unset>") != fb.get(k, "<unset>"))
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
 
 
 @dataclass

@@ -275,6 +275,24 @@ def test_resuming_with_another_config_is_refused_naming_the_difference(tmp_path)
     assert r.counts["evaluated"] == 4
 
 
+def test_a_study_stored_before_an_optional_key_existed_resumes(tmp_path):
+    from aisim.search.spica.study import SEARCH_ATTR, identity
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    run_search(config(optimizer__max_trials=2), tmp_path / "a", parallelism=1, storage=url)
+    for name in optuna.get_all_study_names(url):  # (as a version without engine.nextn_accepted stored it)
+        study = optuna.load_study(study_name=name, storage=url)
+        attrs = study.user_attrs[SEARCH_ATTR]
+        del attrs["config"]["engine"]["nextn_accepted"]
+        attrs["identity"] = identity(attrs["config"])
+        study.set_user_attr(SEARCH_ATTR, attrs)
+    r = run_search(config(optimizer__max_trials=3), tmp_path / "a", resume=True, parallelism=1, storage=url)
+    assert r.counts["evaluated"] == 3
+    with pytest.raises(InputError, match="differs at workload.request_count"):
+        run_search(config(optimizer__max_trials=4, workload__request_count=50), tmp_path / "a", resume=True,
+                   parallelism=1, storage=url)
+
+
 def test_branches_are_asked_by_fewest_candidates_so_far():
     from aisim.search.spica.loop import _Branch, _Search
 
