@@ -64,7 +64,7 @@ class DecodeRun:
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
                  "held_events", "segments", "exit_passes", "next_exit", "bound", "joined", "drawn")
 
-    def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict) -> None:
+    def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict, drawn: bool = False) -> None:
         self.start_ms = start_ms
         self.ends: list[float] = []
         self.num_passes = 0  # passes whose end time is computed
@@ -86,7 +86,7 @@ class DecodeRun:
         # None once its first token is applied); pass 0 is its prompt's last step (its first
         # token), pass 1 its first decode step (its second)
         self.joined: tuple | None = None
-        self.drawn = any(not s.uniform for s in segments.values())  # (speculative decoding on a rank)
+        self.drawn = drawn  # (speculative decoding: the ranks' segments are _SpecSegments)
 
     @property
     def end_ms(self) -> float:
@@ -143,8 +143,9 @@ class EngineWorker:
         # whether a request whose KV was transferred here may join a run instead of ending it
         # (one rank; no timeline, queue tracking or KV events, which a joining pass would have
         # to record as a general pass does): see _join
+        self._spec = cfg.speculation is not None  # (speculative decoding: runs draw bursts, _SpecSegments)
         self._joins = self._runs and len(ranks) == 1 and not record_timeline and not track_queue \
-            and not self.records_kv_events and ranks[0].joins_runs and cfg.speculation is None
+            and not self.records_kv_events and ranks[0].joins_runs and not self._spec
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
@@ -566,14 +567,14 @@ class EngineWorker:
         entries = []
         segments = {}
         for rank, (_, batch, c0, g0, known, remaining) in plans:
-            if rank.config.speculation is not None:  # (passes to completion: known as the bursts are drawn)
+            if self._spec:  # (passes to completion: known as the bursts are drawn)
                 entry = [rank, batch, c0, g0, [-1] * len(batch)]
                 segments[id(rank)] = _SpecSegments(rank, entry, known, remaining, k)
             else:
                 entry = [rank, batch, c0, g0, remaining[:]]  # (its own list: exits delete from it)
                 segments[id(rank)] = _Segments(known, remaining, k)
             entries.append(entry)
-        run = DecodeRun(now_ms, k, entries, segments)
+        run = DecodeRun(now_ms, k, entries, segments, self._spec)
         self._extend(run, horizon_ms, hint_ms, hint_bounds)
         if not run.num_passes:  # (speculative segments found no pass to run: nothing was changed)
             return None
@@ -613,20 +614,22 @@ class EngineWorker:
             upto = max(upto, m + max(16, want))
         while True:
             upto = min(upto, run.num_planned)
-            for entry in run.ranks:
-                segs = run.segments[id(entry[0])]
-                segs.build(upto)
-                if segs.k < run.num_planned:  # (speculative segments: a completion or the blocks end it)
-                    run.num_planned = segs.k
-                    run.bound = min(run.bound, segs.k)
-                    upto = min(upto, segs.k)
-            if upto <= m:
-                break
+            if run.drawn:
+                for entry in run.ranks:
+                    segs = run.segments[id(entry[0])]
+                    segs.build(upto)
+                    if segs.k < run.num_planned:  # (a completion or the blocks end it: _SpecSegments.build)
+                        run.num_planned = segs.k
+                        run.bound = min(run.bound, segs.k)
+                        upto = min(upto, segs.k)
+                if upto <= m:
+                    break
             durations = None
             exits = None
             for entry in run.ranks:
                 rank = entry[0]
                 segs = run.segments[id(rank)]
+                segs.build(upto)
                 d = segs.durations(rank, m, upto)
                 durations = d if durations is None else list(map(max, durations, d))
                 exits = segs.exits if exits is None else sorted(set(exits) | set(segs.exits))
@@ -642,9 +645,12 @@ class EngineWorker:
 
     def _schedule_run_passes(self, run: DecodeRun, upto: int) -> None:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
+        if run.drawn:
+            for rank, batch, c0, _, _ in run.ranks:
+                rank.grow_run(batch, c0, run.segments[id(rank)].advanced(batch, upto))
+            return
         for rank, batch, c0, _, _ in run.ranks:
-            segs = run.segments[id(rank)]
-            rank.grow_run(batch, c0, upto if segs.uniform else segs.advanced(batch, upto))
+            rank.grow_run(batch, c0, upto)
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time
@@ -763,19 +769,21 @@ class EngineWorker:
             for _ in range(num):
                 i = remaining.index(left, i + 1)
                 at.append(i)
-            segs = run.segments[id(rank)]
-            adv = [left] * num if segs.uniform else segs.advanced([batch[i] for i in at], left)
             leaving = []
-            for i, t in zip(at, adv):
+            for i in at:
                 req = batch[i]
-                req.num_computed = c0[i] + t
-                req.num_generated = g0[i] + t
-                if not segs.uniform:
-                    segs.set_progress(req, left, t)
+                req.num_computed = c0[i] + left
+                req.num_generated = g0[i] + left
                 req.last_token_ms = end
                 req.status = COMPLETED
                 req.terminal_ms = end
                 leaving.append(req)
+            if run.drawn:  # (each advanced its own tokens)
+                segs = run.segments[id(rank)]
+                for req, i, t in zip(leaving, at, segs.advanced(leaving, left)):
+                    req.num_computed = c0[i] + t
+                    req.num_generated = g0[i] + t
+                    segs.set_progress(req, left, t)
             rank.release_completed(leaving, self.exits)
             for i in reversed(at):  # (the entry's own lists: see DecodeRun)
                 del batch[i], c0[i], g0[i], remaining[i]
@@ -786,19 +794,20 @@ class EngineWorker:
     def _set_members(self, run: DecodeRun, b: int) -> None:
         """The batch's requests as they are after the run's first ``b`` passes."""
         last_end = run.ends[b - 1]
-        for rank, batch, c0, g0, _ in run.ranks:
-            segs = run.segments[id(rank)]
-            if segs.uniform:
-                for req, c, g in zip(batch, c0, g0):
-                    req.num_computed = c + b
-                    req.num_generated = g + b
-                    req.last_token_ms = last_end
-            else:
+        if run.drawn:  # (each advanced its own tokens)
+            for rank, batch, c0, g0, _ in run.ranks:
+                segs = run.segments[id(rank)]
                 for req, c, g, t in zip(batch, c0, g0, segs.advanced(batch, b)):
                     req.num_computed = c + t
                     req.num_generated = g + t
                     segs.set_progress(req, b, t)
                     req.last_token_ms = last_end
+            return
+        for _, batch, c0, g0, _ in run.ranks:
+            for req, c, g in zip(batch, c0, g0):
+                req.num_computed = c + b
+                req.num_generated = g + b
+                req.last_token_ms = last_end
 
     def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving:
@@ -841,18 +850,18 @@ class EngineWorker:
                         gaps.individual.append(first_end - req.last_token_ms)
                     if g == 1:
                         req.second_token_ms = first_end
-        zeros = 0
-        for rank, batch, _, _, _ in run.ranks:
-            segs = run.segments[id(rank)]
-            if segs.uniform:
-                rank.num_generated_tokens += len(batch) * (b - a)
-            else:
-                t = segs.tokens(a, b)
+        if run.drawn:
+            zeros = 0
+            for rank, batch, _, _, _ in run.ranks:
+                t = run.segments[id(rank)].tokens(a, b)
                 rank.num_generated_tokens += t
                 zeros += t - len(batch) * (b - a)  # (a burst's tokens after its first: 0 ms gaps)
-        if zeros:
-            gaps.pooled_values.append(0.0)
-            gaps.pooled_weights.append(zeros)
+            if zeros:
+                gaps.pooled_values.append(0.0)
+                gaps.pooled_weights.append(zeros)
+        else:
+            for rank, batch, _, _, _ in run.ranks:
+                rank.num_generated_tokens += len(batch) * (b - a)
         if pooled0:
             gaps.pooled_values.append(first_end - start)
             gaps.pooled_weights.append(pooled0)
@@ -870,7 +879,6 @@ class _Segments:
     pass a would compute); ``exits``: the passes after which requests leave, ascending."""
 
     __slots__ = ("known", "remaining", "order", "k", "i", "s1", "s2", "n", "entries", "exits", "cursor")
-    uniform = True  # every request advances one token a pass
 
     def __init__(self, known: list[int], remaining: list[int], k: int) -> None:
         self.known = known
@@ -957,7 +965,6 @@ class _SpecSegments:
 
     __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "s0", "avail", "bs", "stop_first",
                  "k", "T", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
-    uniform = False
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
         batch = entry[1]
