@@ -67,14 +67,14 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             rep = run_plan(plans[v])
             times[v].append(time.perf_counter() - t)
-            summaries[v] = rep.summary
+            summaries[v] = (rep.summary, rep.diagnostics)
     base = statistics.median(times["none"])
     rows = []
     for v in VARIANTS:
         med = statistics.median(times[v])
-        s = summaries[v]
+        s, diag = summaries[v]
         rows.append({"variant": v, "replay_s": round(med, 3), "vs_none": round(med / base, 2),
-                     "passes": s.get("num_passes"), "mean_ttft_ms": round(s["mean_ttft_ms"], 1),
+                     "passes": diag.get("num_passes"), "mean_ttft_ms": round(s["mean_ttft_ms"], 1),
                      "mean_itl_ms": round(s["mean_itl_ms"], 2), "mean_e2e_ms": round(s["mean_e2e_latency_ms"], 1)})
     meta = {"machine": f"{platform.node()} ({platform.processor() or platform.machine()}), "
                        f"Python {platform.python_version()}",

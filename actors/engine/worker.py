@@ -609,8 +609,8 @@ class EngineWorker:
             want = min(_SPEC_CHUNK // run.batch_size, *[s.horizon() for s in run.segments.values()])
             if target is not None and not m:  # (about as many as reach the target at the first pass's pace)
                 first = max(s.first_pass_ms(e[0]) for e in run.ranks for s in (run.segments[id(e[0])],))
-                if first > 0:
-                    want = min(want, int((target - start) / first) + 8)
+                if first > 0:  # (twice as many: later passes are slower, and a second block costs more)
+                    want = min(want, 2 * int((target - start) / first) + 16)
             upto = max(upto, m + max(16, want))
         while True:
             upto = min(upto, run.num_planned)
@@ -629,7 +629,8 @@ class EngineWorker:
             for entry in run.ranks:
                 rank = entry[0]
                 segs = run.segments[id(rank)]
-                segs.build(upto)
+                if not run.drawn:
+                    segs.build(upto)
                 d = segs.durations(rank, m, upto)
                 durations = d if durations is None else list(map(max, durations, d))
                 exits = segs.exits if exits is None else sorted(set(exits) | set(segs.exits))
@@ -647,7 +648,7 @@ class EngineWorker:
         """Schedule-time effects (block allocation, registration) of passes < ``upto``."""
         if run.drawn:
             for rank, batch, c0, _, _ in run.ranks:
-                rank.grow_run(batch, c0, run.segments[id(rank)].advanced(batch, upto))
+                rank.grow_run(batch, c0, run.segments[id(rank)].advanced_all(upto))
             return
         for rank, batch, c0, _, _ in run.ranks:
             rank.grow_run(batch, c0, upto)
@@ -784,6 +785,7 @@ class EngineWorker:
                     req.num_computed = c0[i] + t
                     req.num_generated = g0[i] + t
                     segs.set_progress(req, left, t)
+                segs.drop(at)
             rank.release_completed(leaving, self.exits)
             for i in reversed(at):  # (the entry's own lists: see DecodeRun)
                 del batch[i], c0[i], g0[i], remaining[i]
@@ -797,7 +799,7 @@ class EngineWorker:
         if run.drawn:  # (each advanced its own tokens)
             for rank, batch, c0, g0, _ in run.ranks:
                 segs = run.segments[id(rank)]
-                for req, c, g, t in zip(batch, c0, g0, segs.advanced(batch, b)):
+                for req, c, g, t in zip(batch, c0, g0, segs.advanced_all(b)):
                     req.num_computed = c + t
                     req.num_generated = g + t
                     segs.set_progress(req, b, t)
@@ -959,18 +961,20 @@ class _SpecSegments:
     computed and lowers ``k`` where stepping would do otherwise: at the first completion when
     something waits, before a pass whose blocks are not free or evictable now, and where the
     rank's batch is empty (the entry's ``remaining`` learns each request's passes as they are
-    drawn). Per pass: batch size and KV tokens; ``F``: the sums of ``T`` by pass (tokens emitted);
-    the variance of a pass's lengths when asked for. (Arrays are passes x requests: numpy sums
-    and accumulates along the first axis fastest.)"""
+    drawn; ``T`` is ``buf``). Per pass: batch size and KV tokens; ``F``: the sums of ``T`` by pass
+    (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
+    requests: numpy sums and accumulates along the first axis fastest.)"""
 
-    __slots__ = ("spec", "entry", "rows", "known", "R", "c", "h", "p0", "states", "s0", "avail", "bs", "stop_first",
-                 "k", "T", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
+    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "R", "c", "h", "p0", "states", "s0", "avail",
+                 "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
         batch = entry[1]
         self.spec = rank.config.speculation
         self.entry = entry
+        self.reqs = list(batch)  # (row i: the plan's i-th request)
         self.rows = {id(r): i for i, r in enumerate(batch)}
+        self.live_rows = list(range(len(batch)))  # (the entry's batch, in its order, as rows: exits delete)
         self.known = np.array(known, dtype=np.int64)
         self.R = np.array(remaining, dtype=np.int64)
         self.c = np.array(entry[2], dtype=np.int64)
@@ -982,7 +986,7 @@ class _SpecSegments:
         self.bs = rank.config.block_size
         self.stop_first = bool(rank.waiting or rank.policy.pending)
         self.k = k
-        self.T = np.zeros((1, len(batch)), dtype=np.int64)
+        self.buf = np.zeros((65, len(batch)), dtype=np.int64)  # T's rows 0 .. built (capacity doubles)
         self.built = 0
         self.n_pass: list[int] = []
         self.kv: list[int] = []
@@ -998,7 +1002,7 @@ class _SpecSegments:
             return
         w = upto - a
         R = self.R
-        Ta = self.T[a]
+        Ta = self.buf[a]
         full = accepted_block(self.spec, self.states, self.p0 + np.uint64(a), w, 1)  # bursts
         np.cumsum(full, axis=0, out=full)
         full += Ta
@@ -1042,18 +1046,20 @@ class _SpecSegments:
         if stop < w:
             self.k = a + stop
         if stop:
-            self.T = np.concatenate([self.T, full[:stop]])
+            buf = self.buf
+            if a + stop >= len(buf):
+                self.buf = buf = np.concatenate([buf, np.zeros((max(len(buf), stop), buf.shape[1]), dtype=np.int64)])
+            buf[a + 1:a + 1 + stop] = full[:stop]
             self.n_pass += [n_live] * stop if n_pass is None else n_pass[:stop].tolist()
             self.kv += kv[:stop].tolist()
             self.F += colsum[:stop].tolist()
             if len(out_rows):
                 batch, remaining = self.entry[1], self.entry[4]
-                rows = self.rows
-                by_row = {rows[id(r)]: i for i, r in enumerate(batch)}
+                reqs = self.reqs
                 for col, row in sorted(zip(out_cols.tolist(), out_rows.tolist())):
                     if col >= stop:
                         break
-                    remaining[by_row[row]] = a + col + 1
+                    remaining[batch.index(reqs[row])] = a + col + 1
                     self.known_live -= int(self.known[row])
                     self.R_gone += int(R[row])
                     if not self.exits or self.exits[-1] != a + col:
@@ -1069,13 +1075,13 @@ class _SpecSegments:
         something waits, else the last (each pass emits a token at least)."""
         if self.built >= self.k:
             return 0
-        left = self.R - self.T[self.built]
+        left = self.R - self.buf[self.built]
         left = left[left > 0]
         return int(left.min() if self.stop_first else left.max()) if len(left) else 0
 
     def metrics(self, j: int) -> tuple:
         n, kv = self.n_pass[j], self.kv[j]
-        T = self.T[j]
+        T = self.buf[j]
         x = self.known + T
         sq = int((x * x)[T < self.R].sum())
         return n, kv, sq / n - (kv / n) ** 2
@@ -1098,7 +1104,16 @@ class _SpecSegments:
     def advanced(self, reqs: list, j: int) -> list[int]:
         """The tokens each of ``reqs`` (members of the plan's batch) advanced in the run's first j passes."""
         rows = self.rows
-        return self.T[j, [rows[id(r)] for r in reqs]].tolist()
+        return self.buf[j, [rows[id(r)] for r in reqs]].tolist()
+
+    def advanced_all(self, j: int) -> list[int]:
+        """``advanced`` for the entry's batch as it is now."""
+        return self.buf[j, self.live_rows].tolist()
+
+    def drop(self, at: list[int]) -> None:
+        """The entry's batch loses its positions ``at`` (ascending): their requests left."""
+        for i in reversed(at):
+            del self.live_rows[i]
 
     def set_progress(self, req, j: int, t: int) -> None:
         """``req``'s speculative counters after the run's first j passes, in which it emitted t tokens
