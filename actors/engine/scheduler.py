@@ -46,6 +46,9 @@ from aisim.actors.engine.speculation import GOLDEN, MASK, MIX1, MIX2, accepted, 
 from aisim.actors.engine.timing import PassShape, TimingModel
 
 
+_AGAIN = object()  # (RankScheduler._schedule: the pass only preempted; schedule again)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batched_tokens: int = 8192
@@ -277,6 +280,14 @@ class RankScheduler(RankQueues):
         self.joins_runs = False
 
     def schedule(self, now_ms: float, defer_prefill: bool = False) -> RankPass | None:
+        """The rank's next pass (None: nothing to run); a pass that could only preempt is
+        scheduled again at once, as the engine steps again (the preempted requests now wait)."""
+        while True:
+            rp = self._schedule(now_ms, defer_prefill)
+            if rp is not _AGAIN:
+                return rp
+
+    def _schedule(self, now_ms: float, defer_prefill: bool):
         cfg = self.config
         off = self.offload
         if off is not None:
@@ -420,7 +431,11 @@ class RankScheduler(RankQueues):
 
         if not items:
             if num_preempted:
+                # a pass that only preempted (the requests it could not grow, FIFO's oldest first):
+                # the engine steps again at once, its waiting queue now considered (else the rank
+                # idled with work until some other event woke it: a stalled replay)
                 self.num_preemptions += num_preempted
+                return _AGAIN
             return None
         num_prefill = new_tokens = sum_prefix = sq_new = 0
         if num_decode < len(items):

@@ -214,3 +214,39 @@ def test_a_rank_scheduler_keeps_under_30_instance_attributes():
         rank = RankScheduler(SchedulerConfig(capacity_policy=policy), Timing(), record_kv_events=True)
         rank.first_tokens = []  # (what a host sets on a rank that reports first tokens)
         assert len(vars(rank)) < 30, sorted(vars(rank))
+
+
+def test_a_pass_that_only_preempts_is_scheduled_again_at_once():
+    # FIFO, 6 blocks of 4 tokens, two 8-token prompts of 8 output tokens: one prefill pass (10 ms:
+    # 2 + 2 blocks), four decode passes (1 ms; the second grows each to 3 blocks: the cache is
+    # full). At 14 ms A (the oldest) needs a 4th block: FIFO preempts the oldest, A itself, and the
+    # pass schedules nothing. The engine steps again at once: B gets A's freed block and decodes to
+    # its end (17 ms); A, waiting (13 tokens, 4 blocks, 8 of them cached), is admitted then and
+    # recomputes 5 tokens (10 ms: token 6 at 27 ms), then decodes to 29 ms. (The rank used to idle
+    # with work after such a pass: a stalled replay.)
+    from aisim.actors.engine.request import COMPLETED
+
+    class Src:
+        def block_hashes(self, index, block_size):
+            return [index * 100 + b for b in range(50)]
+
+    cfg = SchedulerConfig(max_batched_tokens=64, max_sequences=4, block_size=4, num_gpu_blocks=6,
+                          preemption_mode="fifo")
+    rank = RankScheduler(cfg, FixedTiming(10, 1))
+    a, b = Request(0, Src(), 0.0, 8, 8), Request(1, Src(), 0.0, 8, 8)
+    rank.enqueue(a)
+    rank.enqueue(b)
+    t, gaps, ends = 0.0, GapSink(), []
+    while True:
+        rp = rank.schedule(t)
+        if rp is None:
+            break
+        done = []
+        rank.finish(rp, t, t + rp.duration_ms, gaps, done)
+        t += rp.duration_ms
+        ends.append((t, [(r.index, n) for r, n in rp.items]))
+    assert ends == [(10.0, [(0, 8), (1, 8)]), (11.0, [(0, 1), (1, 1)]), (12.0, [(0, 1), (1, 1)]),
+                    (13.0, [(0, 1), (1, 1)]), (14.0, [(0, 1), (1, 1)]), (15.0, [(1, 1)]), (16.0, [(1, 1)]),
+                    (17.0, [(1, 1)]), (27.0, [(0, 5)]), (28.0, [(0, 1)]), (29.0, [(0, 1)])]
+    assert (a.status, a.terminal_ms, b.status, b.terminal_ms) == (COMPLETED, 29.0, COMPLETED, 17.0)
+    assert rank.num_preemptions == 1 and not rank.has_work

@@ -202,9 +202,8 @@ def test_fast_forwarded_runs_equal_stepping_pass_by_pass(tmp_path, spec, worker)
     assert canonical_json(without_wall(on.to_dict())) == canonical_json(without_wall(off.to_dict()))
     s = on.summary
     assert s["num_preemptions"] > 0  # (a tight cache: blocks run out mid-burst too)
-    assert s["completed_requests"] + s["incomplete_requests"] == 80 and s["median_itl_ms"] == 0.0  # (bursts)
-    if not s["incomplete_requests"]:
-        assert sum(r["output_length"] for r in on.per_request) == s["total_output_tokens"]
+    assert s["completed_requests"] == 80 and s["median_itl_ms"] == 0.0  # (most gaps are inside bursts)
+    assert sum(r["output_length"] for r in on.per_request) == s["total_output_tokens"]
 
 
 def test_the_same_config_twice_gives_the_same_report(tmp_path):
