@@ -17,12 +17,13 @@ tier moves.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import bench_meta, offline_home, print_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    offline_home()
     from aisim import plan_from_config, run_plan
     from aisim.simulator.config.loading import validate_config
 
@@ -80,13 +82,8 @@ def main(argv=None) -> int:
                      "mean_ttft_ms": round(s["mean_ttft_ms"], 1), "reuse": round(s["prefix_cache_reused_ratio"], 4),
                      "host_reuse": round(tiers["reuse"]["first_admission_host_ratio"], 4) if tiers else 0.0,
                      "onboarded_gb": round(tiers["host"]["onboard"]["bytes"] / 1e9, 1) if tiers else 0.0})
-    meta = {"machine": f"{platform.node()} ({platform.processor() or platform.machine()}), "
-                       f"Python {platform.python_version()}",
-            "date": time.strftime("%Y-%m-%d"), "repeats": args.repeat}
-    if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if print_head(bench_meta(args.repeat), rows, args.json):
         return 0
-    print(f"{meta['machine']}, {meta['date']}, median of {args.repeat}")
     print(f"{'tier':10s} {'router':12s} {'replay s':>9s} {'vs none':>8s} {'mean TTFT':>10s} {'reuse':>7s} "
           f"{'host':>7s} {'onboarded GB':>13s}")
     for r in rows:

@@ -16,15 +16,13 @@ the replay without speculation (the issue's bound: 1.3x) and the numbers specula
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import offline_home  # noqa: E402
+from _bench import bench_meta, offline_home, print_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -76,13 +74,8 @@ def main(argv=None) -> int:
         rows.append({"variant": v, "replay_s": round(med, 3), "vs_none": round(med / base, 2),
                      "passes": diag.get("num_passes"), "mean_ttft_ms": round(s["mean_ttft_ms"], 1),
                      "mean_itl_ms": round(s["mean_itl_ms"], 2), "mean_e2e_ms": round(s["mean_e2e_latency_ms"], 1)})
-    meta = {"machine": f"{platform.node()} ({platform.processor() or platform.machine()}), "
-                       f"Python {platform.python_version()}",
-            "date": time.strftime("%Y-%m-%d"), "repeats": args.repeat}
-    if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if print_head(bench_meta(args.repeat), rows, args.json):
         return 0
-    print(f"{meta['machine']}, {meta['date']}, median of {args.repeat}")
     print(f"{'variant':8s} {'replay s':>9s} {'vs none':>8s} {'passes':>8s} {'mean TTFT':>10s} {'mean ITL':>9s} "
           f"{'mean E2E':>9s}")
     for r in rows:

@@ -45,7 +45,6 @@ from aisim.actors.engine.request import (
 from aisim.actors.engine.speculation import GOLDEN, MASK, MIX1, MIX2, accepted, stream_of
 from aisim.actors.engine.timing import PassShape, TimingModel
 
-
 _AGAIN = object()  # (RankScheduler._schedule: the pass only preempted; schedule again)
 
 

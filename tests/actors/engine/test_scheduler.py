@@ -156,13 +156,18 @@ class _Chains:
         return [b if b < self.shared else 1_000_000 * (index + 1) + b for b in range(400)]
 
 
-def _step_rank(keep_lead: bool) -> list:
+def _step_rank(keep_lead: bool, speculation=None) -> tuple[list, tuple]:
     """Fourteen requests (long prompts, staggered outputs) through one rank with 4-token blocks and a
     cache small enough to evict, pass by pass at fixed timing; ``keep_lead=False`` drops the kept
-    lead before every pass. Returns, per pass, what it scheduled, its shape, the KV events and
-    counts, and the requests' block holdings after it."""
-    cfg = SchedulerConfig(max_batched_tokens=48, max_sequences=8, block_size=4, num_gpu_blocks=110)
+    lead before every pass (with ``speculation``: the leading decode requests are scheduled one
+    by one). Returns, per pass, what it scheduled, its shape, the KV events (with speculation as a
+    reader's end state: a lead grows its blocks as one eviction, so its REMOVED event comes first)
+    and counts, and the requests' block holdings after it; and the gaps."""
+    cfg = SchedulerConfig(max_batched_tokens=48, max_sequences=8, block_size=4, num_gpu_blocks=110,
+                          speculation=speculation)
     rank = RankScheduler(cfg, FixedTiming(100, 10), record_kv_events=True)
+    if not keep_lead and speculation is not None:
+        rank._spec_lead = lambda budget: None
     src = _Chains(shared=6)
     reqs = [Request(i, src, 0.0, 37 + 11 * i, 20 + 17 * (i % 4)) for i in range(14)]
     gaps = GapSink()
@@ -183,17 +188,20 @@ def _step_rank(keep_lead: bool) -> list:
         done = []
         rank.finish(rp, t, end, gaps, done)
         t = end
-        out.append(([(r.index, n) for r, n in rp.items], rp.num_lead, rp.shape, rp.num_preempted,
-                    list(rank.kv.events), rank.kv.num_active, rank.kv.num_inactive, [r.index for r in done],
-                    [(r.index, r.num_computed, r.num_held, r.num_private, r.num_full_registered)
-                     for r in rank.running]))
+        events = list(rank.kv.events)
+        if speculation is not None:
+            events = [sorted(h for kind, hs in events if kind == k for h in hs) for k in (1, 2)]
+        out.append(([(r.index, n) for r, n in rp.items], rp.num_lead if speculation is None else None, rp.shape,
+                    rp.num_preempted, events, rank.kv.num_active, rank.kv.num_inactive, [r.index for r in done],
+                    [(r.index, r.num_computed, r.num_generated, r.spec_passes, r.num_held, r.num_private,
+                      r.num_full_registered) for r in rank.running]))
         rank.kv.events.clear()
-    return out
+    return out, gaps.to_wire()
 
 
 def test_a_lead_kept_from_the_last_pass_schedules_exactly_as_one_built_afresh():
-    kept = _step_rank(keep_lead=True)
-    fresh = _step_rank(keep_lead=False)
+    kept, _ = _step_rank(keep_lead=True)
+    fresh, _ = _step_rank(keep_lead=False)
     assert len(kept) > 200
     assert sum(1 for x in kept if x[1] >= 3) > 80  # passes with a lead of several requests
     assert any(x[3] for x in kept)  # preemptions happen too

@@ -126,25 +126,22 @@ def test_a_lone_request_with_one_draft_always_accepted_and_with_none(tmp_path):
 @pytest.mark.parametrize("fast_forward", [True, False])
 def test_a_lone_request_with_a_fractional_acceptance_follows_its_stream(tmp_path, fast_forward):
     # nextn 1, 0.5 accepted: request 0 of the root seed 42 accepts its draft when u < 0.5
+    def passes(seed: int) -> int:
+        """Decode passes for 40 tokens when each accepts its draft while u < 0.5 (the last clipped)."""
+        left, n = 40, 0
+        for u in uniforms(seed, 0, 40):
+            if not left:
+                break
+            left -= min(2 if u < 0.5 else 1, left)
+            n += 1
+        return n
+
     _, r = lone(tmp_path, {"nextn": 1, "nextn_accepted": 0.5}, out=41, fast_forward=fast_forward)
-    left, passes = 40, 0
-    for u in uniforms(42, 0, 40):
-        if not left:
-            break
-        left -= min(2 if u < 0.5 else 1, left)
-        passes += 1
-    assert r["last_token_ms"] == 50.0 + 10.0 * passes
-    assert 20 < passes < 40
+    assert r["last_token_ms"] == 50.0 + 10.0 * passes(42) and 20 < passes(42) < 40
     # the section's own seed replaces the root seed
     _, r = lone(tmp_path, {"speculation": {"kind": "ngram", "num_speculative_tokens": 1, "acceptance_rates": [0.5],
                                            "seed": 5}}, out=41, fast_forward=fast_forward)
-    left, passes = 40, 0
-    for u in uniforms(5, 0, 40):
-        if not left:
-            break
-        left -= min(2 if u < 0.5 else 1, left)
-        passes += 1
-    assert r["last_token_ms"] == 50.0 + 10.0 * passes
+    assert r["last_token_ms"] == 50.0 + 10.0 * passes(5)
 
 
 def test_the_draft_tokens_count_against_the_batch_budget():
@@ -223,39 +220,11 @@ def test_speculation_speeds_decoding_up_by_the_accepted_drafts(tmp_path):
 
 
 def test_a_spec_lead_schedules_exactly_as_one_request_at_a_time():
-    from tests.actors.engine.test_scheduler import _Chains
+    from tests.actors.engine.test_scheduler import _step_rank
 
-    def step(lead: bool):
-        cfg = SchedulerConfig(max_batched_tokens=48, max_sequences=8, block_size=4, num_gpu_blocks=110,
-                              speculation=sp.Speculation("mtp", 2, (1.0, 0.4), 1.0, 42))
-        rank = RankScheduler(cfg, FixedTiming(100, 10), record_kv_events=True)
-        if not lead:
-            rank._spec_lead = lambda budget: None
-        reqs = [Request(i, _Chains(shared=6), 0.0, 37 + 11 * i, 20 + 17 * (i % 4)) for i in range(14)]
-        gaps, out, t = GapSink(), [], 0.0
-        for p in range(400):
-            if p % 3 == 0 and reqs:
-                rank.enqueue(reqs.pop(0))
-            rp = rank.schedule(t)
-            if rp is None:
-                if not rank.has_work and not reqs:
-                    break
-                t += 1.0
-                continue
-            done = []
-            rank.finish(rp, t, t + rp.duration_ms, gaps, done)
-            t += rp.duration_ms
-            # (the KV events as a reader's end state: the lead grows its blocks as one eviction, so
-            # its REMOVED event comes first - KVCache.grow_decode)
-            events = [sorted(h for kind, hs in rank.kv.events if kind == k for h in hs) for k in (1, 2)]
-            out.append(([(r.index, n) for r, n in rp.items], rp.shape, rp.num_preempted, events,
-                        [r.index for r in done], [(r.index, r.num_computed, r.num_generated, r.spec_passes)
-                                                  for r in rank.running]))
-            rank.kv.events.clear()
-        return out, gaps.to_wire()
-
-    (one, gaps_one), (led, gaps_led) = step(False), step(True)
-    assert len(one) > 100 and any(x[2] for x in one)  # (preemptions happen too)
+    spec = sp.Speculation("mtp", 2, (1.0, 0.4), 1.0, 42)
+    (one, gaps_one), (led, gaps_led) = _step_rank(False, spec), _step_rank(True, spec)
+    assert len(one) > 100 and any(x[3] for x in one)  # (preemptions happen too)
     assert led == one and gaps_led == gaps_one
 
 
