@@ -203,6 +203,16 @@ def test_fast_forwarded_runs_equal_stepping_pass_by_pass(tmp_path, spec, worker)
     assert sum(r["output_length"] for r in on.per_request) == s["total_output_tokens"]
 
 
+def test_mtp_on_tensorrt_llm_workers_runs_as_stepped(tmp_path):
+    # (TensorRT-LLM's admission reserves the prompt and the whole output: bursts never preempt)
+    plan = plan_from_config(validate_config(busy(tmp_path, {**SPECS["mtp"], "backend": "trtllm"})),
+                            capture_per_request=True)
+    on, off = run_plan(plan), run_plan(dataclasses.replace(plan, fast_forward=False))
+    assert on.diagnostics["num_fast_forward_runs"] > 10 and on.summary["num_preemptions"] == 0
+    assert on.summary["completed_requests"] == 80 and on.summary["median_itl_ms"] == 0.0
+    assert canonical_json(without_wall(on.to_dict())) == canonical_json(without_wall(off.to_dict()))
+
+
 def test_the_same_config_twice_gives_the_same_report(tmp_path):
     cfg = validate_config(busy(tmp_path, SPECS["mtp"]))
     a = run_plan(plan_from_config(cfg, capture_per_request=True))
