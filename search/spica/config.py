@@ -167,6 +167,9 @@ def _exactly_one(w: Workload, keys: tuple[str, ...], what: str) -> None:
                                                  f"{', '.join(keys)}")
 
 
+# keys added to the config after studies were first stored: (section, key), dumped only when set
+LATER_KEYS = (("engine", "nextn_accepted"),)
+
 # engine keys a search does not fix: key -> where to set it instead
 _SEARCHED_ENGINE_KEYS = {
     "mode": "it is searched: list the modes in search_space.deployment_mode ([agg], [disagg] or both)",
@@ -365,11 +368,21 @@ class SearchConfig(Strict):
         ratio = self.workload.kv_load_ratio if self.workload is not None else None
         return ratio if isinstance(ratio, tuple) else None
 
+    def dump(self) -> dict:
+        """The validated config as plain data (what a study stores and the fingerprint hashes). A key
+        added after studies were first stored appears only when set (``LATER_KEYS``), so a search's
+        identity and journal do not change with the version that runs it."""
+        data = self.model_dump(mode="json")
+        for section, key in LATER_KEYS:
+            if data.get(section, {}).get(key) is None:
+                data[section].pop(key, None)
+        return data
+
     def fingerprint(self) -> str:
         """sha256 (hex) of the validated config's canonical JSON (sorted keys, no spaces): the same for
         any spelling of the same search (engine.model or search_space.model_name, bayesian or tpe,
         defaults written out or not)."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(self.dump(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
 
 

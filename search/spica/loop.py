@@ -252,7 +252,7 @@ class _Search:
 
     @property
     def config_json(self) -> dict:
-        return self.cfg.model_dump(mode="json")
+        return self.cfg.dump()
 
     def search_attr(self, mode: str) -> dict:
         """The ``aisim_search`` attribute of the branch study of ``mode``."""
@@ -598,7 +598,7 @@ class _Search:
         strategy = "exhaustive" if exhausted else "optimizer_guided"
         rec = build_recommendation(candidates, target=cfg.optimization.target, counts=dict(self.counts),
                                    search_strategy=strategy, run_id=run_id, input_fingerprint=fingerprint,
-                                   config=cfg.model_dump(mode="json"))
+                                   config=cfg.dump())
         write_outputs(self.output_dir, rec)
         dgd_paths = []
         if cfg.dgd is not None:  # the winner's (pareto: every front member's) DynamoGraphDeployment

@@ -280,10 +280,11 @@ def test_a_study_stored_before_an_optional_key_existed_resumes(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     run_search(config(optimizer__max_trials=2), tmp_path / "a", parallelism=1, storage=url)
-    for name in optuna.get_all_study_names(url):  # (as a version without engine.nextn_accepted stored it)
+    for name in optuna.get_all_study_names(url):  # (as a version without engine.backend_version stored it)
         study = optuna.load_study(study_name=name, storage=url)
         attrs = study.user_attrs[SEARCH_ATTR]
-        del attrs["config"]["engine"]["nextn_accepted"]
+        assert attrs["config"]["engine"]["backend_version"] is None
+        del attrs["config"]["engine"]["backend_version"]
         attrs["identity"] = identity(attrs["config"])
         study.set_user_attr(SEARCH_ATTR, attrs)
     r = run_search(config(optimizer__max_trials=3), tmp_path / "a", resume=True, parallelism=1, storage=url)
@@ -310,3 +311,15 @@ def test_branches_are_asked_by_fewest_candidates_so_far():
     bs[1].exhausted = True
     assert _Search.next_branch(bs, {}).mode == "agg"
 
+
+
+def test_keys_added_later_are_stored_only_when_set():
+    from aisim.search.spica.config import LATER_KEYS, SearchConfig
+
+    assert ("engine", "nextn_accepted") in LATER_KEYS
+    cfg = SearchConfig.from_dict(SEARCH)
+    assert "nextn_accepted" not in cfg.dump()["engine"]  # (a study's identity as before the key existed)
+    mtp = SearchConfig.from_dict({**SEARCH, "engine": {**SEARCH.get("engine", {}), "nextn_accepted": 0.5,
+                                                       "timing": {"type": "default"}},
+                                  "search_space": {**SEARCH["search_space"], "aic_nextn": 1}})
+    assert mtp.dump()["engine"]["nextn_accepted"] == 0.5 and mtp.fingerprint() != cfg.fingerprint()
