@@ -608,7 +608,7 @@ class EngineWorker:
         if run.drawn:  # (speculative segments draw a block of passes for a fixed cost: a long one)
             want = min(_SPEC_CHUNK // run.batch_size, *[s.horizon() for s in run.segments.values()])
             if target is not None and not m:  # (about as many as reach the target at the first pass's pace)
-                first = max(s.first_pass_ms(e[0]) for e in run.ranks for s in (run.segments[id(e[0])],))
+                first = max(run.segments[id(e[0])].first_pass_ms(e[0]) for e in run.ranks)
                 if first > 0:  # (twice as many: later passes are slower, and a second block costs more)
                     want = min(want, 2 * int((target - start) / first) + 16)
             upto = max(upto, m + max(16, want))
