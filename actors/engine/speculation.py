@@ -15,10 +15,9 @@ MTP's ``nextn_accepted = x`` (mean accepted drafts per pass) becomes the rates `
 
 Determinism: each request has its own SplitMix64 stream, seeded from (seed, request index)
 (``Request.spec_stream``); the ``p``-th decode pass of the request (``Request.spec_passes``) takes
-the stream's ``p``-th output. The
-draws do not depend on the batch, the rank, the order passes are stepped in or on whether a decode
-run fast-forwards them (a run draws a whole block of passes for its batch as one numpy expression,
-bit for bit what stepping draws one at a time).
+the stream's ``p``-th output. The draws do not depend on the batch, the rank, the order passes are
+stepped in or on whether a decode run fast-forwards them (a run draws a whole block of passes for
+its batch as one numpy expression, bit for bit what stepping draws one at a time).
 """
 
 from __future__ import annotations
@@ -29,20 +28,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
-_UNIT = 2.0 ** -53
-GOLDEN, MIX1, MIX2, MASK = _GOLDEN, _M1, _M2, _MASK  # (the stream's constants, for inline draws)
+# the stream's constants (public: the scheduler draws inline on its hot path)
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
 
 
 @dataclass(frozen=True)
 class Speculation:
     """A rank's speculative decoding: ``kind`` (``mtp`` | ``ngram``), the drafts a decode pass
     verifies, ``thresholds`` (``P(accepted >= t)`` for t = 1..draft_tokens, non-increasing),
-    ``layer_scale`` (MTP: the draft heads' share of the decode attention, (layers + n) / layers;
-    n-gram: 1) and the seed of the requests' streams."""
+    ``layer_scale`` (MTP: the draft heads as extra layers of a decode pass, (layers + n) / layers;
+    n-gram: 1) and the seed of the requests' streams (None until the workers are built: then the
+    replay's root seed)."""
 
     kind: str
     draft_tokens: int
@@ -89,19 +88,14 @@ def thresholds(rates) -> tuple[float, ...]:
 
 
 def _mix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * _M1) & _MASK
-    z = ((z ^ (z >> 27)) * _M2) & _MASK
+    z = ((z ^ (z >> 30)) * MIX1) & MASK
+    z = ((z ^ (z >> 27)) * MIX2) & MASK
     return z ^ (z >> 31)
 
 
 def stream_seed(seed: int, index: int) -> int:
     """The SplitMix64 state of request ``index``'s stream under ``seed``."""
-    return _mix((_mix(seed & _MASK) + (index + 1) * _GOLDEN) & _MASK)
-
-
-def uniform(state: int, p: int) -> float:
-    """The ``p``-th uniform number in [0, 1) of the stream with state ``state`` (p >= 0)."""
-    return (_mix((state + (p + 1) * _GOLDEN) & _MASK) >> 11) * _UNIT
+    return _mix((_mix(seed & MASK) + (index + 1) * GOLDEN) & MASK)
 
 
 def stream_of(spec: Speculation, req) -> int:
@@ -116,16 +110,16 @@ def accepted(spec: Speculation, state: int, p: int) -> int:
     """Drafts accepted at the ``p``-th decode pass of the request whose stream state is ``state``:
     the thresholds its uniform number lies below (compared exactly in integers, ``Speculation.cutoffs``)."""
     always, cuts = spec.cutoffs
-    z = _mix((state + (p + 1) * _GOLDEN) & _MASK)
+    z = _mix((state + (p + 1) * GOLDEN) & MASK)
     return always + sum(1 for c in cuts if z < c)
 
 
 def _mix_array(z: np.ndarray) -> np.ndarray:
     """``_mix`` of each element, in place."""
     z ^= z >> np.uint64(30)
-    z *= np.uint64(_M1)
+    z *= np.uint64(MIX1)
     z ^= z >> np.uint64(27)
-    z *= np.uint64(_M2)
+    z *= np.uint64(MIX2)
     z ^= z >> np.uint64(31)
     return z
 
@@ -137,7 +131,7 @@ def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray
     (rows), as an int64 array of shape (num_passes, requests): the same numbers."""
     always, cuts = spec.cutoffs
     # (uint64 array arithmetic wraps silently, as the stream's arithmetic modulo 2^64 wants)
-    z = _steps(num_passes)[:, None] + (states + (first_pass + np.uint64(1)) * np.uint64(_GOLDEN))
+    z = _steps(num_passes)[:, None] + (states + (first_pass + np.uint64(1)) * np.uint64(GOLDEN))
     _mix_array(z)
     if not cuts:
         return np.full(z.shape, always + plus, dtype=np.int64)
@@ -150,6 +144,6 @@ def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray
 @functools.lru_cache(maxsize=64)
 def _steps(num_passes: int) -> np.ndarray:
     """``j x golden`` for j = 0 .. num_passes - 1 (the stream's step between passes; read-only)."""
-    out = np.arange(num_passes, dtype=np.uint64) * np.uint64(_GOLDEN)
+    out = np.arange(num_passes, dtype=np.uint64) * np.uint64(GOLDEN)
     out.setflags(write=False)
     return out

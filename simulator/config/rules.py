@@ -166,11 +166,6 @@ def check_speculation(e: m.Engine) -> None:
         if sp is not None:
             raise InputError("engine.speculation", "n-gram speculation cannot be combined with MTP (engine.nextn); "
                                                    "remove one of them")
-        for role, wk in e.workers.items():
-            if wk.kv_cache.host_offload is not None:
-                raise InputError(f"engine.workers.{role}.kv_cache.host_offload", "host KV offload does not support "
-                                                                                 "MTP (engine.nextn), as in the "
-                                                                                 "reference; remove one of them")
     if sp is not None:
         if e.backend != "vllm":
             raise InputError("engine.speculation", f"n-gram speculation is supported only for vLLM language workers "
@@ -183,12 +178,13 @@ def check_speculation(e: m.Engine) -> None:
             if not 0 <= r <= 1:
                 raise InputError(f"engine.speculation.acceptance_rates[{i}]", f"is a probability: must be within "
                                                                               f"[0, 1] (got {r})")
-        for role, wk in e.workers.items():
-            if wk.kv_cache.host_offload is not None:
-                raise InputError(f"engine.workers.{role}.kv_cache.host_offload", "n-gram speculation cannot run with "
-                                                                                 "host KV offload; remove one of them")
     if not e.nextn and sp is None:
         return
+    for role, wk in e.workers.items():
+        if wk.kv_cache.host_offload is not None:  # (the reference refuses both with it)
+            raise InputError(f"engine.workers.{role}.kv_cache.host_offload", "host KV offload does not support "
+                                                                             "speculative decoding (MTP or n-gram), as "
+                                                                             "in the reference; remove one of them")
     if e.backend == "sglang":
         raise _no("engine.nextn", "speculative decoding on SGLang workers", "use engine.backend vllm or trtllm")
     for role, wk in e.workers.items():
