@@ -42,6 +42,7 @@ class Progress:
         self._last_draw = 0.0
         self.narrow = False
         self._files = self._rows = 0  # a trace being loaded: files and rows read so far
+        self._path = None  # (the file being read)
 
     @classmethod
     def for_command(cls, args) -> "Progress":
@@ -98,14 +99,17 @@ class Progress:
         self._update(*replay_line(now_ms, end_ms, ended, num_requests, wall, self.narrow))
 
     def loading(self, path, rows: int | None) -> None:
-        """A trace being read: ``rows`` the rows of the file just read (None: reading starts)."""
+        """A trace being read: ``rows`` more rows of ``path`` read (None: reading starts)."""
         if self._live is None:
             return
         if rows is None:
             self._files = self._rows = 0
+            self._path = None
             self._update("loading", 0, None, "the trace...", force=True)
             return
-        self._files += 1
+        if path != self._path:
+            self._files += 1
+            self._path = path
         self._rows += rows
         files = f" in {self._files:,} files" if self._files > 1 else ""
         self._update("loading", self._rows, None, f"the trace: {self._rows:,} rows read{files} (last: "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import json
 import math
 import os
 import stat
@@ -20,6 +19,7 @@ from operator import itemgetter, le, mul
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from aisim.actors import hashing
 from aisim.simulator.errors import InputError, NotSupportedError
@@ -151,24 +151,19 @@ def _why_no_trace(raw: str, base: Path) -> str | None:
     return f"{p} is {_kind(mode)}, not a regular file"
 
 
-def _read_lines(path: Path) -> list[str]:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return fh.read().split("\n")
-        return path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise InputError(str(path), f"cannot read trace: {exc}") from None
-
-
-#: who is told how many rows each trace file held, as it is read (``rows_read``); None: nobody
+#: who is told how many rows of each trace file have been read, a chunk at a time (``rows_read``);
+#: None: nobody
 _ROWS_READ: ContextVar = ContextVar("aisim_rows_read", default=None)
+
+#: rows parsed at a time: a chunk's rows become compact columns before the next is read (a large
+#: trace never exists as row objects all at once)
+CHUNK_ROWS = 16384
 
 
 @contextmanager
 def rows_read(callback):
-    """Within the block, ``callback(path, rows)`` is called as each trace file has been read (a
-    terminal shows it while a large trace loads); reading itself never depends on it."""
+    """Within the block, ``callback(path, rows)`` is called as each chunk of ``rows`` rows of a trace
+    file has been read (a terminal shows it while a large trace loads); reading never depends on it."""
     token = _ROWS_READ.set(callback)
     try:
         yield
@@ -176,38 +171,66 @@ def rows_read(callback):
         _ROWS_READ.reset(token)
 
 
-def _parse_jsonl(path: Path) -> tuple[list, list[int]]:
-    """Rows and their 1-based line numbers; one json.loads for the whole file when it is valid."""
-    rows, linenos = _parse_lines(path)
+def _jsonl_chunks(path: Path, chunk_rows: int | None = None):
+    """The rows of a JSONL file (plain or gzipped) in file order, about ``chunk_rows``
+    (``CHUNK_ROWS``) at a time, with their 1-based line numbers: ``(rows, linenos)``. Blank lines are
+    skipped; a line that is not JSON fails with its ``file:line``."""
+    size = chunk_rows or CHUNK_ROWS
     tell = _ROWS_READ.get()
-    if tell is not None:
-        tell(path, len(rows))
-    return rows, linenos
-
-
-def _parse_lines(path: Path) -> tuple[list, list[int]]:
-    lines = _read_lines(path)
-    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
-    linenos = [n for n, _ in numbered]
+    line0 = 0  # (lines before the chunk)
+    read_any = False
     try:
-        rows = json.loads("[" + ",".join(ln for _, ln in numbered) + "]")
-        if len(rows) == len(numbered):
-            return rows, linenos
-    except ValueError:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as fh:
+            while True:
+                lines = fh.readlines(size * 256)  # (whole lines, about 256 bytes a row or more)
+                if not lines:
+                    break
+                while len(lines) > size:  # (a chunk of short lines: at most ``size`` rows at a time)
+                    got = _parse_chunk(path, lines[:size], line0)
+                    line0 += size
+                    lines = lines[size:]
+                    if got[0]:
+                        read_any = True
+                        if tell is not None:
+                            tell(path, len(got[0]))
+                        yield got
+                got = _parse_chunk(path, lines, line0)
+                line0 += len(lines)
+                if got[0]:
+                    read_any = True
+                    if tell is not None:
+                        tell(path, len(got[0]))
+                    yield got
+    except (OSError, EOFError) as exc:
+        raise InputError(str(path), f"cannot read trace: {exc}") from None
+    if tell is not None and not read_any:
+        tell(path, 0)
+
+
+def _parse_chunk(path: Path, lines: list[bytes], line0: int) -> tuple[list, range | list[int]]:
+    """(rows, their line numbers) of ``lines`` (file lines ``line0 + 1`` on)."""
+    try:
+        return list(map(orjson.loads, lines)), range(line0 + 1, line0 + 1 + len(lines))
+    except orjson.JSONDecodeError:
         pass
-    rows = []
-    for n, ln in numbered:
+    rows: list = []
+    linenos: list[int] = []
+    for n, line in enumerate(lines, line0 + 1):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(ln))
-        except ValueError as exc:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError as exc:
             raise InputError(f"{path}:{n}", f"invalid JSON ({exc.msg}); each line must be one JSON object") from None
+        linenos.append(n)
     return rows, linenos
 
 
 def _rows(paths: list[Path]):
     """(row, "file:line") for every row of every file; each row must be a JSON object."""
     for path in paths:
-        yield from _checked_rows(path, *_parse_jsonl(path))
+        for rows, linenos in _jsonl_chunks(path):
+            yield from _checked_rows(path, rows, linenos)
 
 
 def _checked_rows(path: Path, rows: list, linenos: list[int]):
@@ -266,7 +289,14 @@ def _u64(ids: list[int]) -> np.ndarray:
 
 
 class _Builder:
-    """Accumulates rows into workload columns."""
+    """Accumulates rows into workload columns: the rows added since the last ``flush`` as Python
+    lists, the ones before as compact numpy chunks (a large trace never exists as Python objects
+    all at once; ``flush`` after each chunk of rows)."""
+
+    # (name, dtype, the value of a row without a session: a chunk without any is kept as its length)
+    _SESSION_COLUMNS = (("sessions", np.int64, -1), ("turns", np.int64, 0), ("delays", np.float64, float("nan")))
+    _COLUMNS = (("inputs", np.int64), ("outputs", np.int64), ("times", np.float64), ("counts", np.int64),
+                ("last_len", np.int64))
 
     def __init__(self) -> None:
         self.inputs: list[int] = []
@@ -278,11 +308,14 @@ class _Builder:
         self.sessions: list[int] = []
         self.turns: list[int] = []
         self.delays: list[float] = []
-        self.request_ids: list[str | None] = []
+        self.request_ids: list[str | None] | None = None  # (None until a row has one: then one a row)
         self.session_names: dict[str, int] = {}
         self.turn_of: dict[int, int] = {}
         self.any_session = False
-        self.any_request_id = False
+        self.num_rows = 0
+        self._special = False  # a row since the last flush had a session or a delay
+        self._chunks: dict[str, list] = {name: [] for name in ("ids", *(c[0] for c in self._COLUMNS),
+                                                               *(c[0] for c in self._SESSION_COLUMNS))}
 
     def add(self, ids: list[int], input_len: int, output_len: int, block: int, t_ms: float | None,
             session=None, delay: float | None = None, request_id=None) -> None:
@@ -294,7 +327,7 @@ class _Builder:
         self.outputs.append(output_len)
         self.times.append(float("nan") if t_ms is None else t_ms)
         if session is not None:
-            self.any_session = True
+            self.any_session = self._special = True
             key = str(session)
             s = self.session_names.setdefault(key, len(self.session_names))
             turn = self.turn_of.get(s, 0)
@@ -304,30 +337,81 @@ class _Builder:
         else:
             self.sessions.append(-1)
             self.turns.append(0)
+        if delay is not None:
+            self._special = True
         self.delays.append(float("nan") if delay is None else delay)
-        if request_id is not None:
-            self.any_request_id = True
-        self.request_ids.append(None if request_id is None else str(request_id))
+        if request_id is not None and self.request_ids is None:
+            self.request_ids = [None] * self.num_rows
+        if self.request_ids is not None:
+            self.request_ids.append(None if request_id is None else str(request_id))
+        self.num_rows += 1
+
+    def add_plain(self, inputs: list[int], outputs: list[int], times: list[float], counts: list[int],
+                  ids: list[int], block: int) -> None:
+        """Rows without sessions, delays or request ids, given as columns (``counts``: prompt blocks
+        each, ``ids``: their hash ids one after another)."""
+        self.inputs.extend(inputs)
+        self.outputs.extend(outputs)
+        self.times.extend(times)
+        self.counts.extend(counts)
+        self.ids.extend(ids)
+        self.last_len.extend([n - (k - 1) * block if k else 0 for n, k in zip(inputs, counts)])
+        self.sessions.extend([-1] * len(inputs))
+        self.turns.extend([0] * len(inputs))
+        self.delays.extend([float("nan")] * len(inputs))
+        if self.request_ids is not None:
+            self.request_ids.extend([None] * len(inputs))
+        self.num_rows += len(inputs)
+
+    def flush(self) -> None:
+        """The rows added since the last flush become compact chunks."""
+        if self.ids:
+            self._chunks["ids"].append(_u64(self.ids))
+            self.ids = []
+        for name, dtype in self._COLUMNS:
+            values = getattr(self, name)
+            if values:
+                self._chunks[name].append(np.array(values, dtype=dtype))
+                setattr(self, name, [])
+        n = len(self.sessions)
+        for name, dtype, _ in self._SESSION_COLUMNS:
+            if n:
+                self._chunks[name].append(np.array(getattr(self, name), dtype=dtype) if self._special else n)
+                setattr(self, name, [])
+        self._special = False
+
+    def _column(self, name: str, dtype) -> np.ndarray:
+        parts = self._chunks[name]
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+    def _session_column(self, name: str, dtype, default) -> np.ndarray:
+        parts = [np.full(p, default, dtype=dtype) if isinstance(p, int) else p for p in self._chunks[name]]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     def build(self, block: int, description: str, recorded_total_ms: list[float] | None = None,
               origin_ms: float = 0.0) -> Workload:
-        counts = np.array(self.counts, dtype=np.int64)
+        self.flush()
+        col = {name: self._column(name, dtype) if self._chunks[name] else np.zeros(0, dtype=dtype)
+               for name, dtype in (*self._COLUMNS, ("ids", np.uint64))}
+        counts = col["counts"]
         ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         lens = np.full(int(ptr[-1]), block, dtype=np.int64)
         has = counts > 0
-        lens[ptr[1:][has] - 1] = np.array(self.last_len, dtype=np.int64)[has]
+        lens[ptr[1:][has] - 1] = col["last_len"][has]
+        session = {name: self._session_column(name, dtype, default) if self.any_session else None
+                   for name, dtype, default in self._SESSION_COLUMNS}
         return Workload(
-            input_len=np.array(self.inputs, dtype=np.int64),
-            output_len=np.array(self.outputs, dtype=np.int64),
-            timestamp_ms=np.array(self.times, dtype=np.float64),
+            input_len=col["inputs"],
+            output_len=col["outputs"],
+            timestamp_ms=col["times"],
             piece_ptr=ptr,
-            piece_src=hashing.trace_sources(_u64(self.ids)),
+            piece_src=hashing.trace_sources(col["ids"]),
             piece_len=lens,
-            session_index=np.array(self.sessions, dtype=np.int64) if self.any_session else None,
-            turn_index=np.array(self.turns, dtype=np.int64) if self.any_session else None,
-            delay_ms=np.array(self.delays, dtype=np.float64) if self.any_session else None,
+            session_index=session["sessions"],
+            turn_index=session["turns"],
+            delay_ms=session["delays"],
             session_names=list(self.session_names),
-            request_ids=self.request_ids if self.any_request_id else None,
+            request_ids=self.request_ids,
             description=description,
             recorded_total_ms=None if recorded_total_ms is None else np.array(recorded_total_ms, dtype=np.float64),
             origin_ms=origin_ms,
@@ -373,16 +457,8 @@ def _plain_mooncake_columns(rows: list, block_size: int, b: _Builder) -> bool:
     if not all(map(le, inp, map(mul, map(len, ids), repeat(block_size)))):
         return False  # an input longer than its hash ids hold
     counts = [-(-n // block_size) for n in inp]
-    b.ids = list(chain.from_iterable(map(list.__getitem__, ids, map(slice, counts))))
-    b.counts = counts
-    b.last_len = [n - (k - 1) * block_size if k else 0 for n, k in zip(inp, counts)]
-    b.inputs = list(inp)
-    b.outputs = list(out)
-    b.times = list(map(float, ts))
-    b.sessions = [-1] * len(rows)
-    b.turns = [0] * len(rows)
-    b.delays = [float("nan")] * len(rows)
-    b.request_ids = [None] * len(rows)
+    b.add_plain(inp, out, list(map(float, ts)), counts,
+                list(chain.from_iterable(map(list.__getitem__, ids, map(slice, counts)))), block_size)
     return True
 
 
@@ -392,35 +468,41 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
     optional session_id (turns in file order), delay|delay_ms, request_id."""
     b = _Builder()
     description = f"mooncake:{','.join(p.name for p in paths)}"
-    parsed = [(path, *_parse_jsonl(path)) for path in paths]
-    # the plain format, checked by column (row by row below otherwise, which says what is wrong)
-    if _plain_mooncake_columns([row for _, rows, _ in parsed for row in rows], block_size, b):
-        return b.build(block_size, description)
     sessions_seen: set = set()
-    for row, where in chain.from_iterable(_checked_rows(*p) for p in parsed):
-        ids = _hash_ids(row, "hash_ids", where)
-        cap = len(ids) * block_size
-        inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
-        if inp is None:
-            inp = cap
-        elif inp > cap:
-            _over_capacity(row, inp, ids, block_size, where)
-        out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
-        ts = _num_field(row, ("timestamp", "created_time"), where)
-        session = row.get("session_id")
-        delay = _num_field(row, ("delay", "delay_ms"), where)
-        first_turn = session is None or session not in sessions_seen
-        if session is not None:
-            sessions_seen.add(session)
-        if need_timestamps and first_turn and ts is None:
-            raise InputError(where, "field 'timestamp' is required on a request's (or session's first) row "
-                                    "for traffic.load.type trace_timestamps")
-        if delay is not None and delay > 0 and first_turn:
-            raise InputError(where, "field 'delay' is only allowed on later turns of a session")
-        b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
-    if not b.inputs:
+    for path in paths:
+        for rows, linenos in _jsonl_chunks(path):
+            # the plain format, checked by column (row by row otherwise, which says what is wrong)
+            if not _plain_mooncake_columns(rows, block_size, b):
+                for row, where in _checked_rows(path, rows, linenos):
+                    _mooncake_row(b, row, where, block_size, need_timestamps, sessions_seen)
+            b.flush()
+    if not b.num_rows:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no requests")
     return b.build(block_size, description)
+
+
+def _mooncake_row(b: _Builder, row: dict, where: str, block_size: int, need_timestamps: bool,
+                  sessions_seen: set) -> None:
+    ids = _hash_ids(row, "hash_ids", where)
+    cap = len(ids) * block_size
+    inp = _int_field(row, ("input_length", "input_tokens"), where, required=False)
+    if inp is None:
+        inp = cap
+    elif inp > cap:
+        _over_capacity(row, inp, ids, block_size, where)
+    out = _int_field(row, ("output_length", "output_tokens"), where, required=True)
+    ts = _num_field(row, ("timestamp", "created_time"), where)
+    session = row.get("session_id")
+    delay = _num_field(row, ("delay", "delay_ms"), where)
+    first_turn = session is None or session not in sessions_seen
+    if session is not None:
+        sessions_seen.add(session)
+    if need_timestamps and first_turn and ts is None:
+        raise InputError(where, "field 'timestamp' is required on a request's (or session's first) row "
+                                "for traffic.load.type trace_timestamps")
+    if delay is not None and delay > 0 and first_turn:
+        raise InputError(where, "field 'delay' is only allowed on later turns of a session")
+    b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
 
 
 # -- dynamo.request.trace.v1 --------------------------------------------------------------

@@ -146,3 +146,19 @@ def test_a_terminal_sees_the_rows_of_a_trace_as_it_loads(tmp_path):
     assert "loading the trace: 1,000 rows read in 2 files (last: b.jsonl)" in out
     code, quiet = run_in_pty(["predict", "--format", "json"], cols=80)
     assert code == 0 and "loading" not in quiet
+
+
+def test_the_chunks_of_one_trace_file_count_as_one_file():
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from aisim.progress import Progress
+
+    buf = io.StringIO()
+    with Progress(True, console=Console(file=buf, width=160, force_terminal=True)) as p:
+        p.loading(None, None)
+        for path, rows in ((Path("a.jsonl"), 16384), (Path("a.jsonl"), 100), (Path("b.jsonl"), 5)):
+            p.loading(path, rows)
+        assert (p._files, p._rows) == (2, 16489)

@@ -47,6 +47,46 @@ def test_plain_mooncake_rows_read_by_column_equal_the_row_by_row_reading(monkeyp
     assert by_column[1].description == "mooncake:plain.jsonl,shard.jsonl"
 
 
+def test_a_trace_read_in_chunks_is_the_same_workload_whatever_the_chunk(monkeypatch, tmp_path):
+    """Rows become columns a chunk at a time: plain chunks by column, others row by row, sessions,
+    delays and request ids first seen in a later chunk; the workload does not depend on where the
+    chunks end (a gzipped shard included)."""
+    from aisim.simulator.traffic import traces
+
+    rows = [json.loads(line) for line in SLICE.read_text().splitlines()[:40]]
+    for i in (21, 25):  # (later turns of one session: the second with a delay)
+        rows[i]["session_id"] = "s"
+    rows[25]["delay"] = 250.0
+    rows[33]["request_id"] = "r-33"
+    plain = write(tmp_path / "a.jsonl", rows[:17])
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as fh:
+        fh.write("\n\n".join(json.dumps(r) for r in rows[17:]) + "\n")  # (blank lines between rows)
+    paths = [plain, tmp_path / "b.jsonl.gz"]
+    whole = read_mooncake(paths)
+    told = []
+    for size in (1, 3, 7, 16):
+        monkeypatch.setattr(traces, "CHUNK_ROWS", size)
+        told.clear()
+        with traces.rows_read(lambda path, n: told.append((path.name, n))):
+            assert read_mooncake(paths).digest == whole.digest
+        assert sum(n for _, n in told) == 40 and max(n for _, n in told) <= size
+    assert whole.session_name(21) == "s" and whole.session_name(20) is None
+    assert whole.turn_index[25] == 1 and whole.delay_ms[25] == 250.0 and np.isnan(whole.delay_ms[24])
+    assert whole.request_ids[33] == "r-33" and whole.request_ids[0] is None
+    assert whole.request_uuid(0) == "req-0000000"
+
+
+def test_bad_json_names_its_line_in_any_chunk(monkeypatch, tmp_path):
+    from aisim.simulator.traffic import traces
+
+    monkeypatch.setattr(traces, "CHUNK_ROWS", 2)
+    rows = [json.loads(line) for line in SLICE.read_text().splitlines()[:5]]
+    path = write(tmp_path / "m.jsonl", rows[:4] + ["{oops"] + rows[4:])
+    with pytest.raises(InputError) as e:
+        read_mooncake([path])
+    assert e.value.where == f"{path}:5" and "invalid JSON" in e.value.message
+
+
 @pytest.mark.parametrize("change", [
     {"input_length": 1024.0},  # an integral float: the row reader accepts it
     {"session_id": "s1"},  # another field
