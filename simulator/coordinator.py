@@ -57,6 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+import numpy as np
+
 from aisim.actors.engine.request import Request, apply_wire_progress, request_to_wire
 from aisim.actors.engine.scheduler import GapSink
 from aisim.actors.engine.worker import EngineWorker
@@ -91,6 +93,8 @@ from aisim.simulator.traffic.workload import BlockHashStore, Workload
 _EVENT_ORDER = itemgetter(0, 1, 2, 3)
 _new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __new__ (hot loops)
 INF = math.inf
+#: initial arrivals taken from their arrays at a time, and routed ahead at most (``_arrival_horizon``)
+ARRIVAL_WINDOW = 4096
 
 
 @dataclass
@@ -405,14 +409,42 @@ class Coordinator:
         self._inputs[self._host(wid)].append(item)
 
     def _next_arrival(self) -> float | None:
-        t = self._arr_t[self._ptr] if self._ptr < self._n_init else None
+        if self._ptr >= self._n_win and self._win_end < self._n_init:
+            self._next_window()
+        t = self._arr_t[self._ptr] if self._ptr < self._n_win else None
         if self._gen and (t is None or self._gen[0][0] < t):
             t = self._gen[0][0]
         return t
 
+    def _next_window(self) -> None:
+        """The next ``ARRIVAL_WINDOW`` initial arrivals as lists (read from their arrays: a large
+        trace's arrivals never exist as Python objects all at once)."""
+        a = self._win_end
+        b = min(a + ARRIVAL_WINDOW, self._n_init)
+        self._arr_t = self._init_t[a:b].tolist()
+        self._arr_i = self._init_i[a:b].tolist()
+        self._ptr = 0
+        self._n_win = b - a
+        self._win_end = b
+
+    def _arrival_horizon(self, now: float) -> float | None:
+        """When routing ahead, the time of the initial arrival ``ARRIVAL_WINDOW`` arrivals ahead (or
+        of the first after ``now``): an edge there bounds the requests in flight (arrived or routed
+        ahead) whatever the trace's size (an edge changes no result)."""
+        k = self._win_end - self._n_win + self._ptr + ARRIVAL_WINDOW
+        if k >= self._n_init:
+            return None
+        t = float(self._init_t[k])
+        if t <= now:
+            k = int(np.searchsorted(self._init_t, now, side="right"))
+            t = float(self._init_t[k]) if k < self._n_init else None
+        return t
+
     def _pop_arrival(self) -> tuple[float, int]:
         """The next arrival in (time, index) order, from the trace or the follow-ups."""
-        if self._ptr < self._n_init:
+        if self._ptr >= self._n_win and self._win_end < self._n_init:
+            self._next_window()
+        if self._ptr < self._n_win:
             ta, ia = self._arr_t[self._ptr], self._arr_i[self._ptr]
             if not self._gen or (ta, ia) < self._gen[0]:
                 self._ptr += 1
@@ -514,8 +546,8 @@ class Coordinator:
         self._control[self._host(wid)].append(Control("drain", wid))
 
     def _work_remains(self) -> bool:
-        if (self._ptr < self._n_init or self._gen or self._transfers or self._ready or self._handoffs or self._reserved
-                or self._awaiting):
+        if (self._ptr < self._n_win or self._win_end < self._n_init or self._gen or self._transfers or self._ready
+                or self._handoffs or self._reserved or self._awaiting):
             return True
         return any(self._active_on) or any(self._inputs) or any(self._control)  # (the last two: not sent yet)
 
@@ -864,6 +896,10 @@ class Coordinator:
             t = self._next_arrival()
             if t is not None:
                 cands.append(t)
+        else:  # (routing ahead up to the next edge)
+            t = self._arrival_horizon(now)
+            if t is not None:
+                cands.append(t)
         if self._coupled and not self._stop_at_handoff:
             end = self._next_pass_end(self._edge_workers)
             if end is not None:
@@ -877,13 +913,14 @@ class Coordinator:
     def run(self) -> CoordinatorStats:
         """Run the replay to its end (or the stop time); the run closes the hosts' books."""
         times, indices = self.arrivals.initial()
-        self._arr_t = times.tolist()
-        self._arr_i = indices.tolist()
-        self._n_init = len(self._arr_t)
-        self._ptr = 0
+        self._init_t = times
+        self._init_i = indices
+        self._n_init = len(times)
+        self._arr_t = self._arr_i = []
+        self._ptr = self._n_win = self._win_end = 0
         progress = self.progress
-        if progress is not None and self._arr_t:
-            end = max(self._arr_t)
+        if progress is not None and self._n_init:
+            end = float(times.max())
             if self.stop_ms is not None:
                 end = min(end, self.stop_ms)
             if end > 0:
