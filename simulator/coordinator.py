@@ -59,8 +59,8 @@ from operator import itemgetter
 
 import numpy as np
 
+from aisim.actors.engine.gaps import GapSink
 from aisim.actors.engine.request import Request, apply_wire_progress, request_to_wire
-from aisim.actors.engine.scheduler import GapSink
 from aisim.actors.engine.worker import EngineWorker
 from aisim.actors.messages import (
     Capabilities,

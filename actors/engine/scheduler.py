@@ -23,12 +23,12 @@ The output is a plain ``RankPass``; effects are applied at pass end by ``finish`
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from dataclasses import dataclass
 from operator import mul
 
 from aisim.actors.engine.capacity import POLICIES
+from aisim.actors.engine.gaps import GapSink
 from aisim.actors.engine.kv_cache import KVCache
 from aisim.actors.engine.offload import DEFER, RequestOffload
 from aisim.actors.engine.request import (
@@ -78,42 +78,6 @@ class RankPass:
     var_prefill_length: float = 0.0  # of the chunks computed this pass
     var_decode_kv_tokens: float = 0.0  # of the decoding requests' sequence lengths
     num_lead: int = 0  # the first items are this many decoding requests (one token each, or a burst), nothing else
-
-
-class GapSink:
-    """Collects inter-token gaps: pooled (one value shared by many tokens) and individual.
-
-    Compact buffers (8 bytes a value): a replay has about one pooled gap per pass. A decode
-    run's passes give their gaps as *segments* of consecutive pass end times: the gaps of a
-    segment are the differences of its neighbouring ends (taken when the gaps are read, at C
-    speed: the same subtractions), each shared by the segment's weight of tokens."""
-
-    __slots__ = ("pooled_values", "pooled_weights", "run_ends", "run_starts", "run_weights", "individual")
-
-    def __init__(self) -> None:
-        self.pooled_values = array("d")
-        self.pooled_weights = array("q")
-        self.run_ends = array("d")  # the segments' end times, one segment after another
-        self.run_starts = array("q")  # where each segment starts in run_ends
-        self.run_weights = array("q")  # tokens sharing each gap of the segment
-        self.individual = array("d")
-
-    def add_segment(self, ends_ms: list, weight: int) -> None:
-        """Gaps ``ends_ms[i + 1] - ends_ms[i]`` (two ends at least), each shared by ``weight`` tokens."""
-        self.run_starts.append(len(self.run_ends))
-        self.run_weights.append(weight)
-        self.run_ends.extend(ends_ms)
-
-    def to_wire(self) -> tuple:
-        """The buffers as bytes (``from_wire`` rebuilds the sink)."""
-        return tuple(getattr(self, name).tobytes() for name in self.__slots__)
-
-    @classmethod
-    def from_wire(cls, data: tuple) -> "GapSink":
-        g = cls()
-        for name, raw in zip(cls.__slots__, data, strict=True):
-            getattr(g, name).frombytes(raw)
-        return g
 
 
 def queue_stats(waiting) -> tuple:

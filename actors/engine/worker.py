@@ -449,6 +449,8 @@ class EngineWorker:
             if self.records_kv_events:
                 self._publish()
             self.num_passes += 1
+            if not self.num_passes & 4095:  # (a run's segments check on their own)
+                self.gaps.check()
         self.busy = False
         self._queue_last = self._queue_now
         if self.timeline is not None:

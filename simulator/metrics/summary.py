@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aisim.simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_REJECTED, RequestLog
-from aisim.simulator.metrics.stats import STAT_NAMES, distinct_sorted, plain_stats, weighted_stats
+from aisim.simulator.metrics.gap_stats import gap_statistics
+from aisim.simulator.metrics.stats import STAT_NAMES, plain_stats
 
 #: fields that depend on the host's wall clock (excluded from determinism checks)
 WALL_TIME_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
@@ -49,31 +50,6 @@ def completed_duration_ms(log: RequestLog) -> float:
 def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
     for s in STAT_NAMES:
         out[f"{s}_{name}{unit}"] = stats[s]
-
-
-def _pooled_gaps(gap_sinks) -> tuple[np.ndarray, np.ndarray]:
-    """Every gap of every worker as (value, weight) arrays (weight 0: not a gap, dropped by
-    ``distinct_sorted``)."""
-    values = []
-    weights = []
-    for g in gap_sinks:
-        if len(g.pooled_values):
-            values.append(np.frombuffer(g.pooled_values, dtype=np.float64))
-            weights.append(np.frombuffer(g.pooled_weights, dtype=np.int64))
-        if len(g.run_ends):
-            # consecutive differences over all segments; the one across two segments weighs 0
-            ends = np.frombuffer(g.run_ends, dtype=np.float64)
-            starts = np.frombuffer(g.run_starts, dtype=np.int64)
-            per_end = np.repeat(np.frombuffer(g.run_weights, dtype=np.int64), np.diff(starts, append=len(ends)))
-            per_end[starts] = 0
-            values.append(np.diff(ends))
-            weights.append(per_end[1:])
-        if len(g.individual):
-            values.append(np.frombuffer(g.individual, dtype=np.float64))
-            weights.append(np.ones(len(g.individual), dtype=np.int64))
-    if not values:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    return np.concatenate(values), np.concatenate(weights)
 
 
 def traffic_digest(log: RequestLog) -> str:
@@ -214,12 +190,10 @@ def summarize(
     _family(s, "ttft", stats["ttft"])
     _family(s, "ttst", plain_stats(ttst))
     _family(s, "tpot", stats["tpot"])
-    gaps, weights = distinct_sorted(*_pooled_gaps(gap_sinks))
-    _family(s, "itl", weighted_stats(gaps, weights, presorted=True))
-    pos = gaps > 0  # 1000/gap reverses the order of distinct positive gaps: still sorted, distinct
-    per_user = weighted_stats((1000.0 / gaps[pos])[::-1], weights[pos][::-1], presorted=True)
+    itl, per_user, num_itl = gap_statistics(gap_sinks)
+    _family(s, "itl", itl)
     _family(s, "output_token_throughput_per_user", per_user, unit="")
-    s["num_itl_samples"] = int(weights.sum())
+    s["num_itl_samples"] = num_itl
     _family(s, "e2e_latency", stats["e2e_latency"])
     activated = np.frombuffer(log.activated, dtype=np.float64) if len(log) else np.zeros(0)
     handed = done & ~np.isnan(activated) & ~np.isnan(first)
