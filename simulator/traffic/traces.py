@@ -365,8 +365,8 @@ class _Builder:
 
     def flush(self) -> None:
         """The rows added since the last flush become compact chunks."""
-        if self.ids:
-            self._chunks["ids"].append(_u64(self.ids))
+        if self.ids:  # (as the workload's piece sources: hashed chunk by chunk, no whole-trace temporaries)
+            self._chunks["ids"].append(hashing.trace_sources(_u64(self.ids)))
             self.ids = []
         for name, dtype in self._COLUMNS:
             values = getattr(self, name)
@@ -381,7 +381,11 @@ class _Builder:
         self._special = False
 
     def _column(self, name: str, dtype) -> np.ndarray:
+        """The column's chunks as one array (the chunks let go of as it is made)."""
         parts = self._chunks[name]
+        self._chunks[name] = []
+        if not parts:
+            return np.zeros(0, dtype=dtype)
         return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def _session_column(self, name: str, dtype, default) -> np.ndarray:
@@ -391,11 +395,11 @@ class _Builder:
     def build(self, block: int, description: str, recorded_total_ms: list[float] | None = None,
               origin_ms: float = 0.0) -> Workload:
         self.flush()
-        col = {name: self._column(name, dtype) if self._chunks[name] else np.zeros(0, dtype=dtype)
-               for name, dtype in (*self._COLUMNS, ("ids", np.uint64))}
+        col = {name: self._column(name, dtype) for name, dtype in (*self._COLUMNS, ("ids", np.uint64))}
         counts = col["counts"]
         ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        lens = np.full(int(ptr[-1]), block, dtype=np.int64)
+        # (block-sized pieces, each request's last shorter: int32 holds any piece, at half the bytes)
+        lens = np.full(int(ptr[-1]), block, dtype=np.int32)
         has = counts > 0
         lens[ptr[1:][has] - 1] = col["last_len"][has]
         session = {name: self._session_column(name, dtype, default) if self.any_session else None
@@ -405,7 +409,7 @@ class _Builder:
             output_len=col["outputs"],
             timestamp_ms=col["times"],
             piece_ptr=ptr,
-            piece_src=hashing.trace_sources(col["ids"]),
+            piece_src=col["ids"],
             piece_len=lens,
             session_index=session["sessions"],
             turn_index=session["turns"],

@@ -40,7 +40,7 @@ class Workload:
     timestamp_ms: np.ndarray  # float64: trace timestamp / authored arrival (NaN if none)
     piece_ptr: np.ndarray  # int64, n+1: prompt pieces of request i are [ptr[i], ptr[i+1])
     piece_src: np.ndarray  # uint64
-    piece_len: np.ndarray  # int64
+    piece_len: np.ndarray  # int64 (int32 from a trace: block-sized pieces)
     session_index: np.ndarray | None = None  # int64 per request, -1 = no session
     turn_index: np.ndarray | None = None  # int64 per request
     delay_ms: np.ndarray | None = None  # float64: delay after the previous turn completes
@@ -160,7 +160,7 @@ class BlockHashStore:
         w = self.w
         cum = self._piece_cum
         if cum is None:  # (every piece's end on one axis, once: a request's ends are a slice of it)
-            cum = self._piece_cum = np.concatenate(([0], np.cumsum(w.piece_len)))
+            cum = self._piece_cum = np.concatenate(([0], np.cumsum(w.piece_len, dtype=np.int64)))
         p0, p1 = w.piece_ptr[index : index + 2].tolist()
         src = w.piece_src[p0:p1].tolist()
         ends = (cum[p0 + 1 : p1 + 1] - cum[p0]).tolist()
