@@ -16,7 +16,7 @@ from array import array
 import numpy as np
 
 #: buffered entries (pooled, run ends and individual gaps) past which a sink writes them out
-SPILL_ENTRIES = 1 << 18
+SPILL_ENTRIES = 1 << 16
 #: (value, weight) pairs read back from a sink's file at a time
 READ_ENTRIES = 1 << 20
 

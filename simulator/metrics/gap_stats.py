@@ -44,7 +44,24 @@ def gap_statistics(sinks: list) -> tuple[dict, dict, int]:
         pos = gaps > 0  # 1000/gap reverses the order of distinct positive gaps: still sorted
         per_user = weighted_stats((1000.0 / gaps[pos])[::-1], w[pos][::-1], presorted=True)
         return itl, per_user, int(w.sum())
-    return _chunked(lambda: (c for g in sinks for c in g.chunks()))
+    return _chunked(lambda: _coalesced(c for g in sinks for c in g.chunks()))
+
+
+def _coalesced(chunks, size: int = 1 << 20):
+    """``chunks`` joined into pieces of about ``size`` pairs (many workers write small blocks; each
+    piece costs the passes a fixed amount, whatever its length)."""
+    vs: list = []
+    ws: list = []
+    have = 0
+    for v, w in chunks:
+        vs.append(v)
+        ws.append(w)
+        have += len(v)
+        if have >= size:
+            yield (np.concatenate(vs), np.concatenate(ws)) if len(vs) > 1 else (vs[0], ws[0])
+            vs, ws, have = [], [], 0
+    if vs:
+        yield (np.concatenate(vs), np.concatenate(ws)) if len(vs) > 1 else (vs[0], ws[0])
 
 
 def _keys(v: np.ndarray) -> np.ndarray:
