@@ -97,7 +97,7 @@ WALL_FIELDS = ("wall_time_ms", "processed_tokens_per_s", "processed_output_token
 # (from an exit handler: the command may end its process without returning, aisim.cli.run)
 CHILD = r"""
 import atexit, resource, runpy, sys
-sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json"]
+sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json", *sys.argv[2:]]
 def _usage():
     u = resource.getrusage(resource.RUSAGE_SELF)
     sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d AISIM_BENCH_CPU_S=%.4f\n" % (u.ru_maxrss, u.ru_utime + u.ru_stime))
@@ -106,13 +106,13 @@ runpy.run_module("aisim", run_name="__main__")
 """
 
 
-def run_once(config: Path, env: dict, side: tuple[Path, str] | None = None) -> dict:
+def run_once(config: Path, env: dict, side: tuple[Path, str] | None = None, extra: tuple = ()) -> dict:
     """One whole-process predict; ``side``: ``(tree, python)`` of an installed tree (``_trees``),
-    None: this environment."""
+    None: this environment; ``extra``: more predict arguments."""
     tree, python = side or (ROOT, sys.executable)
     t0 = time.perf_counter()
     # an installed side runs beside its tree, not in it (the tree's folders would shadow the install)
-    p = subprocess.run([python, "-c", CHILD, str(config)], capture_output=True, text=True,
+    p = subprocess.run([python, "-c", CHILD, str(config), *extra], capture_output=True, text=True,
                        env={k: v for k, v in env.items() if k != "PYTHONPATH"}, cwd=tree if side is None else tree.parent)
     wall = time.perf_counter() - t0
     if p.returncode != 0:

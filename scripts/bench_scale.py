@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_replay import DEFAULT_TRACE, interleaved, summary_differences  # noqa: E402
+from bench_replay import run_once as replay_once  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 0.27  # timestamp factor: the 1-hour trace's 3.3 requests/s -> ~12
@@ -52,19 +53,6 @@ router: {{policy: {router}}}
 evaluation:
   sla: {{ttft_ms: 1500, itl_ms: 50}}
 """
-
-# the child reports its own peak RSS and CPU time from an exit handler (aisim's CLI may end the
-# process without returning)
-CHILD = r"""
-import atexit, resource, runpy, sys
-sys.argv = ["aisim", "predict", "-c", sys.argv[1], "--format", "json", *sys.argv[2:]]
-def _usage():
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    sys.stderr.write("\nAISIM_BENCH_PEAK_KB=%d AISIM_BENCH_CPU_S=%.4f\n" % (u.ru_maxrss, u.ru_utime + u.ru_stime))
-atexit.register(_usage)
-runpy.run_module("aisim", run_name="__main__")
-"""
-
 
 def repeated_trace(source: Path, requests: int, out: Path) -> Path:
     """Write the first ``requests`` rows of the repeated trace to ``out`` (once: an existing file of
@@ -94,20 +82,10 @@ def repeated_trace(source: Path, requests: int, out: Path) -> Path:
 
 
 def run_once(config: Path, env: dict, extra: list[str], side: tuple[Path, str] | None = None) -> dict:
-    import subprocess
-
-    tree, python = side or (ROOT, sys.executable)
-    t0 = time.perf_counter()
-    p = subprocess.run([python, "-c", CHILD, str(config), *extra], capture_output=True, text=True,
-                       env={k: v for k, v in env.items() if k != "PYTHONPATH"}, cwd=tree if side is None else tree.parent)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"aisim predict failed in {tree} ({p.returncode}): {p.stderr.strip()[-2000:]}")
-    summary = json.loads(p.stdout)
-    peak_kb = int(p.stderr.rsplit("AISIM_BENCH_PEAK_KB=", 1)[1].split()[0])
-    cpu_s = float(p.stderr.rsplit("AISIM_BENCH_CPU_S=", 1)[1].split()[0])
-    return {"wall_s": wall, "cpu_s": cpu_s, "peak_rss_mb": peak_kb / 1024, "summary": summary,
-            "requests_per_s": summary["num_requests"] / wall}
+    """One whole-process predict (``bench_replay.run_once``), with its requests/s."""
+    r = replay_once(config, env, side, tuple(extra))
+    r["requests_per_s"] = r["summary"]["num_requests"] / r["wall_s"]
+    return r
 
 
 def line(r: dict) -> str:
