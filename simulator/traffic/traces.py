@@ -363,6 +363,21 @@ class _Builder:
             self.request_ids.extend([None] * len(inputs))
         self.num_rows += len(inputs)
 
+    def add_arrays(self, inputs: np.ndarray, outputs: np.ndarray, times: np.ndarray, counts: np.ndarray,
+                   sources: np.ndarray, last_len: np.ndarray) -> None:
+        """Rows without sessions or delays as numpy columns (``sources``: their prompt blocks' piece
+        sources, one row's after another; ``last_len``: each row's last block's tokens)."""
+        self.flush()
+        for name, values in (("inputs", inputs), ("outputs", outputs), ("times", times), ("counts", counts),
+                             ("last_len", last_len)):
+            self._chunks[name].append(values)
+        self._chunks["ids"].append(sources)
+        for name, _, _ in self._SESSION_COLUMNS:
+            self._chunks[name].append(len(inputs))
+        if self.request_ids is not None:
+            self.request_ids.extend([None] * len(inputs))
+        self.num_rows += len(inputs)
+
     def flush(self) -> None:
         """The rows added since the last flush become compact chunks."""
         if self.ids:  # (as the workload's piece sources: hashed chunk by chunk, no whole-trace temporaries)
@@ -513,10 +528,17 @@ def _mooncake_row(b: _Builder, row: dict, where: str, block_size: int, need_time
 def read_dynamo(paths: list[Path]) -> Workload:
     """``request_end`` records; start = request_received_ms, else end - total_time_ms;
     timestamps normalised to the earliest start; one embedded block size for all records."""
-    recs: list[tuple[float, int, list, int, int, str, float]] = []
+    # the records as columns, in file order (their hash ids as piece sources a chunk at a time)
+    starts: list[float] = []
+    totals: list[float] = []
+    inputs: list[int] = []
+    outputs: list[int] = []
+    counts: list[int] = []
+    rids: list[str] = []
+    sources: list[np.ndarray] = []
+    pending: list[int] = []
     block: int | None = None
     seen: dict[str, str] = {}
-    order = 0
     for row, where in _rows(paths):
         if row.get("schema") != DYNAMO_SCHEMA:
             raise InputError(where, f"field 'schema' must be {DYNAMO_SCHEMA!r}, got {row.get('schema')!r}")
@@ -557,13 +579,34 @@ def read_dynamo(paths: list[Path]) -> Workload:
                 raise InputError(where, "need 'request.request_received_ms', or 'event_time_unix_ms' and "
                                         "'request.total_time_ms', to place the request in time")
             start = end - total
-        recs.append((start, order, ids, inp, out, rid, float("nan") if total is None else float(total)))
-        order += 1
-    if not recs:
+        n = -(-inp // block) if inp > 0 else 0
+        pending.extend(ids[:n])
+        if len(pending) >= CHUNK_ROWS * 16:
+            sources.append(hashing.trace_sources(_u64(pending)))
+            pending = []
+        counts.append(n)
+        starts.append(start)
+        totals.append(float("nan") if total is None else float(total))
+        inputs.append(inp)
+        outputs.append(out)
+        rids.append(rid)
+    if not starts:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no request_end records")
-    recs.sort(key=lambda r: (r[0], r[1]))
-    t0 = recs[0][0]
+    if pending:
+        sources.append(hashing.trace_sources(_u64(pending)))
+    # in (start, file order): each record's pieces gathered to its place
+    start_ms = np.array(starts, dtype=np.float64)
+    order = np.lexsort((np.arange(len(start_ms)), start_ms))
+    count = np.array(counts, dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(count)[:-1]))[order]
+    count = count[order]
+    ptr = np.concatenate(([0], np.cumsum(count)))
+    src = np.concatenate(sources) if sources else np.zeros(0, dtype=np.uint64)
+    src = src[np.repeat(first - ptr[:-1], count) + np.arange(int(ptr[-1]), dtype=np.int64)]
+    inp_len = np.array(inputs, dtype=np.int64)[order]
+    t0 = float(start_ms[order[0]])
     b = _Builder()
-    for start, _, ids, inp, out, rid, _total in recs:
-        b.add(ids, inp, out, block, start - t0, None, None, rid)
-    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}", [r[6] for r in recs], float(t0))
+    b.add_arrays(inp_len, np.array(outputs, dtype=np.int64)[order], start_ms[order] - t0, count, src,
+                 np.where(count > 0, inp_len - (count - 1) * block, 0))
+    b.request_ids = [rids[i] for i in order.tolist()]
+    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}", np.array(totals)[order], t0)

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from aisim.actors import hashing
 from aisim.simulator.errors import InputError, NotSupportedError
 from aisim.simulator.traffic.traces import read_dynamo, read_mooncake, resolve_trace_paths
 from tests.conftest import SHARED_TRACES, SLICE
@@ -221,6 +222,26 @@ def test_dynamo_start_from_end_minus_total_time(tmp_path):
     r["request"]["total_time_ms"] = 1200
     w = read_dynamo([write(tmp_path / "t.jsonl", [r, dyn("y", 3000)])])
     assert w.request_ids == ["y", "x"] and w.timestamp_ms.tolist() == [0.0, 800.0]
+
+
+def test_dynamo_records_sort_by_start_then_file_order_with_their_own_blocks(monkeypatch, tmp_path):
+    """Records in (start, file order), each with its own prompt blocks, whatever chunks the ids
+    were hashed in; the same workload as the records written in that order."""
+    from aisim.simulator.traffic import traces
+
+    recs = [dyn("a", 30, inp=130, ids=[1, 2, 3]), dyn("b", 10, inp=64, ids=[4]), dyn("c", 10, inp=0, ids=[]),
+            dyn("d", 20, inp=200, ids=[5, 6, 7, 8])]
+    monkeypatch.setattr(traces, "CHUNK_ROWS", 1)  # (ids hashed every 16 ids)
+    w = read_dynamo([write(tmp_path / "t.jsonl", recs)])
+    assert w.request_ids == ["b", "c", "d", "a"] and w.timestamp_ms.tolist() == [0.0, 0.0, 10.0, 20.0]
+    assert w.input_len.tolist() == [64, 0, 200, 130] and w.piece_ptr.tolist() == [0, 1, 1, 5, 8]
+    assert w.piece_len.tolist() == [64, 64, 64, 64, 8, 64, 64, 2]
+    assert w.piece_src.tolist() == hashing.trace_sources(np.array([4, 5, 6, 7, 8, 1, 2, 3], dtype=np.uint64)).tolist()
+    assert w.origin_ms == 10.0
+    monkeypatch.undo()
+    (tmp_path / "o").mkdir()
+    ordered = read_dynamo([write(tmp_path / "o" / "t.jsonl", [recs[1], recs[2], recs[3], recs[0]])])
+    assert ordered.digest == w.digest
 
 
 def test_dynamo_rejects_duplicates_mixed_block_sizes_and_agentic(tmp_path):
