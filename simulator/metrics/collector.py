@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 from aisim.actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
 
 NAN = float("nan")
+_DTYPES = {"i": np.int64, "b": np.int8, "d": np.float64}
 
 STATUS_COMPLETED = 0
 STATUS_REJECTED = 1
@@ -36,19 +39,20 @@ class RequestLog:
     def __init__(self, capture: bool = False, uuid_of=None) -> None:
         self.capture = capture
         self.uuid_of = uuid_of
-        self.index = array("q")
+        # (counts and indices in 4 bytes: a production trace's log is its largest per-request state)
+        self.index = array("i")
         self.status = array("b")
         self.arrival = array("d")
         self.first_token = array("d")
         self.second_token = array("d")
         self.last_token = array("d")
         self.terminal = array("d")
-        self.input_len = array("q")
-        self.output_len = array("q")
-        self.requested = array("q")
-        self.reused = array("q")
-        self.first_reused = array("q")
-        self.host_reused = array("q")  # first admission's prompt tokens onboarded from host/disk tiers
+        self.input_len = array("i")
+        self.output_len = array("i")
+        self.requested = array("i")
+        self.reused = array("i")
+        self.first_reused = array("i")
+        self.host_reused = array("i")  # first admission's prompt tokens onboarded from host/disk tiers
         self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
         self.records: list[dict] | None = [] if capture else None
         # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
@@ -57,6 +61,15 @@ class RequestLog:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def column(self, name: str) -> np.ndarray:
+        """A column as a numpy array: times float64, status int8, counts and indices int64."""
+        buf = getattr(self, name)
+        dtype = _DTYPES[buf.typecode]
+        if not len(buf):
+            return np.zeros(0, dtype=dtype)
+        values = np.frombuffer(buf, dtype=np.int32 if buf.typecode == "i" else dtype)
+        return values.astype(np.int64) if buf.typecode == "i" else values
 
     def add(self, req: Request, final_status: int | None = None) -> None:
         if final_status is None:

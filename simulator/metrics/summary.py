@@ -42,9 +42,9 @@ def completed_duration_ms(log: RequestLog) -> float:
     """Terminal time of the last completed request (0 when none completed)."""
     if not len(log):
         return 0.0
-    status = np.frombuffer(log.status, dtype=np.int8)
+    status = log.column("status")
     done = status == STATUS_COMPLETED
-    return float(np.frombuffer(log.terminal, dtype=np.float64)[done].max()) if done.any() else 0.0
+    return float(log.column("terminal")[done].max()) if done.any() else 0.0
 
 
 def _family(out: dict, name: str, stats: dict, unit: str = "_ms") -> None:
@@ -59,10 +59,10 @@ def traffic_digest(log: RequestLog) -> str:
 
     if not len(log):
         return hashlib.sha256(b"").hexdigest()[:16]
-    order = np.argsort(np.frombuffer(log.index, dtype=np.int64), kind="stable")
+    order = np.argsort(log.column("index"), kind="stable")
     h = hashlib.sha256()
-    for buf, dtype in ((log.arrival, np.float64), (log.input_len, np.int64), (log.requested, np.int64)):
-        h.update(np.ascontiguousarray(np.frombuffer(buf, dtype=dtype)[order]).tobytes())
+    for name in ("arrival", "input_len", "requested"):  # (float64, int64, int64 bytes)
+        h.update(np.ascontiguousarray(log.column(name)[order]).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -76,17 +76,17 @@ def summarize(
     planner_total_ticks: int | None = None,
     kv_tier_reports: list | None = None,
 ) -> dict:
-    status = np.frombuffer(log.status, dtype=np.int8) if len(log) else np.zeros(0, dtype=np.int8)
+    status = log.column("status")
     done = status == STATUS_COMPLETED
-    arrival = np.frombuffer(log.arrival, dtype=np.float64) if len(log) else np.zeros(0)
-    first = np.frombuffer(log.first_token, dtype=np.float64) if len(log) else np.zeros(0)
-    second = np.frombuffer(log.second_token, dtype=np.float64) if len(log) else np.zeros(0)
-    last = np.frombuffer(log.last_token, dtype=np.float64) if len(log) else np.zeros(0)
-    terminal = np.frombuffer(log.terminal, dtype=np.float64) if len(log) else np.zeros(0)
-    inp = np.frombuffer(log.input_len, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
-    out_len = np.frombuffer(log.output_len, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
-    reused = np.frombuffer(log.reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
-    first_reused = np.frombuffer(log.first_reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+    arrival = log.column("arrival")
+    first = log.column("first_token")
+    second = log.column("second_token")
+    last = log.column("last_token")
+    terminal = log.column("terminal")
+    inp = log.column("input_len")
+    out_len = log.column("output_len")
+    reused = log.column("reused")
+    first_reused = log.column("first_reused")
 
     completed = int(done.sum())
     duration_ms = float(terminal[done].max()) if completed else 0.0
@@ -180,7 +180,7 @@ def summarize(
     if kv_tier_reports:
         from aisim.simulator.metrics.kv_tiers import kv_tier_summary
 
-        host = np.frombuffer(log.host_reused, dtype=np.int64) if len(log) else np.zeros(0, dtype=np.int64)
+        host = log.column("host_reused")
         s["kv_tiers"] = kv_tier_summary(kv_tier_reports, int(first_reused[done].sum()), int(host[done].sum()),
                                         total_in)
 
@@ -195,7 +195,7 @@ def summarize(
     _family(s, "output_token_throughput_per_user", per_user, unit="")
     s["num_itl_samples"] = num_itl
     _family(s, "e2e_latency", stats["e2e_latency"])
-    activated = np.frombuffer(log.activated, dtype=np.float64) if len(log) else np.zeros(0)
+    activated = log.column("activated")
     handed = done & ~np.isnan(activated) & ~np.isnan(first)
     if handed.any():
         s["mean_handoff_to_first_token_ms"] = float(np.mean(np.sort((first - activated)[handed])))

@@ -1,0 +1,31 @@
+"""The request log: a row of scalars per ended request, read back as numpy columns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aisim.actors.engine.request import COMPLETED, Request
+from aisim.simulator.metrics.collector import STATUS_COMPLETED, STATUS_INCOMPLETE, RequestLog
+
+
+def _request(index: int, prompt: int, out: int, arrival: float) -> Request:
+    r = Request(index=index, source=None, arrival_ms=arrival, prompt_len=prompt, max_output=out)
+    r.num_generated = out
+    r.first_token_ms = arrival + 10.0
+    r.last_token_ms = r.terminal_ms = arrival + 50.0
+    r.admissions.append((arrival, 64, "agg"))
+    r.status = COMPLETED
+    return r
+
+
+def test_columns_come_back_as_int64_float64_and_int8_from_4_byte_counts():
+    log = RequestLog()
+    assert log.column("input_len").dtype == np.int64 and len(log.column("arrival")) == 0
+    log.add(_request(7, 2_000_000_000, 3, 1.5))  # (a count near int32's limit)
+    log.add(_request(2, 100, 1, 0.25), STATUS_INCOMPLETE)
+    assert log.input_len.itemsize == 4 and log.index.itemsize == 4
+    assert log.column("index").tolist() == [7, 2] and log.column("index").dtype == np.int64
+    assert log.column("input_len").tolist() == [2_000_000_000, 100]
+    assert log.column("reused").tolist() == [64, 64] and log.column("output_len").tolist() == [3, 1]
+    assert log.column("status").tolist() == [STATUS_COMPLETED, STATUS_INCOMPLETE]
+    assert log.column("arrival").tolist() == [1.5, 0.25] and log.column("first_token").dtype == np.float64
