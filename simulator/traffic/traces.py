@@ -277,6 +277,10 @@ def _hash_ids(row: dict, name: str, where: str) -> list[int]:
                          if name in row else f"missing field {name!r} (one id per trace block)")
     if ids and not set(map(type, ids)) <= {int}:  # C-speed check; bool is its own type
         bad = next(h for h in ids if type(h) is not int)
+        if type(bad) is float and bad.is_integer() and not -2.0 ** 63 <= bad < 2.0 ** 64:
+            # (the JSON parser reads an integer beyond 64 bits as a float)
+            raise InputError(where, f"field {name!r} holds an id beyond 64 bits ({bad:.0f}); give ids in "
+                                    "[-2^63, 2^64), as 64-bit hashes are")
         raise InputError(where, f"field {name!r} must hold integers, got {bad!r}")
     return ids
 

@@ -77,6 +77,16 @@ def test_a_trace_read_in_chunks_is_the_same_workload_whatever_the_chunk(monkeypa
     assert whole.request_uuid(0) == "req-0000000"
 
 
+def test_an_id_beyond_64_bits_is_named_not_taken_for_a_float(tmp_path):
+    rows = ['{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [18446744073709551615]}',
+            '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [18446744073709551616]}']
+    with pytest.raises(InputError) as e:
+        read_mooncake([write(tmp_path / "m.jsonl", rows)])
+    assert e.value.where.endswith("m.jsonl:2") and "beyond 64 bits (18446744073709551616)" in e.value.message
+    w = read_mooncake([write(tmp_path / "ok.jsonl", rows[:1])])  # (2^64 - 1: a 64-bit id)
+    assert w.piece_src.tolist() == hashing.trace_sources(np.array([2 ** 64 - 1], dtype=np.uint64)).tolist()
+
+
 def test_bad_json_names_its_line_in_any_chunk(monkeypatch, tmp_path):
     from aisim.simulator.traffic import traces
 
