@@ -171,36 +171,25 @@ def rows_read(callback):
         _ROWS_READ.reset(token)
 
 
-def _jsonl_chunks(path: Path, chunk_rows: int | None = None):
-    """The rows of a JSONL file (plain or gzipped) in file order, about ``chunk_rows``
-    (``CHUNK_ROWS``) at a time, with their 1-based line numbers: ``(rows, linenos)``. Blank lines are
-    skipped; a line that is not JSON fails with its ``file:line``."""
-    size = chunk_rows or CHUNK_ROWS
+def _jsonl_chunks(path: Path):
+    """The rows of a JSONL file (plain or gzipped) in file order, at most ``CHUNK_ROWS`` at a time,
+    with their 1-based line numbers: ``(rows, linenos)``. Blank lines are skipped; a line that is not
+    JSON fails with its ``file:line``."""
+    size = CHUNK_ROWS
     tell = _ROWS_READ.get()
     line0 = 0  # (lines before the chunk)
     read_any = False
     try:
         with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as fh:
-            while True:
-                lines = fh.readlines(size * 256)  # (whole lines, about 256 bytes a row or more)
-                if not lines:
-                    break
-                while len(lines) > size:  # (a chunk of short lines: at most ``size`` rows at a time)
-                    got = _parse_chunk(path, lines[:size], line0)
-                    line0 += size
-                    lines = lines[size:]
-                    if got[0]:
+            while lines := fh.readlines(size * 256):  # (whole lines, about 256 bytes a row or more)
+                for a in range(0, len(lines), size):  # (short lines: still at most ``size`` rows at a time)
+                    rows, linenos = _parse_chunk(path, lines[a:a + size], line0 + a)
+                    if rows:
                         read_any = True
                         if tell is not None:
-                            tell(path, len(got[0]))
-                        yield got
-                got = _parse_chunk(path, lines, line0)
+                            tell(path, len(rows))
+                        yield rows, linenos
                 line0 += len(lines)
-                if got[0]:
-                    read_any = True
-                    if tell is not None:
-                        tell(path, len(got[0]))
-                    yield got
     except (OSError, EOFError) as exc:
         raise InputError(str(path), f"cannot read trace: {exc}") from None
     if tell is not None and not read_any:
@@ -309,7 +298,7 @@ class _Builder:
         self.ids: list[int] = []
         self.counts: list[int] = []
         self.last_len: list[int] = []
-        self.sessions: list[int] = []
+        self.sessions: list[int] = []  # (session columns: filled only while ``_special``)
         self.turns: list[int] = []
         self.delays: list[float] = []
         self.request_ids: list[str | None] | None = None  # (None until a row has one: then one a row)
@@ -330,20 +319,24 @@ class _Builder:
         self.inputs.append(input_len)
         self.outputs.append(output_len)
         self.times.append(float("nan") if t_ms is None else t_ms)
+        if (session is not None or delay is not None) and not self._special:
+            self._special = True  # (the rows before it since the last flush: no session, no delay)
+            pending = len(self.inputs) - 1
+            for name, _, default in self._SESSION_COLUMNS:
+                getattr(self, name).extend([default] * pending)
         if session is not None:
-            self.any_session = self._special = True
+            self.any_session = True
             key = str(session)
             s = self.session_names.setdefault(key, len(self.session_names))
             turn = self.turn_of.get(s, 0)
             self.turn_of[s] = turn + 1
             self.sessions.append(s)
             self.turns.append(turn)
-        else:
+        elif self._special:
             self.sessions.append(-1)
             self.turns.append(0)
-        if delay is not None:
-            self._special = True
-        self.delays.append(float("nan") if delay is None else delay)
+        if self._special:
+            self.delays.append(float("nan") if delay is None else delay)
         if request_id is not None and self.request_ids is None:
             self.request_ids = [None] * self.num_rows
         if self.request_ids is not None:
@@ -360,9 +353,9 @@ class _Builder:
         self.counts.extend(counts)
         self.ids.extend(ids)
         self.last_len.extend([n - (k - 1) * block if k else 0 for n, k in zip(inputs, counts)])
-        self.sessions.extend([-1] * len(inputs))
-        self.turns.extend([0] * len(inputs))
-        self.delays.extend([float("nan")] * len(inputs))
+        if self._special:
+            for name, _, default in self._SESSION_COLUMNS:
+                getattr(self, name).extend([default] * len(inputs))
         if self.request_ids is not None:
             self.request_ids.extend([None] * len(inputs))
         self.num_rows += len(inputs)
@@ -383,7 +376,9 @@ class _Builder:
         self.num_rows += len(inputs)
 
     def flush(self) -> None:
-        """The rows added since the last flush become compact chunks."""
+        """The rows added since the last flush become compact chunks (session columns: the rows'
+        own values when one of them had a session or a delay, else just their count)."""
+        n = len(self.inputs)
         if self.ids:  # (as the workload's piece sources: hashed chunk by chunk, no whole-trace temporaries)
             self._chunks["ids"].append(hashing.trace_sources(_u64(self.ids)))
             self.ids = []
@@ -392,11 +387,10 @@ class _Builder:
             if values:
                 self._chunks[name].append(np.array(values, dtype=dtype))
                 setattr(self, name, [])
-        n = len(self.sessions)
         for name, dtype, _ in self._SESSION_COLUMNS:
             if n:
                 self._chunks[name].append(np.array(getattr(self, name), dtype=dtype) if self._special else n)
-                setattr(self, name, [])
+            setattr(self, name, [])
         self._special = False
 
     def _column(self, name: str, dtype) -> np.ndarray:
