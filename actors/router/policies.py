@@ -18,6 +18,7 @@ Every policy implements the same small interface (tested by one contract suite):
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from itertools import islice, takewhile
 
@@ -28,6 +29,15 @@ from aisim.actors.engine.offload import DISK_REMOVED, DISK_STORED, HOST_REMOVED,
 from aisim.actors.protocol import RouteDecision
 
 _new = tuple.__new__  # builds a RouteDecision without its Python-level __new__ (hot loop)
+
+#: the KV router's per-candidate arrays grow this many slots at a time (a multiple of 8: a slot
+#: mask's bytes cover them)
+SLOTS_AT_A_TIME = 64
+
+
+def _zeros(n: int) -> array:
+    """``n`` zero int64 counters (an ``array``: fast to update one at a time, a numpy view at once)."""
+    return array("q", bytes(8 * n))
 
 
 class RoundRobinRouter:
@@ -86,137 +96,150 @@ class RandomRouter(RoundRobinRouter):
         return _new(RouteDecision, (w, self._rank(w, ranks_of[w]), None))
 
 
-class _Run:
-    """Consecutive blocks of one chain held by the same number of in-flight requests."""
+class _Node:
+    """Consecutive blocks of one chain (``keys``) and the candidates that hold all of them (``mask``:
+    bit s for slot s); a held-chains node also counts each holder's requests (``counts``)."""
 
-    __slots__ = ("keys", "holders")
+    __slots__ = ("keys", "mask", "counts")
 
-    def __init__(self, keys, holders: int) -> None:
-        self.keys = keys  # (a view of a request's hashes: split by slicing, never copied)
-        self.holders = holders
+    def __init__(self, keys: Sequence[int], mask: int, counts: dict | None = None) -> None:
+        self.keys = keys  # (a view of an event's or a request's hashes: split by slicing, never copied)
+        self.mask = mask
+        self.counts = counts
 
 
-class _ActiveChains:
-    """The blocks of a candidate's in-flight requests (their prompt chains), with holder counts.
+class _SharedRuns:
+    """Blocks every candidate holds, in one structure shared by the candidates: a trie of runs.
 
-    Two chains share a block only together with all the blocks before it (chained hashes), so
-    the blocks a request shares with others are a prefix of its chain. The blocks are kept as
-    *runs* (the KV cache's representation): consecutive blocks of one chain held by the same
-    requests. A run starts where some chain diverges from another or ends, so a resident block
-    whose parent is resident lies in its parent's run or starts a run: only runs' first hashes
-    are indexed, and adding, matching or dropping a chain costs one step per run along it, not
-    one per block. Runs split where a new chain diverges or ends inside them and never merge."""
+    A node is consecutive blocks of one chain and the candidates holding *all* of them (a bitmask
+    of slots). Chained hashes give equal prefixes to equal hashes, and every candidate's holdings
+    are prefix-closed (a block is held only with its parent), so a block lies in one node, a node
+    is split where a candidate's holdings start, end or branch inside it, and a prefix lookup for
+    all candidates at once walks the prompt node by node (one dict probe and one comparison per
+    node, ``agreeing``): the candidates drop out where they stop holding the prompt
+    (``depths``). Nodes split and never merge; a node no candidate holds is dropped. See
+    docs/scale.md ("The KV router at many workers")."""
 
-    __slots__ = ("heads", "num_blocks")
+    __slots__ = ("heads", "held")
 
     def __init__(self) -> None:
-        self.heads: dict[int, _Run] = {}  # first hash of each run -> run
-        self.num_blocks = 0  # distinct blocks held
+        self.heads: dict[int, _Node] = {}  # first hash of each node -> node
+        self.held = _zeros(SLOTS_AT_A_TIME)  # slot -> distinct blocks it holds
 
-    def _walk(self, hashes: Sequence[int], hold: bool) -> int:
-        """How many leading ``hashes`` are held; with ``hold``, they get one more holder (a run
-        is split where the chain diverges or ends inside it)."""
+    def grow(self, slots: int) -> None:
+        """Room for ``slots`` candidates."""
+        if slots > len(self.held):
+            self.held.extend(_zeros(slots - len(self.held)))
+
+    def _split(self, node: _Node, a: int) -> _Node:
+        """Cut ``node`` after its first ``a`` blocks; returns the new node of the rest."""
+        keys = node.keys
+        tail = _Node(keys[a:], node.mask, dict(node.counts) if node.counts is not None else None)
+        node.keys = keys[:a]
+        self.heads[keys[a]] = tail
+        return tail
+
+    def depths(self, hashes: Sequence[int], n: int, alive: int) -> list[tuple[int, int]]:
+        """``(mask, depth)`` pairs: the candidates of ``alive`` that hold exactly the first ``depth``
+        of ``hashes[:n]`` (those holding none are left out)."""
         heads = self.heads
-        n = len(hashes)
+        out = []
         pos = 0
         while pos < n:
-            run = heads.get(hashes[pos])
-            if run is None:
+            node = heads.get(hashes[pos])
+            if node is None:
                 break
-            keys = run.keys
-            a = agreeing(keys, 0, hashes, pos, n)
-            if a < len(keys):
-                if not hold:
-                    return pos + a
-                tail = _Run(keys[a:], run.holders)
-                run.keys = keys[:a]
-                heads[tail.keys[0]] = tail
-            if hold:
-                run.holders += 1
-            pos += a
-        return pos
+            m = alive & node.mask
+            if m != alive:
+                if pos:
+                    out.append((alive ^ m, pos))
+                if not m:
+                    return out
+                alive = m
+            pos += agreeing(node.keys, 0, hashes, pos, n)  # (past a divergence, another node may go on)
+        if pos:
+            out.append((alive, pos))
+        return out
 
-    def depth(self, hashes: Sequence[int]) -> int:
-        """How many leading ``hashes`` are held."""
-        return self._walk(hashes, False)
+    def prefix_len(self, slot: int, hashes: Sequence[int]) -> int:
+        """How many leading ``hashes`` the candidate in ``slot`` holds (tests, diagnostics)."""
+        got = self.depths(hashes, len(hashes), 1 << slot)
+        return got[0][1] if got else 0
 
-    def add(self, hashes: Sequence[int]) -> None:
-        """One more in-flight request holds the chain ``hashes``."""
-        n = len(hashes)
-        pos = self._walk(hashes, True)
-        if pos < n:
-            self.heads[hashes[pos]] = _Run(hashes[pos:], 1)
-            self.num_blocks += n - pos
-
-    def remove(self, hashes: Sequence[int]) -> None:
-        """A request holding the chain ``hashes`` (added before) is no longer in flight."""
-        heads = self.heads
-        n = len(hashes)
-        pos = 0
-        while pos < n:
-            h = hashes[pos]
-            run = heads[h]
-            k = len(run.keys)
-            run.holders -= 1
-            if not run.holders:
-                del heads[h]
-                self.num_blocks -= k
-            pos += k
-
-    def holders(self) -> dict[int, int]:
-        """Every held block and how many in-flight requests hold it (tests, diagnostics)."""
-        return {h: run.holders for run in self.heads.values() for h in run.keys}
+    def blocks(self, slot: int) -> set[int]:
+        """Every block the candidate in ``slot`` holds (tests, diagnostics)."""
+        return {h for node in self.heads.values() if node.mask >> slot & 1 for h in node.keys}
 
 
-class _CachedBlocks:
-    """The router's view of one candidate's cached blocks, as its KV events tell them.
+class _CachedRuns(_SharedRuns):
+    """The router's view of the candidates' cached blocks, as their KV events tell them.
 
-    Kept as *runs* (as the KV cache keeps them): each STORED event is consecutive blocks of one
-    chain and becomes a run; a REMOVED event (blocks evicted, leaves first: each block before its
-    parent) cuts runs from their ends. So an event costs one step per run it touches, not one per
-    block, and only a run's first and last hashes are indexed. A resident block whose parent is
-    resident lies in its parent's run or starts a run (a block is stored once while resident), so a
-    prefix lookup goes run by run: one dict probe and one comparison per run (``agreeing``).
+    A STORED event is consecutive blocks of one chain that the candidate did not hold; its parent
+    is held (or it starts a chain), so its first block starts a node or is new. A REMOVED event
+    evicts leaves first (each block before its parent): a candidate's evicted block ends the
+    candidate's holdings along its chain, so it ends a node (found by its last hash); a stretch
+    ending inside a node splits it. An event costs one step per node it touches, not one per
+    block. The events must be the KV cache's (``actors.engine.kv_cache``); a broken stream raises."""
 
-    The events must be the KV cache's (``actors.engine.kv_cache``): a stored block is not resident
-    already, a removed one is resident, and a block is removed with or after its descendants. A
-    removed stretch is found by its two ends (equal hashes, equal prefixes: the blocks between
-    agree); a removed block that ends no run raises (a broken event stream)."""
-
-    __slots__ = ("heads", "tails", "num_blocks")
+    __slots__ = ("tails",)
 
     def __init__(self) -> None:
-        self.heads: dict[int, Sequence[int]] = {}  # first hash of each run -> its keys (chain order)
-        self.tails: dict[int, Sequence[int]] = {}  # last hash of each run -> the same keys
-        self.num_blocks = 0
+        super().__init__()
+        self.tails: dict[int, _Node] = {}  # last hash of each node -> node
 
-    def __contains__(self, h: int) -> bool:
-        """Whether ``h`` is cached, for the first block of a chain (which can only start a run)."""
-        return h in self.heads
+    def _split(self, node: _Node, a: int) -> _Node:
+        tail = super()._split(node, a)
+        self.tails[node.keys[-1]] = node
+        self.tails[tail.keys[-1]] = tail
+        return tail
 
-    def store(self, hashes: Sequence[int]) -> None:
-        """Consecutive blocks of one chain were cached (none of them was); the sequence is kept
-        (never changed: a removal keeps a slice of it)."""
-        if hashes:
-            self.heads[hashes[0]] = hashes
-            self.tails[hashes[-1]] = hashes
-            self.num_blocks += len(hashes)
+    def store(self, slot: int, hashes: Sequence[int]) -> None:
+        """The candidate in ``slot`` cached consecutive blocks of one chain (none of them was)."""
+        n = len(hashes)
+        if not n:
+            return
+        bit = 1 << slot
+        heads = self.heads
+        h = hashes[0]
+        if h not in heads:  # (most events: blocks no candidate holds)
+            heads[h] = node = _Node(hashes, bit)
+            self.tails[hashes[n - 1]] = node
+            self.held[slot] += n
+            return
+        pos = 0
+        while pos < n:
+            node = heads.get(hashes[pos])
+            if node is None:
+                node = _Node(hashes[pos:], bit)
+                heads[hashes[pos]] = node
+                self.tails[hashes[n - 1]] = node
+                break
+            if node.mask & bit:
+                raise RuntimeError(f"KV event: stored block {hashes[pos]} is cached already")
+            a = agreeing(node.keys, 0, hashes, pos, n)
+            if a < len(node.keys):
+                self._split(node, a)
+            node.mask |= bit
+            pos += a
+        self.held[slot] += n
 
-    def remove(self, victims: Sequence[int]) -> None:
-        """Blocks were evicted: ``victims`` in eviction order (stretches of a chain, each from its
-        last block back)."""
+    def remove(self, slot: int, victims: Sequence[int]) -> None:
+        """The candidate in ``slot`` evicted ``victims`` (in eviction order: stretches of a chain,
+        each from its last block back)."""
         heads = self.heads
         tails = self.tails
+        bit = 1 << slot
         i = 0
         n = len(victims)
         while i < n:
-            keys = tails.pop(victims[i], None)  # (an evicted block has no cached child: a run's last)
-            if keys is None:
+            node = tails.get(victims[i])
+            if node is None or not node.mask & bit:
                 raise RuntimeError(f"KV event: removed block {victims[i]} is not the end of a cached run")
+            keys = node.keys
             num = len(keys)
             t = n - i if n - i < num else num
             if victims[i + t - 1] != keys[num - t]:
-                # the stretch ends inside the run: the blocks agree up to some point, never after
+                # the stretch ends inside the node: the blocks agree up to some point, never after
                 lo, hi = 1, t - 1  # victims[i + lo - 1] agrees, victims[i + hi] does not
                 while lo < hi:
                     mid = (lo + hi) >> 1
@@ -226,45 +249,94 @@ class _CachedBlocks:
                         hi = mid
                 t = lo
             # (the ends agree, so the blocks between do: equal hashes, equal prefixes)
-            cut = num - t
-            if cut:
-                keys = keys[:cut]  # (a view when the event's hashes are: cut, not freed block by block)
-                heads[keys[0]] = keys
-                tails[keys[-1]] = keys
+            if node.mask == bit:  # (its only holder: the node is cut or dropped, not split)
+                del tails[victims[i]]
+                if t < num:
+                    node.keys = keys = keys[: num - t]
+                    tails[keys[-1]] = node
+                else:
+                    del heads[keys[0]]
             else:
-                del heads[keys[0]]
-            self.num_blocks -= t
+                if t < num:
+                    node = self._split(node, num - t)
+                node.mask ^= bit
             i += t
+        self.held[slot] -= n
 
-    def prefix_len(self, hashes: Sequence[int]) -> int:
-        """How many leading ``hashes`` are cached."""
+
+class _HeldChains(_SharedRuns):
+    """The prompt chains of the candidates' in-flight requests, with per-candidate holder counts.
+
+    A chain is added and removed whole, from its first block, so every node along it is found
+    from the node before (one step per node); a node is split where a chain ends or diverges
+    inside it. ``held``: the distinct blocks of each candidate's in-flight requests."""
+
+    __slots__ = ()
+
+    def add(self, slot: int, hashes: Sequence[int]) -> None:
+        """One more in-flight request on the candidate in ``slot`` holds the chain ``hashes``."""
+        heads = self.heads
+        bit = 1 << slot
+        n = len(hashes)
+        pos = 0
+        new = 0
+        while pos < n:
+            node = heads.get(hashes[pos])
+            if node is None:
+                heads[hashes[pos]] = _Node(hashes[pos:], bit, {slot: 1})
+                new += n - pos
+                break
+            a = agreeing(node.keys, 0, hashes, pos, n)
+            if a < len(node.keys):
+                self._split(node, a)
+            counts = node.counts
+            k = counts.get(slot, 0)
+            counts[slot] = k + 1
+            if not k:
+                node.mask |= bit
+                new += a
+            pos += a
+        if new:
+            self.held[slot] += new
+
+    def remove(self, slot: int, hashes: Sequence[int]) -> None:
+        """A request on the candidate in ``slot`` holding ``hashes`` (added before) left."""
         heads = self.heads
         n = len(hashes)
         pos = 0
+        gone = 0
         while pos < n:
-            keys = heads.get(hashes[pos])
-            if keys is None:
-                break
-            pos += agreeing(keys, 0, hashes, pos, n)  # (past a divergence, another run may go on)
-        return pos
+            h = hashes[pos]
+            node = heads[h]
+            k = len(node.keys)
+            counts = node.counts
+            c = counts[slot] - 1
+            if c:
+                counts[slot] = c
+            else:
+                del counts[slot]
+                node.mask ^= 1 << slot
+                gone += k
+                if not counts:
+                    del heads[h]
+            pos += k
+        if gone:
+            self.held[slot] -= gone
 
-    def blocks(self) -> set[int]:
-        """Every cached block (tests, diagnostics)."""
-        return {h for keys in self.heads.values() for h in keys}
+    def holders(self, slot: int) -> dict[int, int]:
+        """Every block the candidate's in-flight requests hold and how many of them (tests, diagnostics)."""
+        return {h: node.counts[slot] for node in self.heads.values() if slot in node.counts for h in node.keys}
 
 
-class _Candidate:
-    """The router's view of one (worker, rank)."""
-
-    __slots__ = ("prefill_tokens", "active", "requests", "cached", "host", "disk")
-
-    def __init__(self) -> None:
-        self.prefill_tokens = 0
-        self.active = _ActiveChains()  # the blocks of the in-flight requests
-        self.requests = 0
-        self.cached = _CachedBlocks()  # the router's view of the rank's cached blocks
-        self.host = _TierRuns()  # blocks its host (G2) tier holds (HOST_* events)
-        self.disk: set[int] = set()  # blocks its disk (G3) tier holds (DISK_* events)
+def _by_slot(pairs) -> dict[int, int]:
+    """``(slots mask, depth)`` pairs as slot -> depth."""
+    out = {}
+    for mask, depth in pairs:
+        while mask:
+            low = mask & -mask
+            out[low.bit_length() - 1] = depth
+            mask ^= low
+    return out
 
 
 def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
@@ -408,6 +480,8 @@ class KvRouter:
     needs_worker_state = True
     tracks_first_tokens = True
     tracks_requests = True
+    #: up to this many candidates they are priced one by one, past it with numpy (the same numbers)
+    listed_candidates = 16
 
     def __init__(
         self,
@@ -438,8 +512,17 @@ class KvRouter:
         self.host_weight = host_cache_hit_weight
         self.disk_weight = disk_cache_hit_weight
         self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
-        self._cands: dict[tuple[int, int], _Candidate] = {}
-        self._routed: dict[int, tuple[tuple[int, int], int, Sequence[int]]] = {}
+        # candidates by slot (bit ``slot`` of the shared structures' masks), in the order first seen
+        self._slot_of: dict[tuple[int, int], int] = {}
+        self._prefill = _zeros(SLOTS_AT_A_TIME)  # slot -> prompt tokens routed there, first token not out
+        self._requests: list[int] = []  # slot -> requests in flight there
+        self._cached = _CachedRuns()  # the router's view of every candidate's cached blocks
+        self._held = _HeldChains()  # the blocks of every candidate's in-flight requests
+        self._host: dict[int, _TierRuns] = {}  # slot -> its host (G2) tier's blocks (HOST_* events)
+        self._disk: dict[int, set[int]] = {}  # slot -> its disk (G3) tier's blocks (DISK_* events)
+        self._for: list[int] | None = None  # the eligible workers of the cached selection
+        self._sel = None  # (slots in candidate order, their keys, their mask, position by slot)
+        self._routed: dict[int, tuple[int, int, Sequence[int]]] = {}  # request -> (slot, tokens added, chain)
 
     def parameters(self) -> dict:
         """The knobs retune may change (as the report names them)."""
@@ -456,11 +539,29 @@ class KvRouter:
         self.scale = params.get("prefill_load_scale", self.scale)
         self.temperature = params.get("temperature", self.temperature)
 
-    def _cand(self, key: tuple[int, int]) -> _Candidate:
-        c = self._cands.get(key)
-        if c is None:
-            c = self._cands[key] = _Candidate()
-        return c
+    def _slot(self, key: tuple[int, int]) -> int:
+        s = self._slot_of.get(key)
+        if s is None:
+            s = self._slot_of[key] = len(self._requests)
+            self._requests.append(0)
+            if s >= len(self._prefill):
+                self._prefill.extend(_zeros(SLOTS_AT_A_TIME))
+            self._cached.grow(len(self._prefill))
+            self._held.grow(len(self._prefill))
+        return s
+
+    def _selection(self, eligible: list[int], ranks_of: list[int]):
+        """The candidates of ``eligible`` (ascending workers, then ranks): their slots (an array),
+        keys, slot mask and position by slot; kept while the eligible workers do not change."""
+        if eligible != self._for:
+            keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
+            slots = [self._slot(key) for key in keys]
+            mask = 0
+            for s in slots:
+                mask |= 1 << s
+            self._sel = (np.array(slots, np.intp), slots, keys, mask, {s: j for j, s in enumerate(slots)})
+            self._for = list(eligible)
+        return self._sel
 
     def route(self, req, now_ms: float, eligible: list[int], ranks_of: list[int]):
         if not eligible:
@@ -468,55 +569,114 @@ class KvRouter:
         bs = self.block_size
         isl = req.prompt_len
         hashes = req.block_hashes(bs)[: isl // bs]
-        keys = [(w, r) for w in eligible for r in range(ranks_of[w])]
+        n = len(hashes)
+        slots, listed, keys, alive, position = self._selection(eligible, ranks_of)
+        use_cache = self.needs_kv_events and n > 0
+        # leading blocks each candidate holds cached, and among its in-flight requests' blocks: one
+        # walk for all candidates each, as (slots, depth) pairs
+        cached = self._cached.depths(hashes, n, alive) if use_cache else ()
+        held = self._held.depths(hashes, n, alive) if self.track_active_blocks and n else ()
+        tiered = use_cache and bool(self._host or self._disk)
+        if len(slots) > self.listed_candidates:
+            costs, overlaps = self._costs_array(hashes, n, isl, slots, position, cached, held, tiered)
+            i = self._select_array(costs)
+            best = int(overlaps.max())
+        else:
+            costs, overlaps = self._costs_listed(hashes, n, isl, listed, cached, held, tiered)
+            i = self._select(costs)
+            best = max(overlaps)
+        s = listed[i]
+        chosen = int(overlaps[i])
+        added = isl - chosen * bs if self.track_prefill_tokens else 0
+        if added:
+            self._prefill[s] += added
+        if self.track_active_blocks and n:
+            self._held.add(s, hashes)
+        self._requests[s] += 1
+        self._routed[req.index] = (s, added, hashes if self.track_active_blocks else ())
+        info = {
+            "selected_overlap_blocks": chosen,
+            "best_available_overlap_blocks": best,
+            "overlap_regret_blocks": best - chosen,
+            "reported_overlap_tokens": chosen * bs,
+            "cost": float(costs[i]),
+        }
+        key = keys[i]
+        return _new(RouteDecision, (key[0], key[1], info))
+
+    def _costs_listed(self, hashes, n: int, isl: int, slots, cached, held, tiered: bool):
+        """Each candidate's cost and reported overlap (lists), candidate by candidate: for a few
+        candidates, cheaper than ``_costs_array``'s numpy calls (the same numbers, tested)."""
+        overlap_of = _by_slot(cached)
+        depth_of = _by_slot(held)
+        bs, scale, credit = self.block_size, self.scale, self.credit
+        prefill, active = self.track_prefill_tokens, self.track_active_blocks
+        tokens = list(map(self._prefill.__getitem__, slots))
+        blocks = list(map(self._held.held.__getitem__, slots))
         costs = []
         overlaps = []
-        n = len(hashes)
-        first = hashes[0] if n else None
-        use_cache = self.needs_kv_events and n > 0
-        prefill, active = self.track_prefill_tokens, self.track_active_blocks
-        scale, credit = self.scale, self.credit
-        cand = self._cand
-        for key in keys:
-            c = cand(key)
-            # leading blocks found; most candidates hold none or all of a prompt's prefix
-            overlap = c.cached.prefix_len(hashes) if use_cache and first in c.cached else 0
-            credited = credit * overlap
-            if (c.host or c.disk) and use_cache and overlap < n:  # (the lower tiers continue the prefix)
-                h = c.host.run_from(hashes, overlap) if c.host else 0
-                d = _run_in(c.disk, hashes, overlap + h) if c.disk else 0
-                if h or d:
-                    extra = self.host_weight * h + self.disk_weight * d
-                    credited += extra
-                    overlap = int(overlap + extra)  # (reported: the effective overlap's floor)
+        for j, s in enumerate(slots):
+            overlap = overlap_of.get(s, 0)
             cost = 0.0
             if prefill:
-                raw = (c.prefill_tokens + isl) / bs
-                cost = scale * max(0.0, raw - credited)
+                credited = credit * overlap
+                if tiered and overlap < n:
+                    extra = self._tier_extra(s, hashes, n, overlap)
+                    if extra:
+                        credited += extra
+                        overlap = int(overlap + extra)  # (reported: the effective overlap's floor)
+                cost = scale * max(0.0, (tokens[j] + isl) / bs - credited)
             if active:
-                chains = c.active
-                depth = chains.depth(hashes) if n and first in chains.heads else 0
-                cost += chains.num_blocks + (n - depth)
+                cost += blocks[j] + (n - depth_of.get(s, 0))
             costs.append(cost)
             overlaps.append(overlap)
-        i = self._select(costs)
-        key = keys[i]
-        c = self._cands[key]
-        added = isl - overlaps[i] * bs if self.track_prefill_tokens else 0
-        c.prefill_tokens += added
-        if self.track_active_blocks and n:
-            c.active.add(hashes)
-        c.requests += 1
-        self._routed[req.index] = (key, added, hashes if self.track_active_blocks else [])
-        best = max(overlaps)
-        info = {
-            "selected_overlap_blocks": overlaps[i],
-            "best_available_overlap_blocks": best,
-            "overlap_regret_blocks": best - overlaps[i],
-            "reported_overlap_tokens": overlaps[i] * bs,
-            "cost": costs[i],
-        }
-        return _new(RouteDecision, (key[0], key[1], info))
+        return costs, overlaps
+
+    def _costs_array(self, hashes, n: int, isl: int, slots, position: dict, cached, held, tiered: bool):
+        """``_costs_listed`` with numpy over the candidates (the same operations, element by element)."""
+        overlaps = self._by_slot_array(cached)[slots]
+        if self.track_prefill_tokens:
+            credited = self.credit * overlaps
+            if tiered:
+                for j in self._tiered_positions(position):
+                    ov = int(overlaps[j])
+                    if ov < n:
+                        extra = self._tier_extra(int(slots[j]), hashes, n, ov)
+                        if extra:
+                            credited[j] += extra
+                            overlaps[j] = int(ov + extra)
+            tokens = np.frombuffer(self._prefill, np.int64)[slots]
+            cost = self.scale * np.maximum(0.0, (tokens + isl) / self.block_size - credited)
+        else:
+            cost = np.zeros(len(slots))
+        if self.track_active_blocks:
+            depth = self._by_slot_array(held)[slots]
+            cost = cost + (np.frombuffer(self._held.held, np.int64)[slots] + (n - depth))
+        return cost, overlaps
+
+    def _by_slot_array(self, pairs) -> np.ndarray:
+        """``(slots mask, depth)`` pairs as an array over the slots (0 where none)."""
+        out = np.zeros(len(self._prefill), np.int64)
+        nbytes = len(out) >> 3
+        for mask, depth in pairs:
+            bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8), bitorder="little")
+            out[bits.view(bool)] = depth
+        return out
+
+    def _tiered_positions(self, position: dict) -> list[int]:
+        """Positions among the candidates of those whose lower tiers hold blocks, ascending."""
+        return sorted(position[s] for s in set(self._host) | set(self._disk) if s in position)
+
+    def _tier_extra(self, s: int, hashes, n: int, overlap: int) -> float:
+        """Blocks past the device-cached prefix (``overlap``) that slot ``s``'s host (disk) tier
+        holds count ``host_weight`` (``disk_weight``) each in the credited overlap."""
+        host = self._host.get(s)
+        disk = self._disk.get(s)
+        h = host.run_from(hashes, overlap) if host else 0
+        d = _run_in(disk, hashes, overlap + h) if disk else 0
+        if h or d:
+            return self.host_weight * h + self.disk_weight * d
+        return 0.0
 
     def _select(self, costs: list[float]) -> int:
         lo = min(costs)
@@ -534,43 +694,51 @@ class KvRouter:
                 return i
         return len(costs) - 1
 
+    def _select_array(self, costs: np.ndarray) -> int:
+        """``_select`` over an array (ties found at C speed)."""
+        lo = costs.min()
+        if self.temperature <= 0.0 or costs.max() == lo:
+            ties = np.flatnonzero(costs == lo)
+            return int(ties[0]) if len(ties) == 1 else int(ties[int(self.rng.integers(len(ties)))])
+        return self._select(costs.tolist())
+
     def on_first_token(self, req) -> None:
         st = self._routed.get(req.index)
         if st is not None and st[1]:
-            self._cands[st[0]].prefill_tokens -= st[1]
+            self._prefill[st[0]] -= st[1]
             self._routed[req.index] = (st[0], 0, st[2])
 
     def on_release(self, req) -> None:
         st = self._routed.pop(req.index, None)
         if st is None:
             return
-        key, added, hashes = st
-        c = self._cands[key]
-        c.prefill_tokens -= added
-        c.requests -= 1
+        s, added, hashes = st
+        if added:
+            self._prefill[s] -= added
+        self._requests[s] -= 1
         if hashes:
-            c.active.remove(hashes)
+            self._held.remove(s, hashes)
 
     def on_kv_events(self, worker: int, rank: int, kind: int, hashes: Sequence[int]) -> None:
-        c = self._cand((worker, rank))
+        s = self._slot((worker, rank))
         if kind == STORED:
-            c.cached.store(hashes)
+            self._cached.store(s, hashes)
         elif kind == REMOVED:
-            c.cached.remove(hashes)
+            self._cached.remove(s, hashes)
         elif kind == HOST_STORED:
-            c.host.store(hashes)
+            self._host.setdefault(s, _TierRuns()).store(hashes)
         elif kind == HOST_REMOVED:
-            c.host.remove(hashes)
+            self._host.setdefault(s, _TierRuns()).remove(hashes)
         elif kind == DISK_STORED:
-            c.disk.update(hashes)
+            self._disk.setdefault(s, set()).update(hashes)
         elif kind == DISK_REMOVED:
-            c.disk.difference_update(hashes)
+            self._disk.setdefault(s, set()).difference_update(hashes)
 
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""
-        c = self._cand((worker, rank))
-        return {"prefill_tokens": c.prefill_tokens, "active_blocks": c.active.num_blocks, "requests": c.requests,
-                "cached_blocks": c.cached.num_blocks}
+        s = self._slot((worker, rank))
+        return {"prefill_tokens": int(self._prefill[s]), "active_blocks": int(self._held.held[s]),
+                "requests": self._requests[s], "cached_blocks": int(self._cached.held[s])}
 
     def describe(self) -> dict:
         return {

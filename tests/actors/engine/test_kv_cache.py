@@ -11,7 +11,7 @@ import pytest
 
 from aisim.actors.engine.kv_cache import REMOVED, STORED, KVCache
 from aisim.actors.hashing import hash_view
-from aisim.actors.router.policies import _CachedBlocks
+from aisim.actors.router.policies import _CachedRuns
 
 
 class Req:
@@ -224,7 +224,7 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
     cap = rnd.randint(8, 60)
     kv, ref = KVCache(cap, bs, record_events=seed % 2 == 0), RefModel(cap, bs)
     mirror: set[int] = set()  # the resident blocks as a reader of the KV events sees them
-    view = _CachedBlocks()  # the same as the KV router keeps it (runs)
+    view = _CachedRuns()  # the same as the KV router keeps it (one candidate, slot 0)
     # a few shared prefix families so hits, sharing and duplicates all happen
     families = [[rnd.getrandbits(62) for _ in range(30)] for _ in range(4)]
     live: dict[int, tuple[Req, list[int], int]] = {}
@@ -286,19 +286,19 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
                 if kind == STORED:
                     assert mirror.isdisjoint(hs) and len(set(hs)) == len(hs)  # stored once while resident
                     mirror.update(hs)
-                    view.store(hs)
+                    view.store(0, hs)
                 else:
                     mirror.difference_update(hs)
-                    view.remove(hs)
+                    view.remove(0, hs)
             kv.events.clear()
-            assert mirror == kv.resident() == view.blocks()
-            assert view.num_blocks == len(mirror)
+            assert mirror == kv.resident() == view.blocks(0)
+            assert view.held[0] == len(mirror)
             # the router's run view answers prefix lookups as the set of resident blocks does
             for fam in families:
                 for query in (fam, fam[: rnd.randint(1, 30)] + [rnd.getrandbits(62)]):
-                    assert view.prefix_len(query) == len(list(takewhile(mirror.__contains__, query)))
+                    assert view.prefix_len(0, query) == len(list(takewhile(mirror.__contains__, query)))
             for req, hashes, _ in live.values():
-                assert view.prefix_len(hashes) == len(list(takewhile(mirror.__contains__, hashes)))
+                assert view.prefix_len(0, hashes) == len(list(takewhile(mirror.__contains__, hashes)))
         assert kv.resident() == set(ref.ref)
         # active blocks in the order they became resident (a dict's insertion order)
         assert kv.contents() == list(ref.lru) + [h for h, c in ref.ref.items() if c > 0]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aisim.actors.engine.kv_cache import REMOVED, STORED
-from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedBlocks
+from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedRuns
 
 
 class Req:
@@ -32,12 +32,13 @@ POLICIES = {
 }
 
 
-def drive(router, eligible, ranks_of, n=60, seed=0):
-    """Route n requests (some sharing prefixes), completing some; return the decisions."""
+def drive(router, eligible, ranks_of, n=60, seed=0, cached=None):
+    """Route n requests (some sharing prefixes), completing some; return the decisions.
+    ``cached``: (worker, rank) -> blocks stored there (as an engine publishes them: each once)."""
     r = np.random.default_rng(seed)
     out = []
     live = []
-    cached = {}  # (worker, rank) -> blocks stored there (as an engine publishes them: each once)
+    cached = {} if cached is None else cached
     for i in range(n):
         fam = int(r.integers(3))
         hashes = [1000 * fam + j for j in range(int(r.integers(1, 8)))] + [10**6 + i]
@@ -75,8 +76,9 @@ def test_deterministic_under_a_seed(name):
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_respects_draining_workers(name):
     router = POLICIES[name](3)
-    first = drive(router, [0, 1, 2], [1, 1, 1], n=30)
-    later = drive(router, [0, 2], [1, 1, 1], n=30, seed=1)  # worker 1 starts draining
+    cached = {}
+    first = drive(router, [0, 1, 2], [1, 1, 1], n=30, cached=cached)
+    later = drive(router, [0, 2], [1, 1, 1], n=30, seed=1, cached=cached)  # worker 1 starts draining
     assert {w for w, _ in first} >= {0, 2} and 1 not in {w for w, _ in later}
 
 
@@ -169,11 +171,11 @@ def test_kv_router_active_blocks_match_a_count_of_the_in_flight_chains(seed):
             _, _, info = router.route(live[index], 0.0, [0], [1])
             assert info["cost"] == len(holders) + len(hashes) - depth
         holders = Counter(h for req in live.values() for h in req.block_hashes(1))
-        active = router._cands[(0, 0)].active
-        assert active.holders() == dict(holders)
-        assert active.num_blocks == len(holders) == router.load_view(0)["active_blocks"]
+        held = router._held
+        assert held.holders(0) == dict(holders)
+        assert held.held[0] == len(holders) == router.load_view(0)["active_blocks"]
         probe = chain()
-        assert active.depth(probe) == len(list(takewhile(holders.__contains__, probe)))
+        assert held.prefix_len(0, probe) == len(list(takewhile(holders.__contains__, probe)))
 
 
 def test_zero_temperature_ties_are_seeded_and_uniform():
@@ -215,16 +217,176 @@ def test_kv_router_knobs_change_from_a_retune_update_on():
 
 def test_kv_router_cached_view_follows_stored_runs_branches_and_evictions():
     # chain A = 1 2 3 4 is stored, then chain B = 1 2 5 6 stores its new blocks 5 6 (branching off 2)
-    view = _CachedBlocks()
-    view.store([1, 2, 3, 4])
-    view.store([5, 6])
-    assert 1 in view and 5 in view and 3 not in view  # (only run starts: a chain's first block starts one)
-    assert view.prefix_len([1, 2, 5, 6, 7]) == 4  # A's run agrees on 1 2, B's run goes on
-    assert view.prefix_len([1, 2, 3, 9]) == 3 and view.prefix_len([9, 1]) == 0
-    view.remove([4, 3, 6])  # A's tail, then B's leaf: two stretches in one event
-    assert view.blocks() == {1, 2, 5} and view.num_blocks == 3
-    assert view.prefix_len([1, 2, 3]) == 2 and view.prefix_len([1, 2, 5, 6]) == 3
+    view = _CachedRuns()
+    view.store(0, [1, 2, 3, 4])
+    view.store(0, [5, 6])
+    assert 1 in view.heads and 5 in view.heads and 3 not in view.heads  # (node starts)
+    assert view.prefix_len(0, [1, 2, 5, 6, 7]) == 4  # A's node agrees on 1 2, B's node goes on
+    assert view.prefix_len(0, [1, 2, 3, 9]) == 3 and view.prefix_len(0, [9, 1]) == 0
+    view.remove(0, [4, 3, 6])  # A's tail, then B's leaf: two stretches in one event
+    assert view.blocks(0) == {1, 2, 5} and view.held[0] == 3
+    assert view.prefix_len(0, [1, 2, 3]) == 2 and view.prefix_len(0, [1, 2, 5, 6]) == 3
     with pytest.raises(RuntimeError, match="removed block 1 is not the end"):
-        view.remove([1])  # a parent before its children: not an engine's event stream
-    view.remove([5, 2, 1])
-    assert view.blocks() == set() and view.num_blocks == 0 and view.prefix_len([1]) == 0
+        view.remove(0, [1])  # a parent before its children: not an engine's event stream
+    with pytest.raises(RuntimeError, match="stored block 5 is cached already"):
+        view.store(0, [5])
+    view.remove(0, [5, 2, 1])
+    assert view.blocks(0) == set() and view.held[0] == 0 and view.prefix_len(0, [1]) == 0 and not view.heads
+
+
+def test_kv_router_cached_view_shares_nodes_between_candidates():
+    # slot 0 caches 1 2 3 4; slot 2 caches 1 2 then 7 (branching off 2); slot 1 caches 1 2 3
+    view = _CachedRuns()
+    view.store(0, [1, 2, 3, 4])
+    view.store(2, [1, 2])
+    view.store(2, [7])
+    view.store(1, [1, 2, 3])
+    # nodes: [1 2] held by 0 1 2, [3] by 0 1, [4] by 0, [7] by 2
+    assert {n.keys[0]: (list(n.keys), n.mask) for n in view.heads.values()} == {
+        1: ([1, 2], 0b111), 3: ([3], 0b011), 4: ([4], 0b001), 7: ([7], 0b100)}
+    # one walk answers every candidate: (mask, depth) of those that stop there
+    assert view.depths([1, 2, 3, 4, 5], 5, 0b111) == [(0b100, 2), (0b010, 3), (0b001, 4)]
+    assert view.depths([1, 2, 7, 8], 4, 0b111) == [(0b011, 2), (0b100, 3)]
+    assert view.depths([1, 2, 7, 8], 4, 0b011) == [(0b011, 2)]  # (only the candidates asked about)
+    assert view.depths([9, 1], 2, 0b111) == []
+    # slot 0 evicts 4 3: [3] stays with slot 1 only; slot 1 evicts 3 2 1: [1 2] splits no further
+    view.remove(0, [4, 3])
+    view.remove(1, [3, 2, 1])
+    assert {n.keys[0]: (list(n.keys), n.mask) for n in view.heads.values()} == {
+        1: ([1, 2], 0b101), 7: ([7], 0b100)}
+    assert [view.prefix_len(s, [1, 2, 3]) for s in range(3)] == [2, 0, 2]
+    assert list(view.held[:3]) == [2, 0, 3]
+    with pytest.raises(RuntimeError, match="removed block 2 is not the end"):
+        view.remove(1, [2])  # (slot 1 holds nothing)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
+    """The same event stream (real KV caches, offloading evicted blocks to host and disk views) and
+    the same arrivals give the same decisions, costs and views whichever way candidates are priced."""
+    import random
+
+    from aisim.actors.engine.kv_cache import KVCache
+    from aisim.actors.engine.offload import DISK_STORED, HOST_STORED
+    from aisim.actors.hashing import hash_view
+
+    rnd = random.Random(seed)
+    bs = 4
+    workers = 24
+    ranks_of = [1 + (w % 5 == 0) for w in range(workers)]  # (some workers with two ranks: 29 candidates)
+    knobs = dict(overlap_score_credit=rnd.choice([0.0, 0.5, 1.0]), prefill_load_scale=rnd.choice([0.5, 1.0, 3.0]),
+                 temperature=rnd.choice([0.0, 0.0, 0.6]), track_prefill_tokens=seed % 4 != 3,
+                 track_active_blocks=seed % 4 != 2, host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25,
+                 kv_events=True)
+    listed, arrayed = KvRouter(bs, rng(seed), **knobs), KvRouter(bs, rng(seed), **knobs)
+    listed.listed_candidates, arrayed.listed_candidates = 10**6, 0
+    caches = {(w, r): KVCache(rnd.randint(6, 30), bs, record_events=True)
+              for w in range(workers) for r in range(ranks_of[w])}
+    families = [[rnd.getrandbits(62) for _ in range(12)] for _ in range(4)]
+    offloaded = {key: set() for key in caches}
+    seq = 0
+
+    class Held:
+        def __init__(self, hashes):
+            self.hashes = hash_view(hashes)
+            self.held, self.num_held, self.dup_tail, self.num_private, self.num_full_registered = [], 0, False, 0, 0
+
+    live = []
+    for index in range(300):
+        if live and rnd.random() < 0.4:
+            key, kreq, req = live.pop(rnd.randrange(len(live)))
+            caches[key].release(kreq)
+            for router in (listed, arrayed):
+                router.on_first_token(req)
+                router.on_release(req)
+            continue
+        hashes = rnd.choice(families)[: rnd.randint(0, 12)] + [rnd.getrandbits(62) for _ in range(rnd.randint(0, 5))]
+        req = Req(index, hashes, prompt_len=len(hashes) * bs + rnd.randint(0, bs - 1), bs=bs)
+        eligible = sorted(rnd.sample(range(workers), rnd.randint(1, workers)))
+        a, b = listed.route(req, 0.0, eligible, ranks_of), arrayed.route(req, 0.0, eligible, ranks_of)
+        assert a == b
+        key = (a[0], a[1])
+        kv = caches[key]
+        kreq = Held(hashes)
+        tokens = max(1, req.prompt_len)
+        _, _, hits = kv.match_prefix(kreq.hashes, (tokens - 1) // bs)
+        kv.acquire(kreq, hits)
+        if not kv.grow(kreq, tokens, kreq.hashes):
+            kv.release(kreq)
+            for router in (listed, arrayed):
+                router.on_release(req)
+            continue
+        live.append((key, kreq, req))
+        for kind, hs in kv.events:
+            for router in (listed, arrayed):
+                router.on_kv_events(key[0], key[1], kind, hs)
+            if kind == REMOVED:  # evicted blocks go to the host tier, every third also to disk
+                for h in hs:
+                    if h not in offloaded[key]:
+                        offloaded[key].add(h)
+                        seq += 1
+                        for router in (listed, arrayed):
+                            router.on_kv_events(key[0], key[1], HOST_STORED, [seq, 0, h])
+                            if h % 3 == 0:
+                                router.on_kv_events(key[0], key[1], DISK_STORED, [h])
+        kv.events.clear()
+    for key in caches:
+        assert listed.load_view(*key) == arrayed.load_view(*key)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_kv_router_shared_cached_view_matches_every_candidates_cache(seed):
+    """Several KV caches sharing prefix families publish into one shared view: after every event
+    batch each slot's blocks are its cache's resident blocks and one walk gives every slot's
+    leading cached blocks."""
+    import random
+    from itertools import takewhile
+
+    from aisim.actors.engine.kv_cache import KVCache
+    from aisim.actors.hashing import hash_view
+
+    rnd = random.Random(seed)
+    bs = rnd.choice([1, 4])
+    caches = [KVCache(rnd.randint(5, 40), bs, record_events=True) for _ in range(rnd.randint(2, 9))]
+    view = _CachedRuns()
+    families = [[rnd.getrandbits(62) for _ in range(20)] for _ in range(3)]
+
+    class Held:
+        def __init__(self, hashes):
+            self.hashes = hash_view(hashes)
+            self.held, self.num_held, self.dup_tail, self.num_private, self.num_full_registered = [], 0, False, 0, 0
+
+    live = []
+    for step in range(250):
+        if live and rnd.random() < 0.45:
+            s, kreq = live.pop(rnd.randrange(len(live)))
+            caches[s].release(kreq)
+            continue
+        s = rnd.randrange(len(caches))
+        kv = caches[s]
+        hashes = rnd.choice(families)[: rnd.randint(0, 20)] + [rnd.getrandbits(62) for _ in range(rnd.randint(1, 6))]
+        kreq = Held(hashes)
+        tokens = rnd.randint(1, len(hashes) * bs)
+        _, _, hits = kv.match_prefix(kreq.hashes, (tokens - 1) // bs)
+        kv.acquire(kreq, hits)
+        if kv.grow(kreq, tokens, kreq.hashes):
+            live.append((s, kreq))
+        else:
+            kv.release(kreq)
+        for kind, hs in kv.events:
+            (view.store if kind == STORED else view.remove)(s, hs)
+        kv.events.clear()
+        everyone = (1 << len(caches)) - 1
+        for s2, kv2 in enumerate(caches):
+            resident = kv2.resident()
+            assert view.blocks(s2) == resident and view.held[s2] == len(resident)
+        for fam in families:
+            query = fam[: rnd.randint(1, 20)] + [rnd.getrandbits(62)]
+            want = [len(list(takewhile(kv2.resident().__contains__, query))) for kv2 in caches]
+            got = [0] * len(caches)
+            for mask, depth in view.depths(query, len(query), everyone):
+                for s2 in range(len(caches)):
+                    if mask >> s2 & 1:
+                        assert got[s2] == 0 and depth > 0
+                        got[s2] = depth
+            assert got == want
