@@ -104,7 +104,7 @@ class WorkerHost:
         self._inputs_of: dict[int, list[float]] = {}  # worker -> times of its pending inputs (a heap)
         self._kv: list = []
         self._touched: set[int] = set()  # workers whose status may have changed since the last report
-        self._publishing: list[int] = []  # workers that record KV events (synced before each report)
+        self._tiered: list[int] = []  # workers with KV tiers that publish (synced before each report)
         self._handed_off = False  # a handoff was emitted in this step
         self._hint: float | None = None  # the current step's end (``step``)
         self._hint_bounds = False  # no input comes before it (a step that cannot stop early)
@@ -125,8 +125,8 @@ class WorkerHost:
         self._inputs_of[wid] = []
         self._held_by[wid] = 0
         self._touched.add(wid)
-        if worker.records_kv_events:
-            self._publishing.append(wid)
+        if worker.records_kv_events and worker.has_tiers:
+            self._tiered.append(wid)
 
     def _control(self, control) -> None:
         for op, wid, pool in control:  # Control
@@ -298,15 +298,17 @@ class WorkerHost:
 
     def _publish(self, t: float) -> None:
         """Bring up to ``t`` the workers that publish KV events (a router reads them next) and
-        those with a completion inside their run by ``t``."""
+        those with a completion inside their run by ``t``: only workers in a pass or run can
+        have either (or with KV tiers, whose transfers go on while idle), so the cost is
+        proportional to the busy workers, not to all."""
         workers = self.workers
-        publishing = self._publishing
-        for wid in publishing:
-            self._sync(wid, workers[wid], t)
-        if len(publishing) < len(workers):
-            for wid, worker in workers.items():
-                if not worker.records_kv_events and worker.exit_due(t):
-                    self._sync(wid, worker, t)
+        version = self._version
+        due = {wid for _, wid, v in self._ends if v == version[wid]}  # (one live end per busy worker)
+        due.update(self._tiered)
+        for wid in sorted(due):
+            worker = workers[wid]
+            if worker.records_kv_events or worker.exit_due(t):
+                self._sync(wid, worker, t)
 
     def _status(self, wid: int) -> WorkerStatus:
         w = self.workers[wid]
