@@ -475,7 +475,8 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
         from aisim.progress import Progress
         from aisim.simulator.config.loading import load_config
         from aisim.simulator.metrics.csv_out import write_csv_outputs
-        from aisim.simulator.metrics.output import atomic_write_lines, atomic_write_text, canonical_json, write_resource_runtime
+        from aisim.simulator.metrics.output import atomic_write_chunks, atomic_write_text, canonical_json, write_resource_runtime
+        from aisim.simulator.metrics.records import jsonl_chunks
         from aisim.simulator.metrics.table import render_table
         from aisim.simulator.metrics.timeline import write_csv as write_timeline_csv
         from aisim.simulator.plan import plan_from_config
@@ -531,7 +532,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
     failure, warning = _outcome(report.summary)
     code = 1 if failure else 0
     if out is not None:
-        doc = report.to_dict()
+        doc = report.to_dict(with_records=args.per_request_in_prediction)
         if (args.csv or args.report) and not args.capture_per_request:  # captured for --csv/--report only: prediction.json as without it
             doc["per_request"] = None
             doc["coverage"] = {**doc["coverage"], "capture_per_request": False, "per_request_records": 0}
@@ -539,7 +540,7 @@ def _run(args, t0: float, signals: _Signals, out) -> int:
             doc["per_request"] = {"path": "requests.jsonl", "records": len(report.per_request)}  # one copy
         atomic_write_text(out.staging / "prediction.json", canonical_json(doc) + "\n")
         if args.capture_per_request and report.per_request is not None:
-            atomic_write_lines(out.staging / "requests.jsonl", report.per_request)
+            atomic_write_chunks(out.staging / "requests.jsonl", jsonl_chunks(report.per_request))
         if args.csv:
             write_csv_outputs(out.staging, report.per_request, report.timelines, report.planner)
         elif report.timelines is not None and args.capture_worker_timeline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,14 +35,17 @@ class ReplayReport:
     """Result of one replay. ``to_dict()`` is exactly prediction.json."""
 
     summary: dict
-    per_request: list[dict] | None
+    per_request: Sequence[dict] | None  # (``Records``: read back from where they were written as requests ended)
     coverage: dict
     planner: dict | None = None
     diagnostics: dict = field(default_factory=dict)  # simulator internals, not part of prediction.json
     timelines: list[WorkerTimeline] | None = None  # with capture_worker_timeline: one per worker (worker_timeline.csv)
 
-    def to_dict(self) -> dict:
-        return {"summary": self.summary, "per_request": self.per_request, "coverage": self.coverage, "planner": self.planner}
+    def to_dict(self, with_records: bool = True) -> dict:
+        """prediction.json; ``with_records=False``: ``per_request`` left None (the caller points
+        it at requests.jsonl instead of reading every record back)."""
+        per_request = list(self.per_request) if self.per_request is not None and with_records else None
+        return {"summary": self.summary, "per_request": per_request, "coverage": self.coverage, "planner": self.planner}
 
 
 @dataclass
@@ -299,7 +303,7 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
                                                 actors.decode_router.describe() if actors.decode_router else None)
     per_request = None
     if log.records is not None:
-        per_request = sorted(log.records, key=lambda r: (r["arrival_time_ms"], r["uuid"]))
+        per_request = log.records.records()  # (by arrival, then uuid)
     coverage = {
         "capture_per_request": plan.capture_per_request,
         "capture_planner_details": planner is not None and plan.capture_planner_details,

@@ -12,6 +12,7 @@ from array import array
 import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
+from aisim.simulator.metrics.records import RecordSpool
 
 NAN = float("nan")
 _DTYPES = {"i": np.int64, "b": np.int8, "d": np.float64}
@@ -54,7 +55,7 @@ class RequestLog:
         self.first_reused = array("i")
         self.host_reused = array("i")  # first admission's prompt tokens onboarded from host/disk tiers
         self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
-        self.records: list[dict] | None = [] if capture else None
+        self.records: RecordSpool | None = RecordSpool(uuid_of) if capture else None  # (as they end)
         # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
         self.rejection_counts: dict[str, int] = {}
         self.rejection_examples: dict[str, tuple[int, str]] = {}
@@ -104,7 +105,7 @@ class RequestLog:
         self.host_reused.append(req.host_reused)
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
-            self.records.append(self._record(req, final_status, reused))
+            self.records.add(req.index, req.arrival_ms, self._record(req, final_status, reused))
 
     def _count_rejection(self, req: Request) -> None:
         code = req.reject_reason or REJECT_UNKNOWN
