@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from aisim.actors.engine.kv_cache import REMOVED, STORED
+from aisim.actors.hashing import hash_view
 from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter, _CachedRuns
 
 
@@ -260,6 +261,25 @@ def test_kv_router_cached_view_shares_nodes_between_candidates():
         view.remove(1, [2])  # (slot 1 holds nothing)
 
 
+
+class _CacheReq:
+    """What a KV cache reads and writes on a request."""
+
+    def __init__(self, hashes):
+        self.hashes = hash_view(hashes)
+        self.held, self.num_held, self.dup_tail, self.num_private, self.num_full_registered = [], 0, False, 0, 0
+
+
+def _admitted(kv, hashes, tokens: int):
+    """A request for ``hashes`` admitted to ``kv`` with ``tokens`` computed (its prefix reused), or
+    None when the blocks do not suffice (nothing held)."""
+    req = _CacheReq(hashes)
+    _, _, hits = kv.match_prefix(req.hashes, (tokens - 1) // kv.block_size)
+    kv.acquire(req, hits)
+    if kv.grow(req, tokens, req.hashes):
+        return req
+    kv.release(req)
+    return None
 @pytest.mark.parametrize("seed", range(12))
 def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
     """The same event stream (real KV caches, offloading evicted blocks to host and disk views) and
@@ -268,7 +288,6 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
 
     from aisim.actors.engine.kv_cache import KVCache
     from aisim.actors.engine.offload import DISK_STORED, HOST_STORED
-    from aisim.actors.hashing import hash_view
 
     rnd = random.Random(seed)
     bs = 4
@@ -286,11 +305,6 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
     offloaded = {key: set() for key in caches}
     seq = 0
 
-    class Held:
-        def __init__(self, hashes):
-            self.hashes = hash_view(hashes)
-            self.held, self.num_held, self.dup_tail, self.num_private, self.num_full_registered = [], 0, False, 0, 0
-
     live = []
     for index in range(300):
         if live and rnd.random() < 0.4:
@@ -307,12 +321,8 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
         assert a == b
         key = (a[0], a[1])
         kv = caches[key]
-        kreq = Held(hashes)
-        tokens = max(1, req.prompt_len)
-        _, _, hits = kv.match_prefix(kreq.hashes, (tokens - 1) // bs)
-        kv.acquire(kreq, hits)
-        if not kv.grow(kreq, tokens, kreq.hashes):
-            kv.release(kreq)
+        kreq = _admitted(kv, hashes, max(1, req.prompt_len))
+        if kreq is None:
             for router in (listed, arrayed):
                 router.on_release(req)
             continue
@@ -343,18 +353,12 @@ def test_kv_router_shared_cached_view_matches_every_candidates_cache(seed):
     from itertools import takewhile
 
     from aisim.actors.engine.kv_cache import KVCache
-    from aisim.actors.hashing import hash_view
 
     rnd = random.Random(seed)
     bs = rnd.choice([1, 4])
     caches = [KVCache(rnd.randint(5, 40), bs, record_events=True) for _ in range(rnd.randint(2, 9))]
     view = _CachedRuns()
     families = [[rnd.getrandbits(62) for _ in range(20)] for _ in range(3)]
-
-    class Held:
-        def __init__(self, hashes):
-            self.hashes = hash_view(hashes)
-            self.held, self.num_held, self.dup_tail, self.num_private, self.num_full_registered = [], 0, False, 0, 0
 
     live = []
     for step in range(250):
@@ -365,14 +369,9 @@ def test_kv_router_shared_cached_view_matches_every_candidates_cache(seed):
         s = rnd.randrange(len(caches))
         kv = caches[s]
         hashes = rnd.choice(families)[: rnd.randint(0, 20)] + [rnd.getrandbits(62) for _ in range(rnd.randint(1, 6))]
-        kreq = Held(hashes)
-        tokens = rnd.randint(1, len(hashes) * bs)
-        _, _, hits = kv.match_prefix(kreq.hashes, (tokens - 1) // bs)
-        kv.acquire(kreq, hits)
-        if kv.grow(kreq, tokens, kreq.hashes):
+        kreq = _admitted(kv, hashes, rnd.randint(1, len(hashes) * bs))
+        if kreq is not None:
             live.append((s, kreq))
-        else:
-            kv.release(kreq)
         for kind, hs in kv.events:
             (view.store if kind == STORED else view.remove)(s, hs)
         kv.events.clear()
