@@ -474,7 +474,9 @@ class KvRouter:
     ``active_overlap_depth``: leading request blocks already among them. Temperature 0 takes
     the lowest cost (ties: a seeded uniform pick); T > 0 samples a softmax of min-max
     normalised costs. ``track_prefill_tokens=False`` drops the prefill term (decode pools),
-    ``track_active_blocks=False`` the decode term (disaggregated prefill pools).
+    ``track_active_blocks=False`` the decode term (disaggregated prefill pools). Both depths come
+    from structures shared by all candidates (``_CachedRuns``, ``_HeldChains``), each walked once
+    per prompt for every candidate (docs/scale.md, "The KV router at many workers").
     """
 
     needs_worker_state = True
@@ -697,7 +699,7 @@ class KvRouter:
     def _select_array(self, costs: np.ndarray) -> int:
         """``_select`` over an array (ties found at C speed)."""
         lo = costs.min()
-        if self.temperature <= 0.0 or costs.max() == lo:
+        if self.temperature <= 0.0 or costs.max() == lo:  # (max only with a temperature)
             ties = np.flatnonzero(costs == lo)
             return int(ties[0]) if len(ties) == 1 else int(ties[int(self.rng.integers(len(ties)))])
         return self._select(costs.tolist())
