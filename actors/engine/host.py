@@ -283,8 +283,8 @@ class WorkerHost:
             heapq.heappush(self._inputs_of[item[4]], item[0])
             self._touched.add(item[4])
 
-    def _sync(self, wid: int, worker: EngineWorker, t: float) -> None:
-        worker.sync(t)
+    def _sync(self, wid: int, worker: EngineWorker, t: float, blocks_only: bool = False) -> None:
+        worker.sync(t, blocks_only)
         if worker.has_tiers:
             worker.publish_tiers(t)
         if worker.kv_events:
@@ -308,7 +308,7 @@ class WorkerHost:
         for wid in sorted(due):
             worker = workers[wid]
             if worker.records_kv_events or worker.exit_due(t):
-                self._sync(wid, worker, t)
+                self._sync(wid, worker, t, blocks_only=True)  # (what a router reads)
 
     def _status(self, wid: int) -> WorkerStatus:
         w = self.workers[wid]

@@ -539,8 +539,11 @@ class EngineWorker:
             "end_ms": end_ms,
         }
 
-    def sync(self, now_ms: float) -> None:
-        """Apply a planned run's passes that started before / ended by ``now_ms``."""
+    def sync(self, now_ms: float, blocks_only: bool = False) -> None:
+        """Apply a planned run's passes that started before / ended by ``now_ms``. ``blocks_only``:
+        only what others read of them (their blocks, the KV events of those ended, completions):
+        when no request leaves by then, the token counts and gaps wait for the next full sync or
+        the run's end (applied then in one piece: the same values, in the same order)."""
         run = self._run
         if run is None:
             return
@@ -548,6 +551,12 @@ class EngineWorker:
         started = min(run.num_passes, bisect_left(ends, now_ms) + 1)
         # the last pass ends (with its completions) only through finish()
         done = min(run.num_passes - 1, bisect_right(ends, now_ms))
+        if blocks_only and not run.drawn and run.joined is None:
+            x = run.next_exit
+            exits = run.exit_passes
+            if x >= len(exits) or exits[x] >= done:  # (no completion by then)
+                self._schedule_to(run, max(started, run.n_sched), done)
+                return
         if started > run.n_sched or done > run.n_done:
             self._apply_run(run, max(started, run.n_sched), done)
 
@@ -816,7 +825,12 @@ class EngineWorker:
     def _advance(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply passes up to ``sched_upto`` started and ``done_upto`` ended, no request leaving:
         blocks, gaps and token counts (the batch's requests' own state is ``_set_members``')."""
-        # schedule-time effects (blocks) of started passes; their KV events publish when they end
+        self._schedule_to(run, sched_upto, done_upto)
+        self._account(run, done_upto)
+
+    def _schedule_to(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
+        """The schedule-time effects (blocks) of passes up to ``sched_upto`` started; their KV
+        events publish when they end (those up to ``done_upto`` have)."""
         if self.records_kv_events:
             if run.held_events is not None and done_upto >= run.n_sched:
                 self.kv_events.extend(run.held_events)
@@ -834,6 +848,9 @@ class EngineWorker:
         elif sched_upto > run.n_sched:
             self._schedule_run_passes(run, sched_upto)
             run.n_sched = sched_upto
+
+    def _account(self, run: DecodeRun, done_upto: int) -> None:
+        """Gaps and token counts of the passes up to ``done_upto`` ended (their blocks scheduled)."""
         a, b = run.n_done, done_upto
         if b <= a:
             return
