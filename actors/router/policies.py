@@ -196,16 +196,8 @@ class _CachedRuns(_SharedRuns):
     def store(self, slot: int, hashes: Sequence[int]) -> None:
         """The candidate in ``slot`` cached consecutive blocks of one chain (none of them was)."""
         n = len(hashes)
-        if not n:
-            return
         bit = 1 << slot
         heads = self.heads
-        h = hashes[0]
-        if h not in heads:  # (most events: blocks no candidate holds)
-            heads[h] = node = _Node(hashes, bit)
-            self.tails[hashes[n - 1]] = node
-            self.held[slot] += n
-            return
         pos = 0
         while pos < n:
             node = heads.get(hashes[pos])

@@ -41,9 +41,6 @@ class RecordSpool:
         self._file = None  # an anonymous temporary file once the buffer outgrew SPILL_BYTES
         self._written = 0  # bytes in the file (the buffer holds those after it)
 
-    def __len__(self) -> int:
-        return len(self.index)
-
     def add(self, index: int, arrival_ms: float, record: dict) -> None:
         self.arrival.append(arrival_ms)
         self.index.append(index)
@@ -114,7 +111,7 @@ class Records(Sequence):
             yield b"".join([line(k) for k in order[a:a + LINES_PER_CHUNK]]).decode()
 
     def __eq__(self, other) -> bool:
-        if not isinstance(other, (Sequence, list)) or isinstance(other, (str, bytes)):
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
