@@ -13,6 +13,7 @@ import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
 from aisim.simulator.metrics.records import RecordSpool
+from aisim.simulator.spill import ColumnFile
 
 NAN = float("nan")
 _DTYPES = {"i": np.int64, "b": np.int8, "d": np.float64}
@@ -34,8 +35,18 @@ def _overlap(routing: list[dict], pool: str):
     return None
 
 
+#: rows the log holds in memory; each further block of rows goes to scratch files (tests lower it)
+SPILL_ROWS = 1 << 18
+_COLUMNS = ("index", "status", "arrival", "first_token", "second_token", "last_token", "terminal", "input_len",
+            "output_len", "requested", "reused", "first_reused", "host_reused", "activated")
+
+
 class RequestLog:
-    """Terminal (or final) state of every offered request, in the order they ended."""
+    """Terminal (or final) state of every offered request, in the order they ended.
+
+    About 81 bytes a request; past ``SPILL_ROWS`` rows each block of rows is written to one
+    scratch file per column (``aisim.simulator.spill``), so a ten-million-request replay holds
+    one block, and ``column`` reads one column back whole when the summary asks for it."""
 
     def __init__(self, capture: bool = False, uuid_of=None) -> None:
         self.capture = capture
@@ -59,17 +70,33 @@ class RequestLog:
         # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
         self.rejection_counts: dict[str, int] = {}
         self.rejection_examples: dict[str, tuple[int, str]] = {}
+        self._files: dict[str, ColumnFile] | None = None  # (rows written out, once past SPILL_ROWS)
+        self._written = 0
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self._written + len(self.index)
+
+    @staticmethod
+    def _raw_dtype(buf: array):
+        return np.int32 if buf.typecode == "i" else _DTYPES[buf.typecode]
+
+    def _spill(self) -> None:
+        """The rows held go to the scratch files; the columns start empty."""
+        if self._files is None:
+            self._files = {name: ColumnFile(self._raw_dtype(getattr(self, name))) for name in _COLUMNS}
+        self._written += len(self.index)
+        for name in _COLUMNS:
+            buf = getattr(self, name)
+            self._files[name].append(np.frombuffer(buf, dtype=self._raw_dtype(buf)))
+            setattr(self, name, array(buf.typecode))
 
     def column(self, name: str) -> np.ndarray:
         """A column as a numpy array: times float64, status int8, counts and indices int64."""
         buf = getattr(self, name)
         dtype = _DTYPES[buf.typecode]
-        if not len(buf):
-            return np.zeros(0, dtype=dtype)
-        values = np.frombuffer(buf, dtype=np.int32 if buf.typecode == "i" else dtype)
+        values = np.frombuffer(buf, dtype=self._raw_dtype(buf)) if len(buf) else np.zeros(0, dtype=dtype)
+        if self._files is not None:
+            values = np.concatenate((self._files[name].freeze()[:], values))
         return values.astype(np.int64) if buf.typecode == "i" else values
 
     def add(self, req: Request, final_status: int | None = None) -> None:
@@ -106,6 +133,8 @@ class RequestLog:
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
             self.records.add(req.index, req.arrival_ms, self._record(req, final_status, reused))
+        if len(self.index) >= SPILL_ROWS:
+            self._spill()
 
     def _count_rejection(self, req: Request) -> None:
         code = req.reject_reason or REJECT_UNKNOWN

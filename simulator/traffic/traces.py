@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from aisim.actors import hashing
+from aisim.simulator import spill
 from aisim.simulator.errors import InputError, NotSupportedError
 from aisim.simulator.traffic.workload import Workload
 
@@ -291,7 +292,8 @@ class _Builder:
     _COLUMNS = (("inputs", np.int64), ("outputs", np.int64), ("times", np.float64), ("counts", np.int64),
                 ("last_len", np.int64))
 
-    def __init__(self) -> None:
+    def __init__(self, block: int) -> None:
+        self.block = block  # (trace block size: every piece is one block, a request's last shorter)
         self.inputs: list[int] = []
         self.outputs: list[int] = []
         self.times: list[float] = []
@@ -309,9 +311,14 @@ class _Builder:
         self._special = False  # a row since the last flush had a session or a delay
         self._chunks: dict[str, list] = {name: [] for name in ("ids", *(c[0] for c in self._COLUMNS),
                                                                *(c[0] for c in self._SESSION_COLUMNS))}
+        # past spill.SPILL_PIECES pieces: the pieces in scratch files, written as the rows are read
+        self._spill: tuple[spill.ColumnFile, spill.ColumnFile] | None = None
+        self._pieces_held = 0  # pieces in the "ids" chunks
+        self._spilled_rows = 0  # "counts" chunks whose pieces are in the scratch files
 
-    def add(self, ids: list[int], input_len: int, output_len: int, block: int, t_ms: float | None,
+    def add(self, ids: list[int], input_len: int, output_len: int, t_ms: float | None,
             session=None, delay: float | None = None, request_id=None) -> None:
+        block = self.block
         n = -(-input_len // block) if input_len > 0 else 0
         self.ids.extend(ids[:n])
         self.counts.append(n)
@@ -344,9 +351,10 @@ class _Builder:
         self.num_rows += 1
 
     def add_plain(self, inputs: list[int], outputs: list[int], times: list[float], counts: list[int],
-                  ids: list[int], block: int) -> None:
+                  ids: list[int]) -> None:
         """Rows without sessions, delays or request ids, given as columns (``counts``: prompt blocks
         each, ``ids``: their hash ids one after another)."""
+        block = self.block
         self.inputs.extend(inputs)
         self.outputs.extend(outputs)
         self.times.extend(times)
@@ -369,6 +377,7 @@ class _Builder:
                              ("last_len", last_len)):
             self._chunks[name].append(values)
         self._chunks["ids"].append(sources)
+        self._pieces_held += len(sources)
         for name, _, _ in self._SESSION_COLUMNS:
             self._chunks[name].append(len(inputs))
         if self.request_ids is not None:
@@ -381,6 +390,7 @@ class _Builder:
         n = len(self.inputs)
         if self.ids:  # (as the workload's piece sources: hashed chunk by chunk, no whole-trace temporaries)
             self._chunks["ids"].append(hashing.trace_sources(_u64(self.ids)))
+            self._pieces_held += len(self.ids)
             self.ids = []
         for name, dtype in self._COLUMNS:
             values = getattr(self, name)
@@ -392,6 +402,32 @@ class _Builder:
                 self._chunks[name].append(np.array(getattr(self, name), dtype=dtype) if self._special else n)
             setattr(self, name, [])
         self._special = False
+        if self._spill is not None or self._pieces_held > spill.SPILL_PIECES:
+            self._spill_pieces()
+
+    def _piece_lengths(self, counts: np.ndarray, last_len: np.ndarray) -> np.ndarray:
+        """The pieces' lengths of rows with ``counts`` pieces each: one block, each row's last
+        ``last_len`` (int32 holds any piece, at half the bytes)."""
+        ends = np.cumsum(counts)
+        lens = np.full(int(ends[-1]) if len(ends) else 0, self.block, dtype=np.int32)
+        has = counts > 0
+        lens[ends[has] - 1] = last_len[has]
+        return lens
+
+    def _spill_pieces(self) -> None:
+        """The pieces held so far go to the scratch files (opened the first time)."""
+        if self._spill is None:
+            self._spill = (spill.ColumnFile(np.uint64), spill.ColumnFile(np.int32))
+        src_file, len_file = self._spill
+        for ids in self._chunks["ids"]:
+            src_file.append(ids)
+        self._chunks["ids"] = []
+        self._pieces_held = 0
+        counts, last = self._chunks["counts"], self._chunks["last_len"]
+        for k in range(self._spilled_rows, len(counts)):
+            len_file.append(self._piece_lengths(counts[k], last[k]))
+            last[k] = None  # (no longer needed: the lengths are written)
+        self._spilled_rows = len(counts)
 
     def _column(self, name: str, dtype) -> np.ndarray:
         """The column's chunks as one array (the chunks let go of as it is made)."""
@@ -405,16 +441,19 @@ class _Builder:
         parts = [np.full(p, default, dtype=dtype) if isinstance(p, int) else p for p in self._chunks[name]]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-    def build(self, block: int, description: str, recorded_total_ms: list[float] | None = None,
+    def build(self, description: str, recorded_total_ms: list[float] | None = None,
               origin_ms: float = 0.0) -> Workload:
         self.flush()
-        col = {name: self._column(name, dtype) for name, dtype in (*self._COLUMNS, ("ids", np.uint64))}
+        if self._spill is not None:
+            self._chunks["last_len"] = []  # (the flush wrote every row's pieces)
+        col = {name: self._column(name, dtype)
+               for name, dtype in (*self._COLUMNS, ("ids", np.uint64)) if name != "last_len" or self._spill is None}
         counts = col["counts"]
         ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        # (block-sized pieces, each request's last shorter: int32 holds any piece, at half the bytes)
-        lens = np.full(int(ptr[-1]), block, dtype=np.int32)
-        has = counts > 0
-        lens[ptr[1:][has] - 1] = col["last_len"][has]
+        if self._spill is None:
+            src, lens = col["ids"], self._piece_lengths(counts, col["last_len"])
+        else:
+            src, lens = (f.freeze() for f in self._spill)
         session = {name: self._session_column(name, dtype, default) if self.any_session else None
                    for name, dtype, default in self._SESSION_COLUMNS}
         return Workload(
@@ -422,7 +461,7 @@ class _Builder:
             output_len=col["outputs"],
             timestamp_ms=col["times"],
             piece_ptr=ptr,
-            piece_src=col["ids"],
+            piece_src=src,
             piece_len=lens,
             session_index=session["sessions"],
             turn_index=session["turns"],
@@ -475,7 +514,7 @@ def _plain_mooncake_columns(rows: list, block_size: int, b: _Builder) -> bool:
         return False  # an input longer than its hash ids hold
     counts = [-(-n // block_size) for n in inp]
     b.add_plain(inp, out, list(map(float, ts)), counts,
-                list(chain.from_iterable(map(list.__getitem__, ids, map(slice, counts)))), block_size)
+                list(chain.from_iterable(map(list.__getitem__, ids, map(slice, counts)))))
     return True
 
 
@@ -483,7 +522,7 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
     """Mooncake JSONL rows: timestamp|created_time (ms), input_length|input_tokens, output_length|
     output_tokens, hash_ids (one id per trace block; shared leading ids = shared prefix),
     optional session_id (turns in file order), delay|delay_ms, request_id."""
-    b = _Builder()
+    b = _Builder(block_size)
     description = f"mooncake:{','.join(p.name for p in paths)}"
     sessions_seen: set = set()
     for path in paths:
@@ -495,7 +534,7 @@ def read_mooncake(paths: list[Path], block_size: int = 512, need_timestamps: boo
             b.flush()
     if not b.num_rows:
         raise InputError(", ".join(str(p) for p in paths), "trace holds no requests")
-    return b.build(block_size, description)
+    return b.build(description)
 
 
 def _mooncake_row(b: _Builder, row: dict, where: str, block_size: int, need_timestamps: bool,
@@ -519,7 +558,7 @@ def _mooncake_row(b: _Builder, row: dict, where: str, block_size: int, need_time
                                 "for traffic.load.type trace_timestamps")
     if delay is not None and delay > 0 and first_turn:
         raise InputError(where, "field 'delay' is only allowed on later turns of a session")
-    b.add(ids, inp, out, block_size, ts, session, delay, row.get("request_id"))
+    b.add(ids, inp, out, ts, session, delay, row.get("request_id"))
 
 
 # -- dynamo.request.trace.v1 --------------------------------------------------------------
@@ -603,8 +642,8 @@ def read_dynamo(paths: list[Path]) -> Workload:
     src = src[np.repeat(first - ptr[:-1], count) + np.arange(int(ptr[-1]), dtype=np.int64)]
     inp_len = np.array(inputs, dtype=np.int64)[order]
     t0 = float(start_ms[order[0]])
-    b = _Builder()
+    b = _Builder(block)
     b.add_arrays(inp_len, np.array(outputs, dtype=np.int64)[order], start_ms[order] - t0, count, src,
                  np.where(count > 0, inp_len - (count - 1) * block, 0))
     b.request_ids = [rids[i] for i in order.tolist()]
-    return b.build(block, f"dynamo:{','.join(p.name for p in paths)}", np.array(totals)[order], t0)
+    return b.build(f"dynamo:{','.join(p.name for p in paths)}", np.array(totals)[order], t0)

@@ -17,6 +17,7 @@ import numpy as np
 
 from aisim.actors import hashing
 from aisim.actors.engine.radix_cache import TokenSeq
+from aisim.simulator.spill import SpilledArray
 
 OUTPUT_TAG = 0x0_0777  # generated-output pieces
 UNIQUE_PROMPT_TAG = 0x0_0888  # prompt tokens private to one request (synthetic traffic)
@@ -108,7 +109,11 @@ class Workload:
         h = hashlib.sha256()
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, np.ndarray):
+            if isinstance(v, SpilledArray):  # (the same bytes, read a range at a time)
+                h.update(f"{f.name}:{v.dtype.str}:{v.shape}".encode())
+                for part in v.chunks():
+                    h.update(part.tobytes())
+            elif isinstance(v, np.ndarray):
                 h.update(f"{f.name}:{v.dtype.str}:{v.shape}".encode())
                 h.update(np.ascontiguousarray(v).tobytes())
             else:
@@ -119,6 +124,11 @@ class Workload:
         if self.request_ids is not None and self.request_ids[i] is not None:
             return self.request_ids[i]
         return f"req-{i:07d}"
+
+
+def output_sources(lo: int, hi: int) -> np.ndarray:
+    """The sources of the output pieces of requests ``lo .. hi - 1`` (one private piece each)."""
+    return hashing.unique_sources(OUTPUT_TAG, np.arange(lo, hi, dtype=np.int64))
 
 
 class BlockHashStore:
@@ -134,9 +144,6 @@ class BlockHashStore:
         self.max_chunks = max_chunks
         # (chunk, block size) -> (the chunk's hashes as bytes, byte offset of each request's)
         self._chunks: OrderedDict[tuple[int, int], tuple[bytes, list[int]]] = OrderedDict()
-        n = workload.num_requests
-        self._out_src = hashing.unique_sources(OUTPUT_TAG, np.arange(n, dtype=np.int64))
-        self._piece_cum: np.ndarray | None = None  # (token_pieces: the pieces' ends on one axis)
 
     def block_hashes(self, index: int, block_size: int) -> memoryview:
         """The request's hashes as ``actors.hashing.hash_view`` gives them (its own buffer)."""
@@ -158,13 +165,10 @@ class BlockHashStore:
         """The request's tokens as pieces (its prompt's, then its output's): what an SGLang radix
         cache compares."""
         w = self.w
-        cum = self._piece_cum
-        if cum is None:  # (every piece's end on one axis, once: a request's ends are a slice of it)
-            cum = self._piece_cum = np.concatenate(([0], np.cumsum(w.piece_len, dtype=np.int64)))
         p0, p1 = w.piece_ptr[index : index + 2].tolist()
         src = w.piece_src[p0:p1].tolist()
-        ends = (cum[p0 + 1 : p1 + 1] - cum[p0]).tolist()
-        src.append(int(self._out_src[index]))
+        ends = np.cumsum(w.piece_len[p0:p1], dtype=np.int64).tolist()
+        src.append(int(output_sources(index, index + 1)[0]))
         ends.append((ends[-1] if ends else 0) + max(int(w.output_len[index]), 1))
         return TokenSeq(src, ends)
 
@@ -185,7 +189,7 @@ class BlockHashStore:
         lens = np.empty(total, dtype=np.int64)
         src[~is_out] = w.piece_src[p0:p1]
         lens[~is_out] = w.piece_len[p0:p1]
-        src[out_pos] = self._out_src[lo:hi]
+        src[out_pos] = output_sources(lo, hi)
         out_len = w.output_len[lo:hi]
         lens[out_pos] = np.maximum(out_len, 1)
         seq_len = w.input_len[lo:hi] + out_len

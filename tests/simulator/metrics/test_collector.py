@@ -29,3 +29,20 @@ def test_columns_come_back_as_int64_float64_and_int8_from_4_byte_counts():
     assert log.column("reused").tolist() == [64, 64] and log.column("output_len").tolist() == [3, 1]
     assert log.column("status").tolist() == [STATUS_COMPLETED, STATUS_INCOMPLETE]
     assert log.column("arrival").tolist() == [1.5, 0.25] and log.column("first_token").dtype == np.float64
+
+
+def test_rows_past_the_spill_limit_are_written_out_and_read_back_in_order(monkeypatch):
+    from aisim.simulator.metrics import collector
+
+    monkeypatch.setattr(collector, "SPILL_ROWS", 3)
+    log = RequestLog()
+    for i in range(8):  # (two blocks of 3 written out, 2 rows held)
+        log.add(_request(i, 1000 + i, 1 + i % 2, 0.5 * i), STATUS_INCOMPLETE if i == 4 else None)
+    assert len(log) == 8 and len(log.index) == 2
+    assert log.column("index").tolist() == list(range(8)) and log.column("index").dtype == np.int64
+    assert log.column("input_len").tolist() == [1000 + i for i in range(8)]
+    assert log.column("arrival").tolist() == [0.5 * i for i in range(8)]
+    assert log.column("status").tolist() == [STATUS_INCOMPLETE if i == 4 else STATUS_COMPLETED for i in range(8)]
+    assert log.column("status").dtype == np.int8 and log.column("terminal").dtype == np.float64
+    log.add(_request(8, 9, 1, 4.0))  # (a third block written out: nothing held)
+    assert len(log) == 9 and len(log.index) == 0 and log.column("output_len").tolist()[-3:] == [1, 2, 1]

@@ -41,7 +41,7 @@ def test_plain_mooncake_rows_read_by_column_equal_the_row_by_row_reading(monkeyp
     plain = write(tmp_path / "plain.jsonl", rows)
     shard = write(tmp_path / "shard.jsonl", rows[:50])
     by_column = [read_mooncake([plain], block_size), read_mooncake([plain, shard], block_size)]
-    assert traces._plain_mooncake_columns(rows, block_size, traces._Builder())
+    assert traces._plain_mooncake_columns(rows, block_size, traces._Builder(block_size))
     monkeypatch.setattr(traces, "_plain_mooncake_columns", lambda *args: False)
     by_row = [read_mooncake([plain], block_size), read_mooncake([plain, shard], block_size)]
     assert [w.digest for w in by_column] == [w.digest for w in by_row]
@@ -111,7 +111,7 @@ def test_rows_other_than_plain_mooncake_go_row_by_row(change):
 
     rows = [{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]} for _ in range(3)]
     rows[1] = {**rows[1], **change}
-    assert not traces._plain_mooncake_columns(rows, 512, traces._Builder())
+    assert not traces._plain_mooncake_columns(rows, 512, traces._Builder(512))
 
 
 def test_mooncake_input_length_fits_hash_ids_and_defaults_to_them(tmp_path):
