@@ -101,7 +101,13 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray, presorted: bool = Fa
 def plain_stats(values: np.ndarray) -> dict[str, float | None]:
     """Statistics of an unweighted sample (NaNs dropped)."""
     values = np.asarray(values, dtype=np.float64)
-    values = values[~np.isnan(values)]
+    values = values[~np.isnan(values)]  # (a copy of its own: sorted in place)
     if len(values) == 0:
         return empty_stats()
-    return weighted_stats(values, np.ones(len(values), dtype=np.int64))
+    # distinct_sorted of weights 1, without an index or weight array (a ten-million-request
+    # column's statistics then need about four copies of it, not nine): the same sort of the
+    # same values, so the same distinct values and counts
+    values.sort()
+    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
+    counts = np.diff(starts, append=len(values))
+    return weighted_stats(values[starts], counts, presorted=True)

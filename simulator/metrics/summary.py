@@ -127,39 +127,44 @@ def summarize(
     # percentile rule decides for all of them at once below)
     per_request_sla = sla is not None and sla.is_set and sla.percentile == "mean"
     ok = done.copy() if per_request_sla else None
+    # (each metric's statistics taken as soon as it is made, and the metric let go of)
+    stats: dict = {}
+    num_samples: dict = {}
+
+    def take(name: str, values: np.ndarray) -> None:
+        stats[name] = plain_stats(values)
+        num_samples[name] = len(values)
+
     first = log.column("first_token")
     arrival = log.column("arrival")
     t = first - arrival
-    ttft = t[done & ~np.isnan(first)]
+    take("ttft", t[done & ~np.isnan(first)])
     if per_request_sla and sla.ttft_ms is not None:
         ok &= ~np.isnan(t) & (t <= sla.ttft_ms)
     last = log.column("last_token")
     t = last - arrival
     del arrival
-    e2e = t[done & ~np.isnan(last)]
+    take("e2e_latency", t[done & ~np.isnan(last)])
     if per_request_sla and sla.e2e_ms is not None:
         ok &= ~np.isnan(t) & (t <= sla.e2e_ms)
     del t
     tpot_mask = done & (out_len >= 2) & ~np.isnan(first)
     tpot = ((last - first)[tpot_mask]) / (out_len[tpot_mask] - 1)
     del last
+    take("tpot", tpot)
     if per_request_sla and sla.itl_ms is not None:
         per_req_itl = np.full(len(done), -np.inf)
         per_req_itl[tpot_mask] = tpot
         ok &= per_req_itl <= sla.itl_ms  # a single-token request has no ITL and passes
         del per_req_itl
-    del tpot_mask
+    del tpot_mask, tpot
     second = log.column("second_token")
-    ttst = (second - first)[done & (out_len >= 2) & ~np.isnan(second)]
+    take("ttst", (second - first)[done & (out_len >= 2) & ~np.isnan(second)])
     del second
     activated = log.column("activated")
     handed = done & ~np.isnan(activated) & ~np.isnan(first)
     handoff_ms = float(np.mean(np.sort((first - activated)[handed]))) if handed.any() else None
     del activated, handed, first
-
-    stats = {"ttft": plain_stats(ttft), "tpot": plain_stats(tpot), "e2e_latency": plain_stats(e2e)}  # once
-    num_samples = {"ttft": len(ttft), "tpot": len(tpot), "e2e_latency": len(e2e)}
-    del ttft, tpot, e2e
     if sla is not None and sla.is_set:
         if not per_request_sla:
             # the deployment meets the SLA when the P-th percentile of every limited metric is within it
@@ -201,8 +206,7 @@ def summarize(
     s["num_tpot_samples"] = num_samples["tpot"]
     s["num_e2e_latency_samples"] = num_samples["e2e_latency"]
     _family(s, "ttft", stats["ttft"])
-    _family(s, "ttst", plain_stats(ttst))
-    del ttst
+    _family(s, "ttst", stats["ttst"])
     _family(s, "tpot", stats["tpot"])
     itl, per_user, num_itl = gap_statistics(gap_sinks)
     _family(s, "itl", itl)

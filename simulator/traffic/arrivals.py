@@ -48,6 +48,8 @@ class ArrivalRun:
     def on_terminal(self, index: int, now_ms: float) -> list[tuple[float, int]]:
         """Arrivals ``index`` ending at ``now_ms`` triggers: its session's next turn, if any."""
         p = self.process
+        if p._next_turn is None:  # (no sessions)
+            return []
         nxt = int(p._next_turn[index])
         if nxt < 0:
             return []
@@ -85,31 +87,43 @@ class ArrivalProcess:
     def __init__(self, workload: Workload, first_turn_times_ms: np.ndarray, delay_scale: float = 1.0) -> None:
         """``first_turn_times_ms[i]`` is request i's arrival if it starts a session (or has none)."""
         self._setup(workload, delay_scale)
-        idx = self._starters
-        t = np.asarray(first_turn_times_ms, dtype=np.float64)[idx]
-        order = np.lexsort((idx, t))
-        self._initial_times = _frozen(t[order])
-        self._initial_idx = _frozen(idx[order])
+        t = np.asarray(first_turn_times_ms, dtype=np.float64)
+        if self._starters is None and not (t[1:] < t[:-1]).any() and not np.isnan(t).any():  # (in order already)
+            self._initial_times = _frozen(t)
+            self._initial_idx = _frozen(np.arange(len(t), dtype=np.int64))
+        else:
+            idx = self.starters()
+            t = t[idx]
+            order = np.lexsort((idx, t))
+            self._initial_times = _frozen(t[order])
+            self._initial_idx = _frozen(idx[order])
         self._sealed = True
+
+    def starters(self) -> np.ndarray:
+        """The requests that start a session or have none (ascending)."""
+        return self._starters if self._starters is not None else np.arange(self.w.num_requests, dtype=np.int64)
 
     def _setup(self, workload: Workload, delay_scale: float) -> None:
         self.w = workload
         self.delay_scale = delay_scale
         n = workload.num_requests
+        if not workload.has_sessions():  # (no follow-ups: nothing per request; delays are later turns')
+            self._next_turn = self._turn_delay = self._starters = None
+            self._follows = False
+            return
         next_turn = np.full(n, -1, dtype=np.int64)
         starters = np.ones(n, dtype=bool)
-        if workload.has_sessions():
-            sess = workload.session_index
-            last_of: dict[int, int] = {}
-            for i in range(n):
-                s = int(sess[i])
-                if s < 0:
-                    continue
-                prev = last_of.get(s)
-                if prev is not None:
-                    next_turn[prev] = i
-                    starters[i] = False
-                last_of[s] = i
+        sess = workload.session_index
+        last_of: dict[int, int] = {}
+        for i in range(n):
+            s = int(sess[i])
+            if s < 0:
+                continue
+            prev = last_of.get(s)
+            if prev is not None:
+                next_turn[prev] = i
+                starters[i] = False
+            last_of[s] = i
         d = workload.delay_ms
         # the delay before request i when it follows its session's previous turn
         turn_delay = np.zeros(n) if d is None else np.where(np.isnan(d), 0.0, np.asarray(d, dtype=np.float64) / delay_scale)
@@ -144,6 +158,7 @@ class ClosedLoop(ArrivalProcess):
 
     def __init__(self, workload: Workload, concurrency: int) -> None:
         self._setup(workload, 1.0)
+        self._starters = _frozen(self.starters())  # (the queue of session starters)
         self.concurrency = concurrency
         k = max(0, min(concurrency, len(self._starters)))
         self._initial_times = _frozen(np.zeros(k))

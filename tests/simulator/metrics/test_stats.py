@@ -78,3 +78,12 @@ def test_mean_and_std_do_not_depend_on_the_blas_threads():
                            cwd=root, check=True)
         out.append(p.stdout)
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("kind", ["spread", "ties", "nan"])
+def test_plain_stats_equal_the_weighted_statistics_of_weight_one(kind):
+    rng = np.random.default_rng(3)
+    v = {"spread": rng.exponential(100.0, 5001), "ties": np.round(rng.exponential(10.0, 5001)),
+         "nan": np.where(rng.random(5001) < 0.1, np.nan, rng.random(5001))}[kind]
+    kept = v[~np.isnan(v)]
+    assert plain_stats(v) == weighted_stats(kept, np.ones(len(kept), dtype=np.int64))
