@@ -1,9 +1,10 @@
-"""Ray runtime: the engine hosts, the router and the Planner as Ray actors.
+"""Ray runtime: the engine hosts and the Planner as Ray actors, the router with the coordinator.
 
-The coordinator stays in the driver and owns the clock; every message to and from
-an actor is msgpack bytes (the same plain data ``LocalRuntime(wire=True)`` round-trips), so
-a replay on Ray gives byte for byte what it gives in process. Calls to the engine hosts of
-one edge go out together and run in parallel.
+The coordinator stays in the driver and owns the clock, and the router lives beside it (each
+edge waits for its answer before anything moves: an actor would only add a round trip). Every
+message to and from an actor is msgpack bytes (the same plain data ``LocalRuntime(wire=True)``
+round-trips), so a replay on Ray gives byte for byte what it gives in process. Calls to the
+engine hosts of one edge go out together and run in parallel.
 
 Lifecycle: without an address a fresh local Ray is started with ``ray.init(address="local")``
 (usage stats off, no dashboard; never a cluster named by RAY_ADDRESS or a leftover
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
+import struct
 import threading
 
 from aisim.actors.protocol import (
@@ -29,6 +32,7 @@ from aisim.actors.protocol import (
     host_finish_from_wire,
     host_output_from_wire,
 )
+from aisim.actors.router.host import RouterHost
 from aisim.simulator.config.env import env_float
 from aisim.simulator.errors import AisimError, InputError, RuntimeFailure
 from aisim.simulator.runtime.local import RuntimeCounters, assign_workers, count_step, pack, unpack
@@ -69,6 +73,19 @@ def _actor_classes():
         def ready(self) -> bool:
             return True
 
+        def open_channel(self, token: bytes, accept_timeout_s: float) -> tuple[str, int]:
+            """Listen for the driver's direct connection (``_Channel``) on this node's address;
+            returns (address, port). One connection, which must open with ``token``."""
+            import ray
+
+            ip = ray.util.get_node_ip_address()
+            srv = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+            srv.bind((ip, 0))
+            srv.listen(1)
+            srv.settimeout(accept_timeout_s)
+            threading.Thread(target=_serve, args=(self, srv, token), name="aisim-edge-channel", daemon=True).start()
+            return ip, srv.getsockname()[1]
+
         def step(self, payload: bytes) -> bytes:
             return pack(self.host.step(*unpack(payload)))
 
@@ -86,18 +103,6 @@ def _actor_classes():
 
         def finish(self, end_ms: float) -> bytes:
             return pack(self.host.finish(end_ms))
-
-    class RouterHostActor:
-        def __init__(self, routers) -> None:
-            from aisim.actors.router.host import RouterHost
-
-            self.host = RouterHost(routers)
-
-        def ready(self) -> bool:
-            return True
-
-        def step(self, payload: bytes) -> bytes:
-            return pack(self.host.step(*unpack(payload)))
 
     class PlannerHostActor:
         def __init__(self, planner) -> None:
@@ -117,7 +122,7 @@ def _actor_classes():
         def planner(self):
             return self.host.planner  # once, at the end (pickled)
 
-    _ACTORS = tuple(ray.remote(c) for c in (EngineHostActor, RouterHostActor, PlannerHostActor))
+    _ACTORS = tuple(ray.remote(c) for c in (EngineHostActor, PlannerHostActor))
     return _ACTORS
 
 
@@ -361,6 +366,105 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+# -- the edge channels --------------------------------------------------------------------------
+# Ray places, starts and supervises the engine-host actors; the calls of an edge go over one TCP
+# connection per actor that the driver opens at start (docs/scale.md, "Ray at scale"). A Ray actor
+# call costs ~0.7 ms a round trip here (task submission, scheduling, the reply through the owner),
+# more than a 10 ms window's work on a host; Ray's compiled graphs cut that to ~0.08 ms, but their
+# readers spin while they wait (a whole core per idle actor), which on a machine with as many
+# actors as cores starves the driver. A socket read blocks: ~0.05 ms a round trip, no idle cost.
+# A frame: kind (1 byte: a method's index in _METHODS, or in an answer 0 = ok, 1 = failed), length
+# (8 bytes, big-endian), then the msgpack payload (a failure: its message, UTF-8).
+
+_METHODS = ("step", "deliver", "reserve", "match_prefix", "kv_contents")
+_HEADER = struct.Struct(">BQ")
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes from ``sock``; None at end of stream."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def _serve(actor, srv: socket.socket, token: bytes) -> None:
+    """An engine-host actor's side of its channel (a thread): accept the driver, check its token,
+    then answer frames until the driver closes the connection."""
+    try:
+        conn, _ = srv.accept()
+    except OSError:  # (no driver within the timeout: the run failed to start; nothing to serve)
+        return
+    finally:
+        srv.close()
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if _read_exactly(conn, len(token)) != token:
+            return
+        while True:
+            header = _read_exactly(conn, _HEADER.size)
+            if header is None:
+                return
+            code, n = _HEADER.unpack(header)
+            payload = _read_exactly(conn, n) if n else b""
+            if payload is None:
+                return
+            try:
+                out, status = getattr(actor, _METHODS[code])(payload), 0
+            except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
+                out, status = f"{type(exc).__name__}: {exc}".encode(), 1
+            conn.sendall(_HEADER.pack(status, len(out)) + out)
+
+
+class _Channel:
+    """The driver's connection to one engine-host actor."""
+
+    def __init__(self, address, token: bytes, connect_timeout_s: float, call_timeout_s: float) -> None:
+        host, port = address
+        try:
+            self.sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+        except OSError as exc:
+            raise RuntimeFailure(f"could not connect to a Ray engine actor at {host}:{port} ({exc.strerror or exc}); "
+                                 "the driver must reach the worker nodes' addresses") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(call_timeout_s)
+        self.call_timeout_s = call_timeout_s
+        self.sock.sendall(token)
+
+    def send(self, code: int, payload: bytes, what: str) -> None:
+        try:
+            self.sock.sendall(_HEADER.pack(code, len(payload)) + payload)
+        except OSError as exc:
+            raise RuntimeFailure(f"a Ray actor died during {what}: its connection failed ({exc})") from None
+
+    def receive(self, what: str) -> bytes:
+        try:
+            header = _read_exactly(self.sock, _HEADER.size)
+            status, n = _HEADER.unpack(header) if header is not None else (None, 0)
+            body = _read_exactly(self.sock, n) if header is not None and n else b""
+        except TimeoutError:
+            raise RuntimeFailure(f"Ray actors did not answer {what} within {self.call_timeout_s:.0f} s "
+                                 "(AISIM_RAY_CALL_TIMEOUT_S raises the limit)", category="timeout") from None
+        except OSError as exc:
+            raise RuntimeFailure(f"a Ray actor died during {what}: its connection failed ({exc})") from None
+        if header is None or body is None:
+            raise RuntimeFailure(f"a Ray actor died during {what}: its connection closed")
+        if status:
+            raise RuntimeFailure(f"a Ray actor failed during {what}: {body.decode(errors='replace')}")
+        return body
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
 class RayRuntime:
     name = "ray"
     direct = False  # requests cross in their wire form
@@ -378,15 +482,22 @@ class RayRuntime:
             n = engine_actors or max(1, min(len(worker_roles), cpus))
             self.num_hosts = n
             per_actor = 1 if n <= cpus and reserve_cpus else 0  # one CPU each when the cluster has them (else share)
-            engine_cls, router_cls, planner_cls = _actor_classes()
+            engine_cls, planner_cls = _actor_classes()
             pools_ref = ray.put(pools)
             workload_ref = ray.put(workload)
             self.hosts = [engine_cls.options(num_cpus=per_actor, scheduling_strategy="SPREAD").remote(
                 pools_ref, workload_ref, ws) for ws in assign_workers(worker_roles, n)]
-            self.router = router_cls.options(num_cpus=0).remote(routers)
+            # the router lives here, with the coordinator: every edge waits for its answer before
+            # anything else moves, so an actor of its own would add a round trip per edge (and ship
+            # the eligible workers and their ranks each time) for no parallelism
+            self.router = RouterHost(routers)
             self.planner_actor = planner_cls.options(num_cpus=0).remote(planner) if planner is not None else None
-            self._actors = self.hosts + [self.router] + ([self.planner_actor] if self.planner_actor else [])
+            self._actors = self.hosts + ([self.planner_actor] if self.planner_actor else [])
             self._get([a.ready.remote() for a in self._actors], self.start_timeout_s, "starting the actors")
+            token = secrets.token_bytes(16)
+            addresses = self._get([h.open_channel.remote(token, self.start_timeout_s) for h in self.hosts],
+                                  self.start_timeout_s, "opening the actors' channels")
+            self._channels = [_Channel(addr, token, self.start_timeout_s, self.call_timeout_s) for addr in addresses]
         except BaseException:
             self.close()
             raise
@@ -397,7 +508,7 @@ class RayRuntime:
         ray = self.ray
         try:
             return ray.get(refs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
+        except (ray.exceptions.GetTimeoutError, TimeoutError):
             raise RuntimeFailure(f"Ray actors did not answer {what} within {timeout:.0f} s "
                                  "(AISIM_RAY_CALL_TIMEOUT_S raises the limit)", category="timeout") from None
         except ray.exceptions.RayActorError as exc:
@@ -405,47 +516,51 @@ class RayRuntime:
         except ray.exceptions.RayTaskError as exc:
             raise RuntimeFailure(f"a Ray actor failed during {what}: {_first_line(exc.cause or exc)}") from None
 
+    def _edge(self, method: str, payloads: dict, what: str) -> list:
+        """``method`` of each host in ``payloads`` (host -> msgpack bytes), all sent before any
+        answer is read (the hosts work in parallel); their answers unpacked, in that order."""
+        code = _METHODS.index(method)
+        channels = self._channels
+        for h, payload in payloads.items():
+            channels[h].send(code, payload, what)
+        return [unpack(channels[h].receive(what)) for h in payloads]
+
     # the coordinator's calls (see LocalRuntime)
     def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
-        refs = [self.hosts[h].step.remote(pack([control, inputs, start, until, stop_at_handoff]))
-                for h, (control, inputs) in calls.items()]
-        outs = [host_output_from_wire(unpack(b)) for b in self._get(refs, what="an engine step")]
+        payloads = {h: pack([control, inputs, start, until, stop_at_handoff]) for h, (control, inputs) in calls.items()}
+        outs = [host_output_from_wire(o) for o in self._edge("step", payloads, "an engine step")]
         count_step(self.counters, calls, outs)
         return outs
 
     def deliver(self, calls: dict, now: float) -> list[HostOutput]:
-        refs = [self.hosts[h].deliver.remote(pack([control, inputs, now])) for h, (control, inputs) in calls.items()]
-        outs = [host_output_from_wire(unpack(b)) for b in self._get(refs, what="a Planner snapshot")]
+        payloads = {h: pack([control, inputs, now]) for h, (control, inputs) in calls.items()}
+        outs = [host_output_from_wire(o) for o in self._edge("deliver", payloads, "a Planner snapshot")]
         count_step(self.counters, calls, outs)
         return outs
 
     def reserve(self, queries: dict) -> tuple[dict, list]:
         self.counters.num_calls += len(queries)
-        hosts = list(queries)
-        refs = [self.hosts[h].reserve.remote(pack(queries[h])) for h in hosts]
         answers, statuses = {}, []
-        for h, b in zip(hosts, self._get(refs, what="a destination reservation")):
-            ok, st = unpack(b)
+        outs = self._edge("reserve", {h: pack(q) for h, q in queries.items()}, "a destination reservation")
+        for h, (ok, st) in zip(queries, outs):
             answers[h] = ok
             statuses.extend(WorkerStatus._make(s) for s in st)
         return answers, statuses
 
     def match_prefix(self, queries: dict) -> dict:
         self.counters.num_calls += len(queries)
-        hosts = list(queries)
-        refs = [self.hosts[h].match_prefix.remote(pack(queries[h])) for h in hosts]
-        return {h: unpack(b) for h, b in zip(hosts, self._get(refs, what="a KV prefix lookup"))}
+        outs = self._edge("match_prefix", {h: pack(q) for h, q in queries.items()}, "a KV prefix lookup")
+        return dict(zip(queries, outs))
 
     def kv_contents(self, wids: list[int]) -> dict[int, list]:
         self.counters.num_calls += self.num_hosts
-        outs = self._get([h.kv_contents.remote(pack(wids)) for h in self.hosts], what="the KV cache contents")
-        return {wid: ranks for b in outs for wid, ranks in unpack(b)}
+        outs = self._edge("kv_contents", {h: pack(wids) for h in range(self.num_hosts)}, "the KV cache contents")
+        return {wid: ranks for out in outs for wid, ranks in out}
 
     def route(self, updates, requests, eligible, ranks_of) -> list:
         self.counters.num_calls += 1
         self.counters.num_messages += len(updates) + len(requests)
-        ref = self.router.step.remote(pack([updates, requests, eligible, ranks_of]))
-        return unpack(self._get(ref, what="routing"))
+        return self.router.step(updates, requests, eligible, ranks_of)
 
     def initial_tick_ms(self) -> float:
         return self._get(self.planner_actor.initial_tick_ms.remote(), what="the Planner's start")
@@ -466,6 +581,9 @@ class RayRuntime:
 
     def close(self) -> None:
         ray = self.ray
+        for c in getattr(self, "_channels", ()):
+            c.close()
+        self._channels = []
         for a in self._actors:
             try:
                 ray.kill(a)
