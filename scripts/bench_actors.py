@@ -14,6 +14,11 @@ host called directly. The local runs go first, before Ray's daemons start.
 
     python scripts/bench_actors.py                         # the issue's six runs
     python scripts/bench_actors.py --requests 20000 --backends local --json
+    python scripts/bench_actors.py --windows 10 100 --engine-actors 2 --ray-address 127.0.0.1:6379  # a cluster
+
+On Ray each run also prints how long the driver worked on its own (coordinator, router,
+decoding answers) and how long each engine actor worked: the terms of the cost model in
+BENCHMARKS.md ("Ray at scale").
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ def main() -> int:
     ap.add_argument("--windows", type=float, nargs="+", default=[0.0, 10.0, 100.0], help="router_sync_ms values")
     ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=("local", "ray"))
     ap.add_argument("--engine-actors", type=int, default=None, help="Ray actors holding the workers (default: one per CPU)")
+    ap.add_argument("--ray-address", default=None,
+                    help="join this Ray cluster (HOST:PORT) instead of starting a local Ray")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
 
@@ -99,8 +106,11 @@ def main() -> int:
             import ray
 
             t0 = time.perf_counter()
-            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                     configure_logging=False)
+            if args.ray_address:
+                ray.init(address=args.ray_address, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                         configure_logging=False)
             ray_start_s = time.perf_counter() - t0
         for w in args.windows:
             ex = ExecutionPlan(backend=backend, router_sync_ms=w, engine_actors=args.engine_actors)
@@ -109,17 +119,23 @@ def main() -> int:
             wall = time.perf_counter() - t0
             s, rt = rep.summary, rep.diagnostics["runtime"]
             row = {"backend": backend, "router_sync_ms": w, "wall_s": wall,
-                   "engine_hosts": rt.get("num_hosts"), "edges": rt.get("num_edges"), "calls": rt.get("num_calls"),
+                   "engine_hosts": rt.get("num_hosts"), "nodes": rt.get("num_nodes"), "edges": rt.get("num_edges"), "calls": rt.get("num_calls"),
                    "messages_per_call": rt.get("messages_per_call"), "requests": s["num_requests"],
                    "mean_ttft_ms": s["mean_ttft_ms"], "p90_ttft_ms": s["p90_ttft_ms"], "mean_itl_ms": s["mean_itl_ms"],
                    "prefix_cache_reused_ratio": s["prefix_cache_reused_ratio"],
                    "simulated_s": s["duration_ms"] / 1000}
+            if rt.get("host_busy_s") is not None:  # (Ray: the driver's own seconds, each host's)
+                row["driver_busy_s"] = wall - rt["driver_wait_s"]
+                row["host_busy_s"] = rt["host_busy_s"]
             rows.append(row)
             if not args.json:
                 calls = f"{row['calls']:,} calls, {row['messages_per_call']:.1f} msg/call, {row['edges']:,} edges"
                 print(f"{backend:5} W={w:>5g} ms: {wall:7.2f} s  ({calls})  TTFT mean {row['mean_ttft_ms']:.1f} "
                       f"p90 {row['p90_ttft_ms']:.1f} ms  ITL {row['mean_itl_ms']:.2f} ms  reuse "
                       f"{row['prefix_cache_reused_ratio']:.4f}", flush=True)
+                if "host_busy_s" in row:
+                    print(f"      {row['nodes']} node(s), driver busy {row['driver_busy_s']:.2f} s, hosts busy "
+                          f"{', '.join(f'{b:.2f}' for b in row['host_busy_s'])} s", flush=True)
     if ray_start_s is not None:
         import ray
 

@@ -52,6 +52,8 @@ engine:
 router: {{policy: {router}}}
 evaluation:
   sla: {{ttft_ms: 1500, itl_ms: 50}}
+execution:
+  resources: {{initialization_timeout_seconds: 3600}}  # (ten million rows take ~50 s to read)
 """
 
 def repeated_trace(source: Path, requests: int, out: Path) -> Path:

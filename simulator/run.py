@@ -273,7 +273,8 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
             runtime.close()
         if retune is not None:
             retune.close()
-    runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_edges": coord.num_edges,
+    runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_nodes": runtime.num_nodes,
+                    "num_edges": coord.num_edges,
                     **runtime.counters.as_dict()}
     return _report(plan, actors, coord, log, planner, runtime_info, planner_clock.total_s, t_wall, retune)
 

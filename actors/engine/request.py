@@ -9,6 +9,7 @@ token. After that each pass computes the one token sampled last pass and emits a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Protocol
 
 from aisim.actors.hashing import hash_view
@@ -165,11 +166,15 @@ WIRE_PROGRESS = ("num_computed", "num_generated", "prefill_done", "status", "wor
                  "reject_detail", "host_reused", "spec_passes", "spec_tokens")
 
 
+_wire_fields = attrgetter(*WIRE_IDENTITY, *WIRE_PROGRESS)  # (one C call for every field)
+_PROGRESS_AT = len(WIRE_IDENTITY)
+_ADMISSIONS_AT = len(WIRE_IDENTITY) + len(WIRE_PROGRESS)
+
+
 def request_to_wire(req: Request) -> list:
     """Identity, progress and admission history as a msgpack-ready list (KV holdings stay behind)."""
-    out = [getattr(req, f) for f in WIRE_IDENTITY]
-    out.extend(getattr(req, f) for f in WIRE_PROGRESS)
-    out.append([list(a) for a in req.admissions])
+    out = list(_wire_fields(req))
+    out.append(list(map(list, req.admissions)))
     return out
 
 
@@ -181,7 +186,6 @@ def request_from_wire(state, source: HashSource) -> Request:
 
 def apply_wire_progress(req: Request, state) -> None:
     """Copy the progress part of a wire state onto ``req`` (identity and routing stay)."""
-    k = len(WIRE_IDENTITY)
-    for i, f in enumerate(WIRE_PROGRESS):
-        setattr(req, f, state[k + i])
-    req.admissions = [tuple(a) for a in state[k + len(WIRE_PROGRESS)]]
+    for f, v in zip(WIRE_PROGRESS, state[_PROGRESS_AT:_ADMISSIONS_AT]):
+        setattr(req, f, v)
+    req.admissions = list(map(tuple, state[_ADMISSIONS_AT]))

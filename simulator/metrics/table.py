@@ -190,7 +190,9 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dic
         sync = (dep or {}).get("router_sync_ms") or 0
         text = f"Runtime: {runtime['backend']}"
         if runtime["backend"] != "local" or runtime["num_hosts"] > 1:
-            text += (f", {runtime['num_hosts']} engine host(s), {runtime['num_calls']:,} calls "
+            nodes = runtime.get("num_nodes", 1)
+            text += (f", {runtime['num_hosts']} engine host(s){f' on {nodes} nodes' if nodes > 1 else ''}, "
+                     f"{runtime['num_calls']:,} calls "
                      f"({runtime['messages_per_call']:.1f} messages each)")
         text += f", router sync {'exact lockstep' if not sync else f'{sync:g} ms window'}"
         lines.append(text)

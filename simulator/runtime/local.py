@@ -51,11 +51,19 @@ class RuntimeCounters:
         self.num_calls = 0
         self.num_host_calls = 0
         self.num_messages = 0
+        # wall-clock figures of a runtime whose hosts run elsewhere (None in process): seconds the
+        # driver waited for the hosts' answers, and each host's seconds answering
+        self.wait_s = 0.0
+        self.host_busy_s: list[float] | None = None
 
     def as_dict(self) -> dict:
-        return {"num_calls": self.num_calls, "num_host_calls": self.num_host_calls,
-                "num_messages": self.num_messages,
-                "messages_per_call": self.num_messages / self.num_calls if self.num_calls else 0.0}
+        out = {"num_calls": self.num_calls, "num_host_calls": self.num_host_calls,
+               "num_messages": self.num_messages,
+               "messages_per_call": self.num_messages / self.num_calls if self.num_calls else 0.0}
+        if self.host_busy_s is not None:
+            out["driver_wait_s"] = self.wait_s
+            out["host_busy_s"] = self.host_busy_s
+        return out
 
 
 def count_step(counters: RuntimeCounters, calls: dict, outs: list) -> None:
@@ -67,6 +75,7 @@ def count_step(counters: RuntimeCounters, calls: dict, outs: list) -> None:
 
 class LocalRuntime:
     name = "local"
+    num_nodes = 1  # (machines holding engine hosts)
 
     def __init__(self, pools: dict[str, HostPool], hash_source, worker_roles: list[str], num_hosts: int,
                  routers: dict, planner=None, wire: bool = False) -> None:

@@ -24,6 +24,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 
 from aisim.actors.protocol import (
     HostFinish,
@@ -73,18 +74,23 @@ def _actor_classes():
         def ready(self) -> bool:
             return True
 
-        def open_channel(self, token: bytes, accept_timeout_s: float) -> tuple[str, int]:
+        def channel_busy_s(self) -> float:
+            """Seconds this host spent answering its channel (unpacking, stepping, packing)."""
+            return getattr(self, "busy_s", 0.0)
+
+        def open_channel(self, token: bytes, accept_timeout_s: float) -> tuple[str, int, str]:
             """Listen for the driver's direct connection (``_Channel``) on this node's address;
-            returns (address, port). One connection, which must open with ``token``."""
+            returns (address, port, Ray node id). One connection, which must open with ``token``."""
             import ray
 
             ip = ray.util.get_node_ip_address()
+            node = ray.get_runtime_context().get_node_id()
             srv = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
             srv.bind((ip, 0))
             srv.listen(1)
             srv.settimeout(accept_timeout_s)
             threading.Thread(target=_serve, args=(self, srv, token), name="aisim-edge-channel", daemon=True).start()
-            return ip, srv.getsockname()[1]
+            return ip, srv.getsockname()[1], node
 
         def step(self, payload: bytes) -> bytes:
             return pack(self.host.step(*unpack(payload)))
@@ -414,10 +420,12 @@ def _serve(actor, srv: socket.socket, token: bytes) -> None:
             payload = _read_exactly(conn, n) if n else b""
             if payload is None:
                 return
+            t0 = time.perf_counter()
             try:
                 out, status = getattr(actor, _METHODS[code])(payload), 0
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
                 out, status = f"{type(exc).__name__}: {exc}".encode(), 1
+            actor.busy_s = getattr(actor, "busy_s", 0.0) + (time.perf_counter() - t0)
             conn.sendall(_HEADER.pack(status, len(out)) + out)
 
 
@@ -497,7 +505,9 @@ class RayRuntime:
             token = secrets.token_bytes(16)
             addresses = self._get([h.open_channel.remote(token, self.start_timeout_s) for h in self.hosts],
                                   self.start_timeout_s, "opening the actors' channels")
-            self._channels = [_Channel(addr, token, self.start_timeout_s, self.call_timeout_s) for addr in addresses]
+            self._channels = [_Channel((ip, port), token, self.start_timeout_s, self.call_timeout_s)
+                              for ip, port, _ in addresses]
+            self.num_nodes = len({node for _, _, node in addresses})  # (nodes holding engine hosts)
         except BaseException:
             self.close()
             raise
@@ -523,7 +533,10 @@ class RayRuntime:
         channels = self._channels
         for h, payload in payloads.items():
             channels[h].send(code, payload, what)
-        return [unpack(channels[h].receive(what)) for h in payloads]
+        t0 = time.perf_counter()
+        answers = [channels[h].receive(what) for h in payloads]
+        self.counters.wait_s += time.perf_counter() - t0
+        return [unpack(a) for a in answers]
 
     # the coordinator's calls (see LocalRuntime)
     def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
@@ -571,8 +584,10 @@ class RayRuntime:
 
     def finish(self, end_ms: float) -> list[HostFinish]:
         self.counters.num_calls += self.num_hosts
-        return [host_finish_from_wire(unpack(b))
-                for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
+        out = [host_finish_from_wire(unpack(b))
+               for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
+        self.counters.host_busy_s = self._get([h.channel_busy_s.remote() for h in self.hosts], what="the final report")
+        return out
 
     def planner(self):
         if self.planner_actor is None:
