@@ -119,7 +119,8 @@ def main() -> int:
             wall = time.perf_counter() - t0
             s, rt = rep.summary, rep.diagnostics["runtime"]
             row = {"backend": backend, "router_sync_ms": w, "wall_s": wall,
-                   "engine_hosts": rt.get("num_hosts"), "nodes": rt.get("num_nodes"), "edges": rt.get("num_edges"), "calls": rt.get("num_calls"),
+                   "engine_hosts": rt.get("num_hosts"), "nodes": rt.get("num_nodes"), "edges": rt.get("num_edges"),
+                   "calls": rt.get("num_calls"),
                    "messages_per_call": rt.get("messages_per_call"), "requests": s["num_requests"],
                    "mean_ttft_ms": s["mean_ttft_ms"], "p90_ttft_ms": s["p90_ttft_ms"], "mean_itl_ms": s["mean_itl_ms"],
                    "prefix_cache_reused_ratio": s["prefix_cache_reused_ratio"],
