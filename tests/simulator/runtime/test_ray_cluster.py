@@ -4,14 +4,13 @@ the same report as in process."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.simulator.runtime.test_ray_start import free_port, ray_env, reap  # noqa: F401 - ray_env: a fixture
+from tests.simulator.runtime.test_ray_start import free_port, ray_env, reap, stop  # noqa: F401 - ray_env: a fixture
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +18,8 @@ pytestmark = pytest.mark.slow
 def _start(env, log_name: str, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address", "127.0.0.1",
            "--num-cpus", "1", "--disable-usage-stats", "--dashboard-agent-listen-port", str(free_port()), *args]
-    log = open(env.dir / log_name, "w")
-    return subprocess.Popen(cmd, env=env.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(env.dir / log_name, "w") as log:  # (the child keeps its own copy of the descriptor)
+        return subprocess.Popen(cmd, env=env.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture
@@ -48,12 +47,7 @@ def two_nodes(ray_env):  # noqa: F811 - the fixture imported above
         yield ray_env, f"127.0.0.1:{port}"
     finally:
         for n in reversed(nodes):
-            n.send_signal(signal.SIGTERM)
-            try:
-                n.wait(30)
-            except subprocess.TimeoutExpired:
-                n.kill()
-                n.wait(10)
+            stop(n, wait_s=30)
         reap(ray_env.mark, wait_s=10)
 
 

@@ -59,6 +59,16 @@ def reap(mark: str, wait_s: float = 30.0) -> list[int]:
     return left
 
 
+def stop(proc: subprocess.Popen, wait_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL when it has not ended within ``wait_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,12 +218,7 @@ def token_cluster(ray_env):
                 time.sleep(0.5)
         yield ray_env, f"127.0.0.1:{port}", token
     finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(20)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait(10)
+        stop(head)
         log.close()
         reap(ray_env.mark, wait_s=10)  # its raylet, GCS, ... (killed by id where still there)
 
