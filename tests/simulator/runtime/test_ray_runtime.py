@@ -47,6 +47,20 @@ def test_a_window_on_ray_equals_the_same_window_in_process():
                 replay("kv_router_dp", router_sync_ms=25, backend="ray", engine_actors=2))
 
 
+def test_a_host_that_fails_is_named_with_its_error_and_the_channel_stays_usable():
+    from aisim.simulator.runtime.ray_runtime import RayRuntime
+    from aisim.simulator.traffic.build import synthetic_workload
+
+    rt = RayRuntime({}, synthetic_workload(1, 16, 1, 0), [], 1, {})
+    try:
+        with pytest.raises(RuntimeFailure, match=r"a Ray actor failed during an engine step: \w+Error"):
+            rt.step({0: ([["spawn", 7, "nowhere"]], [])}, 0.0, 1.0)  # (a worker of an unknown pool)
+        assert rt.step({0: ([], [])}, 1.0, 2.0)[0].reached == 2.0  # (the next call is answered)
+        assert rt.num_nodes == 1
+    finally:
+        rt.close()
+
+
 def test_a_dead_actor_is_one_clear_error_not_a_hang(ray_session):
     from aisim.simulator.runtime.ray_runtime import RayRuntime
     from aisim.simulator.traffic.build import synthetic_workload
