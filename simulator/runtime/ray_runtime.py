@@ -376,9 +376,10 @@ def _first_line(exc: BaseException) -> str:
 # Ray places, starts and supervises the engine-host actors; the calls of an edge go over one TCP
 # connection per actor that the driver opens at start (docs/scale.md, "Ray at scale"). A Ray actor
 # call costs ~0.7 ms a round trip here (task submission, scheduling, the reply through the owner),
-# more than a 10 ms window's work on a host; Ray's compiled graphs cut that to ~0.08 ms, but their
-# readers spin while they wait (a whole core per idle actor), which on a machine with as many
-# actors as cores starves the driver. A socket read blocks: ~0.05 ms a round trip, no idle cost.
+# more than a 10 ms window's work on a host; Ray's compiled graphs cut a round of two actors to
+# ~0.16 ms, but their readers spin while they wait (a whole core per idle actor), which on a
+# machine with as many actors as cores starves the driver. A socket read blocks: ~0.1 ms a round
+# trip, no idle cost.
 # A frame: kind (1 byte: a method's index in _METHODS, or in an answer 0 = ok, 1 = failed), length
 # (8 bytes, big-endian), then the msgpack payload (a failure: its message, UTF-8).
 
