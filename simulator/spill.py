@@ -1,14 +1,16 @@
 """Columns kept in an anonymous scratch file and read back a slice at a time (docs/scale.md,
-"Streaming workloads").
+"Reading the trace" and "The replay").
 
-A production trace's prompt content (its pieces: ~24 per request, 12 bytes each) is most of a
-workload's size: ~2.9 GB for ten million requests. Past ``SPILL_PIECES`` pieces the trace reader
-writes them, a chunk at a time as it reads, to unnamed temporary files (deleted when closed, in
-``$TMPDIR``), and the replay reads back only the slices it reaches (``BlockHashStore`` takes 512
-requests at a time). Reads are ``os.pread``: no file position is shared, so a forked worker reads
-the same file safely, and nothing is mapped, so the column never counts towards the process's
-resident memory. Pickled (a workload shipped to another process or machine) a spilled column
-becomes a plain in-memory array with the same values.
+Two users: the trace reader and the request log (``simulator.metrics.collector.RequestLog``,
+whose blocks of rows go to one file per column). A production trace's prompt content (its
+pieces: ~24 per request, 12 bytes each) is most of a workload's size: ~2.9 GB for ten million
+requests. Past ``SPILL_PIECES`` pieces the trace reader writes them, a chunk at a time as it
+reads, to unnamed temporary files (deleted when closed, in ``$TMPDIR``), and the replay reads
+back only the slices it reaches (``BlockHashStore`` takes 512 requests at a time). Reads are
+``os.pread``: no file position is shared, so a forked worker reads the same file safely, and
+nothing is mapped, so the column never counts towards the process's resident memory. Pickled (a
+workload shipped to another process or machine) a spilled column becomes a plain in-memory array
+with the same values.
 """
 
 from __future__ import annotations

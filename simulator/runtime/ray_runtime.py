@@ -67,6 +67,7 @@ def _actor_classes():
             from aisim.simulator.traffic.workload import BlockHashStore
 
             self.host = WorkerHost(pools, BlockHashStore(workload), workers)
+            self.busy_s = 0.0  # (seconds answering the edge channel)
             from aisim.simulator.run import tune_gc_for_replay
 
             tune_gc_for_replay()  # the actor's process only replays
@@ -76,7 +77,7 @@ def _actor_classes():
 
         def channel_busy_s(self) -> float:
             """Seconds this host spent answering its channel (unpacking, stepping, packing)."""
-            return getattr(self, "busy_s", 0.0)
+            return self.busy_s
 
         def open_channel(self, token: bytes, accept_timeout_s: float) -> tuple[str, int, str]:
             """Listen for the driver's direct connection (``_Channel``) on this node's address;
@@ -426,7 +427,7 @@ def _serve(actor, srv: socket.socket, token: bytes) -> None:
                 out, status = getattr(actor, _METHODS[code])(payload), 0
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
                 out, status = f"{type(exc).__name__}: {exc}".encode(), 1
-            actor.busy_s = getattr(actor, "busy_s", 0.0) + (time.perf_counter() - t0)
+            actor.busy_s += time.perf_counter() - t0
             conn.sendall(_HEADER.pack(status, len(out)) + out)
 
 
