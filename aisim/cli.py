@@ -140,7 +140,11 @@ def _add_recommend_parser(sub) -> None:
                                     "the study in DIR/study.journal (optuna-dashboard DIR/study.journal shows it).")
     rc.add_argument("-c", "--config", type=Path, required=True, help="search YAML")
     _add_set(rc, "override a search config key before validation (repeatable)")
-    rc.add_argument("--output-dir", type=Path, required=True, help="where the study and the recommendation go")
+    rc.add_argument("--output-dir", type=Path, default=None,
+                    help="where the study and the recommendation go (required unless --print-search-space)")
+    rc.add_argument("--print-search-space", action="store_true",
+                    help="print the search this config becomes in the search_space form (a reference-form config "
+                         "lowered; docs/recommend-forms.md) and exit without running it")
     rc.add_argument("--resume", action="store_true",
                     help="continue the study in --output-dir (finished trials are not re-run); without an earlier "
                          "study a new one starts")
@@ -386,10 +390,14 @@ def _check_kind(args, command: str) -> None:
     from aisim.simulator.errors import InputError
     from aisim.validate import detect_kind
 
-    data = read_yaml_mapping(args.config, "config")
-    kind = detect_kind(apply_overrides(data, list(getattr(args, "overrides", []) or [])))
+    data = apply_overrides(read_yaml_mapping(args.config, "config"), list(getattr(args, "overrides", []) or []))
+    kind = detect_kind(data)
     want = command
     if kind != want:
+        section = next((k for k in ("optimization", "optimizer") if k in data and "search_space" not in data), None)
+        if section is not None:  # a predict config carrying a search's section (the reference's rule)
+            raise InputError(section, f"is a recommend section, so {args.config} is a search: run `aisim recommend -c "
+                                      f"{args.config} --output-dir DIR`, or remove {section} to {want} one config")
         extra = " --output-dir DIR" if kind != "predict" else ""
         raise InputError("--config", f"{args.config} is a {kind} config, not a {want} one: run "
                                      f"`aisim {kind} -c {args.config}{extra}`")
@@ -689,12 +697,29 @@ def _has_dgd(args) -> bool:
     return apply_overrides(read_yaml_mapping(args.config, "search config"), list(args.overrides)).get("dgd") is not None
 
 
+def _print_search_space(args) -> int:
+    """``aisim recommend --print-search-space``: the config in the search_space form, as YAML."""
+    import yaml
+
+    from aisim.search.spica.reference_form import search_space_form
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
+
+    data = apply_overrides(read_yaml_mapping(args.config, "search config"), list(args.overrides))
+    text = yaml.safe_dump(search_space_form(data), sort_keys=False, default_flow_style=None, width=110)
+    sys.stdout.write(f"# {args.config} in the search_space form (aisim recommend -c runs the same search)\n{text}")
+    return 0
+
+
 def _recommend(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim recommend``."""
     from aisim.search.spica.loop import STUDY_FILE, run_search
     from aisim.simulator.errors import InputError
 
     _check_kind(args, "recommend")
+    if args.print_search_space:
+        return _print_search_space(args)
+    if args.output_dir is None:
+        raise InputError("--output-dir", "is required: name the directory for the study and the recommendation")
     if args.parallelism is not None and args.parallelism < 1:
         raise InputError("--parallelism", f"must be >= 1, got {args.parallelism}")
     out = args.output_dir

@@ -60,8 +60,8 @@ def scheduler_label(sched) -> str:
 # -- entry point -------------------------------------------------------------------------------
 def detect_kind(data: dict) -> str:
     """``recommend``, ``capacity`` or ``predict`` from a config mapping's top-level keys."""
-    if "search_space" in data:
-        return "recommend"
+    if "search_space" in data or "optimization" in data or "optimizer" in data:
+        return "recommend"  # the seed's search_space form, or the reference's (search.spica.reference_form)
     if "benchmark_base" in data and "jobs" in data:
         return "capacity"
     return "predict"
@@ -209,21 +209,23 @@ def traffic_summary(plan) -> dict:
 # -- recommend (Spica) ---------------------------------------------------------------------------
 def _recommend_report(path: Path, overrides: list[str]) -> dict:
     from aisim.search.spica import load_search_config, plan_branches
+    from aisim.search.spica.domains import Range
 
     cfg, config_dir = load_search_config(path, overrides)
     space = cfg.search_space
     ratio = cfg.kv_load_ratio_range
     branches = []
     for b in plan_branches(cfg):
-        knobs = {k: len(v) for k, v in b.choices.items()}
+        knobs = {k: ("continuous" if isinstance(v, Range) else len(v)) for k, v in b.choices.items()}
+        continuous = ratio is not None or any(isinstance(v, Range) for v in b.choices.values())
         branches.append({
             "mode": b.mode,
             "worker_shapes": len(b.shapes),
             "knob_choices": knobs,
-            "searched_knobs": sorted(k for k, n in knobs.items() if n > 1),
+            "searched_knobs": sorted(k for k, n in knobs.items() if n == "continuous" or n > 1),
             "kv_load_ratio": list(ratio) if ratio is not None else None,
-            "grid_size": b.grid_size(ratio is not None),
-            "continuous": ratio is not None,
+            "grid_size": b.grid_size(continuous),
+            "continuous": continuous,
             "skipped": b.skipped,
         })
     workload = (cfg.workload.model_dump(exclude_none=True) if cfg.workload is not None
@@ -353,7 +355,9 @@ def render(report: dict) -> str:
             if b["skipped"]:
                 lines.append(f"  branch {b['mode']}: skipped ({b['skipped']})")
                 continue
-            grid = "continuous (kv_load_ratio searched)" if b["continuous"] else f"{_n(b['grid_size'])} points"
+            cont = [k for k, n in b["knob_choices"].items() if n == "continuous"]
+            cont += ["kv_load_ratio"] if b["kv_load_ratio"] is not None else []
+            grid = f"continuous ({', '.join(cont)} searched)" if b["continuous"] else f"{_n(b['grid_size'])} points"
             searched = ", ".join(b["searched_knobs"]) or "none"
             lines.append(f"  branch {b['mode']}: {b['worker_shapes']} worker shapes; grid {grid}; "
                          f"searched knobs: {searched}")

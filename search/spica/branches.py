@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from aisim.search.spica.domains import Range, upper
+
 __all__ = ["BranchPlan", "plan_branches"]
 
 
@@ -25,7 +27,7 @@ class BranchPlan:
 
     def grid_size(self, continuous: bool) -> int | None:
         """Points of the branch's grid (None when skipped or a knob is continuous)."""
-        if self.skipped is not None or continuous:
+        if self.skipped is not None or continuous or any(isinstance(v, Range) for v in self.choices.values()):
             return None
         return int(math.prod(len(v) for v in self.choices.values()) * max(1, len(self.shapes)))
 
@@ -61,7 +63,7 @@ def _shape_pool(cfg, mode: str) -> tuple[list, str | None]:
     roles = ("agg",) if mode == "agg" else ("prefill", "decode")
     by_role = {}
     for role in roles:
-        tokens = max(getattr(space, f"{role}_max_num_batched_tokens"))
+        tokens = upper(getattr(space, f"{role}_max_num_batched_tokens"))
         by_role[role] = worker_shapes(model, hardware, tokens, getattr(space, f"{role}_gpu_memory_utilization"),
                                       getattr(space, f"{role}_block_size"))
     lo = space.min_gpu_budget or 1

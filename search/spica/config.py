@@ -287,6 +287,10 @@ class SearchConfig(Strict):
         for key in data:
             if not isinstance(key, str) or not key or "." in key:
                 raise InputError(str(key), "top-level keys must be non-empty section names without dots")
+        from aisim.search.spica.reference_form import is_reference_form, lower
+
+        if is_reference_form(data):
+            data = lower(data)
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:

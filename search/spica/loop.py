@@ -43,6 +43,7 @@ import numpy as np
 
 from aisim.search.asktell import AskTell, point_key
 from aisim.search.cache import TrialCache
+from aisim.search.spica.domains import Range
 from aisim.search.spica.study import STUDY_FILE
 from aisim.simulator.errors import InputError
 
@@ -117,7 +118,8 @@ class _Branch:
     def distributions(self) -> dict:
         from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-        out = {k: CategoricalDistribution(list(self.labels[k])) for k in self.choices if len(self.choices[k]) > 1}
+        out = {k: (c.distribution() if isinstance(c, Range) else CategoricalDistribution(list(self.labels[k])))
+               for k, c in self.choices.items() if isinstance(c, Range) or len(c) > 1}
         if len(self.shape_keys) > 1:
             out["parallel_config"] = CategoricalDistribution(self.shape_keys)
         if self.ratio is not None:
@@ -125,7 +127,7 @@ class _Branch:
         return out
 
     def size(self) -> float:
-        if self.ratio is not None:
+        if self.ratio is not None or any(isinstance(c, Range) for c in self.choices.values()):
             return math.inf
         return math.prod(len(c) for c in self.choices.values()) * max(1, len(self.shape_keys))
 
@@ -291,7 +293,7 @@ class _Search:
             if b.skipped is not None:
                 self.skipped[b.mode] = b.skipped
                 continue
-            labels = {k: {_label(v): v for v in vs} for k, vs in b.choices.items()}
+            labels = {k: {_label(v): v for v in vs} for k, vs in b.choices.items() if not isinstance(vs, Range)}
             name = f"{cfg.study.name}-{b.mode}"
             study = optuna.create_study(study_name=name, storage=storage, sampler=self.sampler(b.index),
                                         directions=directions(cfg.optimization.target), load_if_exists=True)
@@ -360,8 +362,12 @@ class _Search:
             point = {}
             for n in sorted(dists):
                 d = dists[n]
-                point[n] = d.choices[int(rng.integers(len(d.choices)))] if hasattr(d, "choices") else \
-                    float(rng.uniform(d.low, d.high))
+                if hasattr(d, "choices"):
+                    point[n] = d.choices[int(rng.integers(len(d.choices)))]
+                elif n == "kv_load_ratio":
+                    point[n] = float(rng.uniform(d.low, d.high))
+                else:  # a continuous knob (search.spica.domains.Range)
+                    point[n] = b.choices[n].draw(rng)
             key = _params_key(point)
             if key not in b.seen and key not in pending:
                 return point
@@ -419,7 +425,8 @@ class _Search:
         from aisim.search.spica.unroll import unroll_sample
         from aisim.simulator.errors import AisimError
 
-        selection = {k: (b.labels[k][params[k]] if k in params else vs[0]) for k, vs in b.choices.items()}
+        selection = {k: params[k] if isinstance(vs, Range) else b.labels[k][params[k]] if k in params else vs[0]
+                     for k, vs in b.choices.items()}
         shape = shape_from_key(params["parallel_config"]) if "parallel_config" in params else b.shapes[0]
         rec: dict = {"branch": b.mode, "params": params, "status": None, "config": None, "prediction_config": None,
                      "used_gpus": None, "reason_category": None, "reason": None}

@@ -50,9 +50,19 @@ from functools import cache
 from numbers import Real
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 from pydantic import Strict as StrictType
 
+from aisim.search.spica.domains import Range, parse_range
 from aisim.search.spica.presets import (
     ALLOWED_CHOICES,
     COMPOSITE_DICT_KEYS,
@@ -101,6 +111,9 @@ KV_ROUTER_KNOBS: tuple[str, ...] = ("overlap_score_credit", "prefill_load_scale"
 ROUTER_ADMISSION: tuple[str, ...] = ("active_decode_blocks_threshold", "active_prefill_tokens_threshold",
                                      "active_prefill_tokens_threshold_frac", "no_admission_control")
 PLANNER_TUNING: tuple[str, ...] = ("planner_fpm_sampling", "planner_load_sensitivity")
+# knobs that may hold a ``{range: ...}`` domain -> whether the range is of integers
+RANGE_KNOBS: dict[str, bool] = {**{k: True for knobs in BATCHING_KNOBS.values() for k in knobs},
+                                **{k: False for k in KV_ROUTER_KNOBS}}
 
 
 # -- values ----------------------------------------------------------------------------------
@@ -197,17 +210,29 @@ def _searched(tp):
     return Annotated[tuple[tp, ...], BeforeValidator(_choice_list), AfterValidator(_distinct)]
 
 
+# numeric router knobs: their legal bounds (our choice: any value in them may be searched; the
+# reference's default grids are ``presets.DEFAULTS``)
+ROUTER_BOUNDS: dict[str, tuple[float, float]] = {
+    "overlap_score_credit": (0.0, 1.0), "host_cache_hit_weight": (0.0, 1.0), "disk_cache_hit_weight": (0.0, 1.0),
+    "prefill_load_scale": (0.0, math.inf), "router_temperature": (0.0, math.inf),
+}
+
+
 def _router_choices(knob: str):
-    """A numeric router knob: a list of the reference's allowed choices (``ALLOWED_CHOICES``)."""
-    allowed = ALLOWED_CHOICES[knob]
+    """A numeric router knob: a list of values within the knob's legal bounds (``ROUTER_BOUNDS``)."""
+    lo, hi = ROUTER_BOUNDS[knob]
 
     def check(values: tuple) -> tuple:
         for v in values:
-            if not any(same_value(v, a) for a in allowed):
-                raise ValueError(f"{v!r} is not an allowed choice; use values from {show(list(allowed))}")
+            if not lo <= v <= hi:
+                raise ValueError(f"{v!r} is outside {_bounds_text(lo, hi)}; give values in it")
         return values
     return Annotated[tuple[NonNegFloat, ...], BeforeValidator(_choice_list), AfterValidator(_distinct),
                      AfterValidator(check)]
+
+
+def _bounds_text(lo: float, hi: float) -> str:
+    return f"[{lo}, {hi}]" if hi != math.inf else f">= {lo}"
 
 
 def _pinned(tp):
@@ -355,13 +380,21 @@ class SearchSpace(Strict):
         for key in mapping:
             if key not in cls.model_fields:
                 raise InputError(f"{SECTION}.{key}", _unknown_knob(key))
+        data, ranges = _take_ranges(mapping)
         try:
-            return cls.model_validate(dict(mapping))
+            space = cls.model_validate(data)
         except ValidationError as exc:
             from aisim.simulator.config.loading import format_validation_error
 
             err = format_validation_error(exc)
             raise InputError(f"{SECTION}.{err.where}", err.message, category=err.category) from None
+        for knob, rng in ranges.items():  # validated through its endpoints; held as the Range
+            object.__setattr__(space, knob, rng)
+        return space
+
+    @model_serializer(mode="plain")
+    def _serialize(self) -> dict[str, Any]:
+        return self.to_dict()
 
     @model_validator(mode="after")
     def _rules(self) -> "SearchSpace":
@@ -407,7 +440,30 @@ class SearchSpace(Strict):
         return {name: _jsonable(getattr(self, name)) for name in type(self).model_fields}
 
 
+def _take_ranges(mapping: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Range]]:
+    """The mapping with every ``{range: ...}`` knob made plain: a stepped range becomes its list of
+    choices, a continuous one its two endpoints (so the field's type checks them) and is returned
+    apart, to be held as the ``Range`` once validated."""
+    data, ranges = dict(mapping), {}
+    for knob, value in mapping.items():
+        if not (isinstance(value, Mapping) and "range" in value):
+            continue
+        if knob not in RANGE_KNOBS:
+            raise InputError(f"{SECTION}.{knob}", "takes no range; give a list of values (a range is for the batching "
+                                                  "and numeric router knobs)")
+        if len(value) != 1:
+            raise InputError(f"{SECTION}.{knob}", "a range domain is {range: {min, max, step, scale}} alone")
+        got = parse_range(value["range"], f"{SECTION}.{knob}.range", integer=RANGE_KNOBS[knob])
+        if isinstance(got, Range):
+            ranges[knob] = got
+            got = (got.low, got.high)
+        data[knob] = list(got)
+    return data, ranges
+
+
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, Range):
+        return value.to_dict()
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, Mapping):

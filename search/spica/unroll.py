@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aisim.search.spica.domains import Range
 from aisim.search.spica.presets import (
     PREDICTOR_FAMILY_KEYS,
     fpm_fields,
@@ -115,7 +116,14 @@ def _selected_mode(space: SearchSpace, selection: Mapping[str, Any]) -> str:
     return _chosen("deployment_mode", space.deployment_mode, selection)
 
 
-def _chosen(knob: str, options: tuple, selection: Mapping[str, Any]) -> Any:
+def _chosen(knob: str, options: tuple | Range, selection: Mapping[str, Any]) -> Any:
+    if isinstance(options, Range):
+        if knob not in selection:
+            raise InputError(f"selection.{knob}", f"is missing: this branch searches it in {options.to_dict()}")
+        value = selection[knob]
+        if not options.contains(value):
+            raise InputError(f"selection.{knob}", f"{value!r} is outside search_space.{knob} {options.to_dict()}")
+        return int(value) if options.integer else float(value)
     if knob not in selection:
         if len(options) == 1:
             return options[0]

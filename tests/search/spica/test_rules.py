@@ -21,17 +21,22 @@ def first_of_each(space: SearchSpace) -> dict:
     return {k: v[0] for k, v in space.branch_choices("agg").items()}
 
 
-@pytest.mark.parametrize("knob, bad", [("overlap_score_credit", 0.7), ("prefill_load_scale", 3.0),
-                                       ("router_temperature", 2.0), ("host_cache_hit_weight", 0.6),
-                                       ("disk_cache_hit_weight", 1.0)])
-def test_a_router_knob_value_outside_its_allowed_choices_is_rejected_with_the_list(knob, bad):
+@pytest.mark.parametrize("knob, bad, bounds", [("overlap_score_credit", 1.5, "[0.0, 1.0]"),
+                                               ("host_cache_hit_weight", 1.25, "[0.0, 1.0]"),
+                                               ("disk_cache_hit_weight", 2.0, "[0.0, 1.0]")])
+def test_a_router_knob_value_outside_its_bounds_is_rejected_naming_them(knob, bad, bounds):
     with pytest.raises(InputError) as err:
         SearchSpace.from_dict({**BASE, knob: [bad]})
-    allowed = ", ".join(str(v) for v in ALLOWED_CHOICES[knob])
     assert err.value.where == f"search_space.{knob}"
-    assert err.value.message == f"{bad!r} is not an allowed choice; use values from {allowed}"
+    assert err.value.message == f"{bad!r} is outside {bounds}; give values in it"
     ok = SearchSpace.from_dict({**BASE, knob: list(ALLOWED_CHOICES[knob])})
     assert getattr(ok, knob) == ALLOWED_CHOICES[knob]
+
+
+@pytest.mark.parametrize("knob, value", [("overlap_score_credit", 0.7), ("prefill_load_scale", 3.0),
+                                         ("router_temperature", 2.0), ("host_cache_hit_weight", 0.6)])
+def test_a_router_knob_takes_any_value_within_its_bounds_not_only_the_default_grid(knob, value):
+    assert getattr(SearchSpace.from_dict({**BASE, knob: [value]}), knob) == (value,)
 
 
 def test_a_selection_may_carry_kv_load_ratio_and_the_sample_does_not_emit_it():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from aisim.search.spica import SearchSpace
+from aisim.search.spica.domains import Range
 from aisim.search.spica.presets import DEFAULTS
 from aisim.simulator.errors import InputError
 
@@ -113,20 +114,48 @@ def test_a_one_element_list_pins_the_knob():
     ({"backend": ["vllm", "tgi"]}, "search_space.backend.1", "'vllm', 'sglang' or 'trtllm' (got 'tgi')"),
     ({"deployment_mode": ["aggregated"]}, "search_space.deployment_mode.0", "'disagg' or 'agg'"),
     ({"router_mode": ["random"]}, "search_space.router_mode.0", "'kv_router' or 'round_robin'"),
-    ({"overlap_score_credit": [1.5]}, "search_space.overlap_score_credit", "is not an allowed choice"),
+    ({"overlap_score_credit": [1.5]}, "search_space.overlap_score_credit", "1.5 is outside [0.0, 1.0]"),
     ({"router_temperature": [-0.1]}, "search_space.router_temperature.0", "greater than or equal to 0"),
     ({"router_temperature": {"low": 0, "high": 1}}, "search_space.router_temperature", "give a list of values"),
+    ({"router_temperature": {"range": {"min": 1, "max": 0}}}, "search_space.router_temperature.range",
+     "needs min <= max"),
+    ({"agg_max_num_seqs": {"range": {"min": 1, "max": 64}}}, "search_space.agg_max_num_seqs.range.step",
+     "an integer linear range needs a step"),
+    ({"agg_max_num_seqs": {"range": {"min": 0, "max": 64, "scale": "log"}}}, "search_space.agg_max_num_seqs.range.min",
+     "a log range needs min > 0"),
+    ({"agg_max_num_seqs": {"range": {"min": 1, "max": 64, "step": 2, "scale": "log"}}},
+     "search_space.agg_max_num_seqs.range.step", "a log range takes no step"),
+    ({"overlap_score_credit": {"range": {"min": 0.5, "max": 2.0}}}, "search_space.overlap_score_credit",
+     "2.0 is outside [0.0, 1.0]"),
+    ({"gpu_budget": {"range": {"min": 1, "max": 2, "step": 1}}}, "search_space.gpu_budget", "takes no range"),
 ])
 def test_bad_searched_knobs(mapping, where, needle):
     _reject(mapping, where, needle)
 
 
-def test_numeric_router_knobs_take_only_their_allowed_choices():
-    space = SearchSpace.from_dict({"prefill_load_scale": [0.25, 32], "overlap_score_credit": [0.5]})
-    assert space.prefill_load_scale == (0.25, 32.0)
-    assert space.overlap_score_credit == (0.5,)
-    with pytest.raises(InputError, match="3.0 is not an allowed choice; use values from 0.0, 0.25, 0.5"):
-        SearchSpace.from_dict({"prefill_load_scale": [3.0]})
+def test_numeric_router_knobs_take_values_within_their_bounds():
+    space = SearchSpace.from_dict({"prefill_load_scale": [0.25, 3], "overlap_score_credit": [0.3]})
+    assert space.prefill_load_scale == (0.25, 3.0)
+    assert space.overlap_score_credit == (0.3,)
+    with pytest.raises(InputError, match=r"-1.0 is outside >= 0.0|greater than or equal to 0"):
+        SearchSpace.from_dict({"prefill_load_scale": [-1.0]})
+
+
+def test_a_stepped_range_is_its_list_of_choices_and_a_continuous_one_a_range():
+    space = SearchSpace.from_dict({"agg_max_num_seqs": {"range": {"min": 64, "max": 256, "step": 64}},
+                                   "overlap_score_credit": {"range": {"min": 0.0, "max": 0.3, "step": 0.1}},
+                                   "router_temperature": {"range": {"min": 0.0, "max": 1.0}},
+                                   "agg_max_num_batched_tokens": {"range": {"min": 4096, "max": 32768,
+                                                                            "scale": "log"}}})
+    assert space.agg_max_num_seqs == (64, 128, 192, 256)
+    assert space.overlap_score_credit == (0.0, 0.1, 0.2, 0.3)
+    assert space.router_temperature == Range(0.0, 1.0, log=False, integer=False)
+    assert space.agg_max_num_batched_tokens == Range(4096, 32768, log=True, integer=True)
+    d = space.to_dict()
+    assert d["router_temperature"] == {"range": {"min": 0.0, "max": 1.0, "scale": "linear"}}
+    assert d["agg_max_num_batched_tokens"] == {"range": {"min": 4096, "max": 32768, "scale": "log"}}
+    assert SearchSpace.from_dict(d) == space  # the printed form reads back as the same space
+    assert space.branch_choices("agg")["router_temperature"] == Range(0.0, 1.0)
 
 
 # -- mechanism 2: a dict pins a composite's unrolled fields ------------------------------------
