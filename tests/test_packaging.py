@@ -21,7 +21,7 @@ PREDICT_CONFIGS = ["quickstart.yaml", "aggregated-baseline.yaml", "disaggregated
                    "measured-qwen3-32b-fp8-h200.yaml", "planner-aggregated.yaml", "planner-aggregated-fp8.yaml",
                    "planner-disaggregated.yaml", "planner-disaggregated-fp8.yaml", "retune-router.yaml",
                    "retune-joint.yaml"]
-SEARCH_CONFIGS = ["capacity-search.yaml", "spica-agg-vs-disagg.yaml", "spica-grid-16.yaml"]
+SEARCH_CONFIGS = ["capacity-search.yaml", "spica-agg-vs-disagg.yaml", "spica-grid-16.yaml", "recommend-reference-form.yaml"]
 SHORT = ["--set", "traffic.stop={max_virtual_time_seconds: 60}", "--format", "json"]
 
 

@@ -12,10 +12,14 @@ Kinds of knob:
   ``deployment_mode``, ``backend``, the batching knobs ``<agg|prefill|decode>_max_num_batched_tokens``
   / ``_max_num_seqs``, ``router_mode``, the kv-router knobs ``overlap_score_credit``,
   ``prefill_load_scale``, ``host_cache_hit_weight``, ``disk_cache_hit_weight``,
-  ``router_temperature``. String knobs and the kv-router knobs take the reference's allowed choices
-  (``presets.ALLOWED_CHOICES``: a value outside is rejected with the allowed list); the batching
-  knobs take any positive integer. A scalar in place of the list is rejected (``[x]`` pins), as is
-  an empty list or a value listed twice.
+  ``router_temperature``. String knobs take the reference's allowed choices
+  (``presets.ALLOWED_CHOICES``: a value outside is rejected with the allowed list); the numeric
+  kv-router knobs any value within their bounds (``ROUTER_BOUNDS``: credit and cache-hit weights in
+  [0, 1], the others >= 0; the reference's recommend form takes any such value); the batching knobs
+  any positive integer. A scalar in place of the list is rejected (``[x]`` pins), as is an empty
+  list or a value listed twice. The batching and numeric router knobs (``RANGE_KNOBS``) may instead
+  hold ``{range: {min, max, step, scale}}`` (``search.spica.domains``): a stepped range is its list
+  of choices, an unstepped one is held as a continuous ``Range``.
 - composites (a list of preset ids and/or dicts): ``planner_scaling_policy``,
   ``planner_fpm_sampling``, ``planner_load_sensitivity``, ``load_predictor_candidates``. A dict pins
   the unrolled fields directly (seed mechanism 2, no merge with a preset): keys from the composite's
