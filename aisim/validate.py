@@ -210,8 +210,12 @@ def traffic_summary(plan) -> dict:
 def _recommend_report(path: Path, overrides: list[str]) -> dict:
     from aisim.search.spica import load_search_config, plan_branches
     from aisim.search.spica.domains import Range
+    from aisim.search.spica.reference_form import is_reference_form
+    from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 
     cfg, config_dir = load_search_config(path, overrides)
+    form = "reference" if is_reference_form(apply_overrides(read_yaml_mapping(path, "search config"), overrides)) \
+        else "search_space"
     space = cfg.search_space
     ratio = cfg.kv_load_ratio_range
     branches = []
@@ -234,6 +238,7 @@ def _recommend_report(path: Path, overrides: list[str]) -> dict:
     return {
         "kind": "recommend",
         "config": str(path),
+        "form": form,  # the seed's search_space form, or the reference's recommend form (lowered to it)
         "model": cfg.model_name,
         "hardware": cfg.hardware_sku,
         "gpu_budget": space.gpu_budget,
@@ -347,6 +352,9 @@ def render(report: dict) -> str:
     if kind == "predict":
         lines += _render_predict(report)
     elif kind == "recommend":
+        if report.get("form") == "reference":
+            lines.append("written in the reference's recommend form (aisim recommend --print-search-space shows "
+                         "its search_space form)")
         lines.append(f"model {report['model']} on {report['hardware']}; GPU budget {report['gpu_budget']}; "
                      f"timing {report['timing'].get('type', '-')}")
         lines.append(f"target {report['target']} (planner target {report['planner_target']}); sampler "

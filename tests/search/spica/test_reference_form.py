@@ -250,17 +250,19 @@ def test_validate_reads_the_reference_form(tmp_path, capsys):
     path.write_text(yaml.safe_dump(REFERENCE))
     assert main(["validate", "-c", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "valid recommend config" in out and "grid 16 points" in out
+    assert "valid recommend config" in out and "grid 16 points" in out and "reference's recommend form" in out
 
 
-def test_a_search_over_continuous_ranges_draws_within_them_and_repeats_with_its_seed(tmp_path):
+def test_a_search_over_continuous_ranges_draws_within_them_and_repeats_with_its_seed(tmp_path, ray_session):
     data = ref(engine__workers__aggregated__scheduler__max_batched_tokens={"range": {"min": 2048, "max": 16384,
                                                                                      "scale": "log"}},
                router__policy="kv_router", router__temperature={"range": {"min": 0.0, "max": 1.0}},
                traffic__stop__requests=20, optimizer__max_trials=4)
-    runs = [run_search(SearchConfig.from_dict(data), tmp_path / str(i), parallelism=1) for i in range(2)]
-    configs = [[c["config"] for c in r.recommendation["candidates"]] for r in runs]
-    assert configs[0] == configs[1] and len(configs[0]) == 4
+    runs = [run_search(SearchConfig.from_dict(data), tmp_path / "local", parallelism=1),
+            run_search(SearchConfig.from_dict(data), tmp_path / "ray", backend="ray", parallelism=2)]
+    configs = [[(c["config"], c["score"]) for c in r.recommendation["candidates"]] for r in runs]
+    assert configs[0] == configs[1] and len(configs[0]) == 4  # the same on Ray
+    configs = [[c for c, _ in configs[0]]]
     for c in configs[0]:
         assert isinstance(c["agg_max_num_batched_tokens"], int) and 2048 <= c["agg_max_num_batched_tokens"] <= 16384
         assert isinstance(c["router_temperature"], float) and 0.0 <= c["router_temperature"] <= 1.0
@@ -280,3 +282,14 @@ def test_the_bundled_reference_form_config_is_the_readme_search_space_form():
         "router_mode": ["round_robin", "kv_router"], "overlap_score_credit": [1.0], "prefill_load_scale": [1.0],
         "router_temperature": [0.0], "planner_scaling_policy": ["disabled"]}
     assert SearchConfig.from_dict(bundled).fingerprint() == SearchConfig.from_dict(seed).fingerprint()
+
+
+def test_a_search_started_in_one_form_resumes_in_the_other(tmp_path):
+    whole = run_search(SearchConfig.from_dict(REFERENCE), tmp_path / "whole", parallelism=1)
+    half = copy.deepcopy(REFERENCE)
+    half["optimizer"]["max_trials"] = 8
+    run_search(SearchConfig.from_dict(half), tmp_path / "split", parallelism=1)
+    resumed = run_search(SearchConfig.from_dict(SEED), tmp_path / "split", parallelism=1, resume=True)
+    assert resumed.resumed and resumed.counts["evaluated"] == 16
+    key = [(c["candidate_id"], c["config"], c["score"]) for c in whole.recommendation["candidates"]]
+    assert [(c["candidate_id"], c["config"], c["score"]) for c in resumed.recommendation["candidates"]] == key
