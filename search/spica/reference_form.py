@@ -32,15 +32,21 @@ Domains (``search.spica.domains``): ``{choices: [...]}`` anywhere a field is sea
   ``overlap_score_credit``, ``prefill_load_scale``, ``temperature`` -> the kv-router knobs (omitted:
   their default grids); ``prefill_load_model.type`` must be ``none`` (the ``aic`` backlog model
   is not modelled: our choice is to search ``none`` only where the reference also tries ``aic``).
-- No ``planner`` section: static pools (``planner_scaling_policy: [disabled]``).
+- No ``planner`` section: static pools (``planner_scaling_policy: [disabled]``). A ``planner``
+  section: ``policy`` (disabled, enabled; default both) and each group's ``preset`` list
+  (``scaling_policy``, ``fpm_sampling``, ``load_sensitivity``, ``load_predictor``: preset ids or
+  dicts of their fields; ``default`` or omitted: the seed's lists, the reference's defaults) ->
+  ``planner_scaling_policy`` (a disabled entry kept when the policy lists disabled, only scaling
+  entries when it is enabled only), ``planner_fpm_sampling``, ``planner_load_sensitivity``,
+  ``load_predictor_candidates``.
 - ``optimization`` (``target``, ``strict_sla``, ``constraints``; ``hardware``) and ``optimizer``,
   ``traffic``, ``evaluation``, ``execution``, ``study``, ``dgd`` carry over;
   ``constraints.max_candidate_gpus`` is also the space's ``gpu_budget`` (the reference's budget).
 
 Refused with a one-line error naming the key (the seed form, or a predict run, is the way): a
 domain where no search reads one (traffic load fields, per-role block size or memory fraction,
-scheduler fields other than the two batching limits), a ``planner`` section with domains or
-policies (write ``search_space.planner_scaling_policy``), host offload and n-gram speculation,
+scheduler fields other than the two batching limits), the planner's independent knobs (write
+their values as dicts in the seed's composites), host offload and n-gram speculation,
 per-role hardware other than the engine's, fixed KV capacities.
 """
 
@@ -304,17 +310,62 @@ def _router(router: dict, space: dict) -> None:
         space[ROUTER_KNOBS[key]] = _numeric(router[key], f"router.{key}", integer=False)
 
 
+_PLANNER_GROUPS = {"scaling_policy": "planner_scaling_policy", "fpm_sampling": "planner_fpm_sampling",
+                   "load_sensitivity": "planner_load_sensitivity", "load_predictor": "load_predictor_candidates"}
+
+
 def _planner(planner: Any, space: dict) -> None:
+    """No section: static pools. A section: ``policy`` (disabled / enabled; default both) and each
+    composite group's ``preset`` (default: the seed's preset list, the reference's default; a list
+    of preset ids or dicts of their fields) lower to the seed's composites; ``disabled`` in the
+    policy keeps a disabled entry, ``enabled`` the entries that scale."""
     if planner is None:
         space["planner_scaling_policy"] = ["disabled"]
         return
     p = _mapping(planner, "planner")
-    if set(p) <= {"policy"} and p.get("policy", "disabled") == "disabled":
+    for key in p:
+        if key not in ("policy", *_PLANNER_GROUPS):
+            raise InputError(f"planner.{key}", "is not read in the recommend form (only policy and the preset "
+                                               "groups scaling_policy, fpm_sampling, load_sensitivity, "
+                                               "load_predictor); write the search in the search_space form")
+    policies = _choices(p.get("policy", {"choices": ["disabled", "enabled"]}), "planner.policy",
+                        {"disabled": "disabled", "enabled": "enabled"})
+    if "enabled" not in policies:
         space["planner_scaling_policy"] = ["disabled"]
         return
-    raise InputError("planner", "the reference form's planner domains are not read; write the search in the "
-                                "search_space form (planner_scaling_policy, planner_fpm_sampling, ...), or remove "
-                                "the planner section for static pools")
+    for group, knob in _PLANNER_GROUPS.items():
+        control = _mapping(p.get(group), f"planner.{group}")
+        for key in control:
+            if key != "preset":
+                raise InputError(f"planner.{group}.{key}", "only a preset list is read in the recommend form; write "
+                                                           f"independent values as dicts in search_space.{knob}")
+        preset = control.get("preset", "default")
+        if preset == "default":
+            continue
+        if not isinstance(preset, list) or not preset:
+            raise InputError(f"planner.{group}.preset", "give default or a non-empty list of preset ids or dicts "
+                                                        "(independent knobs: write the search_space form)")
+        from aisim.search.spica.space import check_composite_entry
+
+        space[knob] = [check_composite_entry(knob, e, f"planner.{group}.preset.{i}") for i, e in enumerate(preset)]
+    from aisim.search.spica.presets import DEFAULTS, scaling_is_on
+
+    entries = list(space.get("planner_scaling_policy", DEFAULTS["planner_scaling_policy"]))
+    if "disabled" not in policies:
+        entries = [e for e in entries if not _off(e, scaling_is_on)]
+        if not entries:
+            raise InputError("planner.scaling_policy.preset", "planner.policy is enabled only, but no preset turns "
+                                                              "scaling on; list one that does")
+    elif not any(_off(e, scaling_is_on) for e in entries):
+        entries = ["disabled", *entries]
+    space["planner_scaling_policy"] = entries
+
+
+def _off(entry: Any, scaling_is_on) -> bool:
+    try:
+        return not scaling_is_on(entry)
+    except (KeyError, TypeError):
+        return False  # a malformed entry: the search space's own check names it
 
 
 # -- the whole config ------------------------------------------------------------------------

@@ -84,7 +84,7 @@ from aisim.simulator.errors import InputError
 
 __all__ = ["SearchSpace", "MODES", "BATCHING_KNOBS", "ENGINE_PINNED", "DEPLOYMENT_PINNED", "KV_MANAGER",
            "KV_ROUTER_KNOBS", "CACHE_HIT_WEIGHTS", "ROUTER_ADMISSION", "PLANNER_TUNING", "COMPOSITE_FIELD_TYPES",
-           "check_field_value", "same_value", "show"]
+           "check_field_value", "check_composite_entry", "same_value", "show"]
 
 SECTION = "search_space"
 MODES: tuple[str, ...] = ("agg", "disagg")
@@ -295,6 +295,11 @@ def _composite_entry(knob: str, entry: Any, where: str) -> str | dict[str, Any]:
         return _composite_dict(knob, entry, where)
     raise InputError(where, f"give a {knob} preset id or a dict of its unrolled fields "
                             f"({', '.join(COMPOSITE_FIELDS[knob])}), not {entry!r}")
+
+
+def check_composite_entry(knob: str, entry: Any, where: str) -> str | dict[str, Any]:
+    """One entry of a composite knob (a preset id or a dict of its fields), checked; errors at ``where``."""
+    return _composite_entry(knob, entry, where)
 
 
 def _composite(knob: str):

@@ -173,6 +173,26 @@ def test_role_fields_lower_to_the_role_knobs():
     assert s["startup_time"] == 30 and s["context_length"] == 4096
 
 
+def test_the_planner_section_lowers_to_the_composites():
+    from aisim.search.spica.presets import DEFAULTS
+
+    assert space(planner={"policy": "disabled"})["planner_scaling_policy"] == ["disabled"]
+    s = space(planner={})  # policy both, every preset default
+    assert s["planner_scaling_policy"] == list(DEFAULTS["planner_scaling_policy"])
+    s = space(planner={"policy": "enabled"})  # scaling presets only
+    assert s["planner_scaling_policy"] == [e for e in DEFAULTS["planner_scaling_policy"] if e != "disabled"]
+    load = {"enable_throughput_scaling": False, "enable_load_scaling": True,
+            "throughput_adjustment_interval_seconds": None, "load_adjustment_interval_seconds": 10}
+    s = space(planner={"scaling_policy": {"preset": ["load_180_5", load]},
+                       "fpm_sampling": {"preset": ["small"]}, "load_sensitivity": {"preset": ["aggressive"]},
+                       "load_predictor": {"preset": ["constant_last"]}})
+    assert s["planner_scaling_policy"] == ["disabled", "load_180_5", load]  # the policy lists disabled too
+    assert (s["planner_fpm_sampling"], s["planner_load_sensitivity"], s["load_predictor_candidates"]) == \
+        (["small"], ["aggressive"], ["constant_last"])
+    cfg = SearchConfig.from_dict(ref(planner={"scaling_policy": {"preset": ["load_180_5"]}}))
+    assert cfg.search_space.planner_scaling_policy == ("disabled", "load_180_5")
+
+
 def test_hardware_auto_takes_the_gpu_of_optimization():
     out = lower(ref(engine__hardware="auto", optimization__hardware="h100_sxm"))
     assert out["engine"]["hardware"] == "h100_sxm" and "hardware" not in out["optimization"]
@@ -210,7 +230,12 @@ def test_hardware_auto_takes_the_gpu_of_optimization():
     ({"router__policy": "round_robin"}, "router.overlap_score_credit", "round_robin only"),
     ({"router__prefill_load_model": {"type": {"choices": ["none", "aic"]}}}, "router.prefill_load_model.type",
      "aisim models only none"),
-    ({"planner": {"policy": {"choices": ["disabled", "enabled"]}}}, "planner", "search_space form"),
+    ({"planner": {"enable_load_scaling": True}}, "planner.enable_load_scaling", "is not read in the recommend form"),
+    ({"planner": {"scaling_policy": {"preset": False}}}, "planner.scaling_policy.preset", "non-empty list"),
+    ({"planner": {"policy": "enabled", "scaling_policy": {"preset": ["disabled"]}}}, "planner.scaling_policy.preset",
+     "no preset turns scaling on"),
+    ({"planner": {"scaling_policy": {"preset": ["load_999"]}}}, "planner.scaling_policy.preset.0",
+     "unknown planner_scaling_policy preset 'load_999'"),
     ({"engine__hardware": "auto", "optimization__hardware": ["h100_sxm", "h200_sxm"]}, "optimization.hardware",
      "runs one GPU type"),
     ({"engine__speculation": {"kind": "ngram"}}, "engine.speculation", "not searched"),
