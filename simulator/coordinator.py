@@ -216,6 +216,7 @@ class CoordinatorStats:
     num_transfers: int = 0
     last_event_ms: float = 0.0
     stopped_at_ms: float | None = None
+    stopped_early: dict | None = None  # {at_s, reason}: a checkpoint monitor stopped the replay
 
 
 def routing_entry(pool_label: str, now_ms: float, info: dict | None) -> dict:
@@ -276,6 +277,10 @@ class Coordinator:
         # requests offered) after every edge; ``progress_edges`` extra edges make sure it is called
         # often enough (an edge changes no result: the hosts' steps are exact at any edge)
         self.progress: Callable[[float, float | None, int, int], None] | None = None
+        # asked at every edge whether the replay is decided (simulator.checkpoints.Monitor): a
+        # reason stops it there; None runs on
+        self.monitor = None
+        self.checkpoint_slices = 50  # a monitored run-out is stepped in this many slices of the arrival span
         self.progress_edges = 200
         self._progress_every_ms: float | None = None
         self._progress_end_ms: float | None = None
@@ -933,6 +938,7 @@ class Coordinator:
         optimistic = self._stop_at_handoff
         stop = self.stop_ms
         guard = self.resource_guard
+        monitor = self.monitor
         now = 0.0
         first = [t for t in (self._next_arrival(), self._tick_ms, stop) if t is not None]
         until: float | None = min(first) if first else None
@@ -970,10 +976,22 @@ class Coordinator:
                 nxt = self._exact_until(now)
             if progress is not None:
                 progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
+            if monitor is not None:
+                reason = monitor.check(now, len(self.log))
+                if reason is not None:  # decided: the replay ends here, what is in flight incomplete
+                    self.stats.stopped_early = {"at_s": now / 1000.0, "reason": reason}
+                    self.stats.stopped_at_ms = now
+                    break
             if nxt is None and optimistic:
                 nxt = INF if self._work_remains() else None  # run them out, stopping at handoffs
             elif nxt is None and (not self._coupled or self._edge_workers is not None):
-                self._step(now, INF)  # nothing outside the workers is due any more: run them out
+                if monitor is None or self._transfers or self._awaiting:
+                    self._step(now, INF)  # nothing outside the workers is due any more: run them out
+                else:
+                    stop_ms = self._run_out_checked(now, monitor)
+                    if stop_ms is not None:
+                        now = stop_ms
+                        break
             until = nxt
         if self.stats.stopped_at_ms is None:  # run out ahead of the loop's clock: the run ends at its last event
             now = max(now, self._latest_event_ms)
@@ -982,6 +1000,36 @@ class Coordinator:
             progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
         self._finish(now)
         return self.stats
+
+    def _run_out_checked(self, now: float, monitor) -> float | None:
+        """Run the workers out as ``_step(now, INF)`` does, in slices of virtual time with the
+        monitor asked after each (the slices change no result: a worker stepped to a time and on
+        again is where one stepped past it would be). Returns where the monitor stopped the
+        replay, or None when the workers ran out."""
+        span = self._progress_end_ms if self._progress_end_ms else float(self._init_t.max()) if self._n_init else 0.0
+        slice_ms = max(span / max(1, self.checkpoint_slices), 1.0)
+        at = now
+        while any(self._active_on) or any(self._inputs) or any(self._control):
+            until = at + slice_ms
+            self._step_tracked(at, until)
+            at = until
+            reason = monitor.check(at, len(self.log))
+            if reason is not None:
+                self.stats.stopped_early = {"at_s": at / 1000.0, "reason": reason}
+                self.stats.stopped_at_ms = at
+                return at
+        return None
+
+    def _step_tracked(self, start: float, until: float) -> None:
+        """``_step`` that also keeps the latest event time (what an INF step records)."""
+        calls = self._take_calls()
+        if not calls:
+            return
+        outs = self.rt.step(calls, start, until, False)
+        reached = min(out.reached for out in outs)
+        self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out.events])
+        self._complete_transfers(reached)
+        self._absorb(outs)
 
     def _finish(self, end_ms: float) -> None:
         outs = self.rt.finish(end_ms)

@@ -234,12 +234,16 @@ def tune_gc_for_replay() -> tuple[int, int, int]:
     return old
 
 
-def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None, on_progress=None) -> ReplayReport:
+def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None, on_progress=None,
+             monitor=None) -> ReplayReport:
     """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime.
     A plan whose Planner retunes asks ``sweeper`` (an ``actors.planner.retune.Sweeper``; None: the
     installed one, ``load_sweeper``) for its sweeps; the run closes it. ``on_sweep(window, answer)``
     is called after each sweep, ``on_progress(now_ms, last_arrival_ms, requests_ended,
-    num_requests)`` as the replay advances (``Coordinator.progress``); neither changes a result."""
+    num_requests)`` as the replay advances (``Coordinator.progress``); neither changes a result.
+    ``monitor`` (``simulator.checkpoints.Monitor``; needs ``capture_per_request``) sees every
+    request's record as it ends and may stop the replay at an edge: the report then carries
+    ``summary.stopped_early`` ({at_s, reason}) and the requests in flight end incomplete."""
     t_wall = time.perf_counter()
     w = plan.traffic.workload
     store = BlockHashStore(w)
@@ -265,6 +269,11 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
         coord.planner_hook = planner_clock
         coord.retune = retune
         coord.progress = on_progress
+        if monitor is not None:
+            if log.records is None:
+                raise ValueError("a checkpoint monitor reads the per-request records: plan with capture_per_request")
+            log.observer = monitor.observe
+            coord.monitor = monitor
         with replay_gc():
             coord.run()
         planner = runtime.planner()  # the Planner as it ended (it may have lived in an actor)
@@ -300,6 +309,8 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     summary = summarize(log, coord.gap_sinks, accounting, counters, plan.sla, wall_ms,
                         planner_total_ticks=planner.total_ticks if planner is not None else None,
                         kv_tier_reports=getattr(coord, "offload_reports", None))
+    if stats.stopped_early is not None:  # (only then: a complete run's report is unchanged)
+        summary["stopped_early"] = dict(stats.stopped_early)
     summary["deployment"] = deployment_summary(plan, actors.router_description,
                                                 actors.decode_router.describe() if actors.decode_router else None)
     per_request = None

@@ -11,7 +11,8 @@ rejected and every error is one line naming the key and the fix (exit 2).
 - ``sla[]``: ``{metric, quantile, threshold, op}``; a trial passes only if every rule passes.
   Adaptive jobs require ``sla``.
 - ``search``: ``max_iterations`` (20), ``min_search_granularity_pct`` (2.5), ``max_qps_cap``,
-  ``qps_list``, ``benchmark_timeout`` (900 s wall per trial, 0 disables; this key wins over the base's).
+  ``qps_list``, ``benchmark_timeout`` (900 s wall per trial, 0 disables; this key wins over the base's),
+  ``early_decisions`` (true: a trial ends once an SLA rule can no longer pass, ``search.capacity.early``).
 - ``launch_server`` anywhere is rejected: every trial is its own replay.
 
 How a trial sets its QPS (``trial_config``): synthetic traffic -> open-loop Poisson at
@@ -72,6 +73,9 @@ class SearchSettings(Strict):
     max_iterations: PosInt = 20
     min_search_granularity_pct: PosFloat = 2.5
     max_qps_cap: PosFloat | None = None
+    # end a trial as soon as an SLA rule can no longer pass (search.capacity.early; the same
+    # answers as full replays); false replays every trial to its end
+    early_decisions: bool = True
     qps_list: list[PosFloat] | None = Field(default=None, min_length=1)
     benchmark_timeout: NonNegFloat | None = None
 

@@ -83,6 +83,8 @@ class TrialRows:
     prediction: dict  # prediction.json's document (per_request points at request_metrics.csv)
     request_rows: list  # request_metrics.csv rows (``REQUEST_CSV_COLUMNS`` order)
     timeline_rows: list  # worker_timeline.csv rows (``timeline.CSV_COLUMNS`` order)
+    # decided early (``search.capacity.early``): {reason, bound, checkpoint: {at_s, ended_requests}}
+    decided: dict | None = None
 
     def files(self) -> dict[str, str]:
         """The three files as ``aisim predict --csv`` writes them."""
@@ -105,14 +107,25 @@ class TrialRows:
 
     def to_cache(self) -> dict:
         return {"prediction": self.prediction, "request_rows": [list(r) for r in self.request_rows],
-                "timeline_rows": [list(r) for r in self.timeline_rows]}
+                "timeline_rows": [list(r) for r in self.timeline_rows], "decided": self.decided}
 
     @classmethod
     def from_cache(cls, doc) -> "TrialRows | None":
         try:
-            return cls(doc["prediction"], doc["request_rows"], doc["timeline_rows"])
-        except (KeyError, TypeError):
+            return cls(doc["prediction"], doc["request_rows"], doc["timeline_rows"], doc.get("decided"))
+        except (KeyError, TypeError, AttributeError):
             return None
+
+    def still_decides(self, rules) -> bool:
+        """A trial decided early answers ``rules`` only if the rule it proved to fail is one of
+        them (a rejection: any request rule); else it must be replayed in full."""
+        if self.decided is None:
+            return True
+        bound = self.decided["bound"]
+        if bound is None:
+            return any(r.kind == "request" for r in rules)
+        return any((r.metric, r.quantile, r.op, r.threshold) ==
+                   (bound["metric"], bound["quantile"], bound["op"], bound["threshold"]) for r in rules)
 
 
 def run_capacity_trial(item: dict) -> TrialRows | dict:
@@ -127,15 +140,40 @@ def run_capacity_trial(item: dict) -> TrialRows | dict:
     try:
         plan = plan_with_overrides(item["config"], {}, item.get("config_dir"), capture_per_request=True,
                                    capture_worker_timeline=True)
-        report = run_plan(plan)
+        monitor = None
+        if item.get("early_rules"):
+            from aisim.search.capacity.early import SlaMonitor
+
+            monitor = SlaMonitor(item["early_rules"], plan.traffic.workload.num_requests)
+        report = run_plan(plan, monitor=monitor)
         doc = report.to_dict()
         doc["per_request"] = {"path": "request_metrics.csv", "records": len(report.per_request or [])}
-        return TrialRows(doc, list(request_rows(report.per_request or [])), list(timeline_rows(report.timelines or [])))
+        decided = None
+        if monitor is not None and "stopped_early" in doc["summary"]:  # (decided at the very end: a full run)
+            decided = {**monitor.decision, "checkpoint": {"at_s": monitor.at_ms / 1000.0,
+                                                          "ended_requests": doc["summary"]["completed_requests"]
+                                                          + doc["summary"].get("rejected_requests", 0)}}
+        return TrialRows(doc, list(request_rows(report.per_request or [])), list(timeline_rows(report.timelines or [])),
+                         decided)
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
 
 
 # -- the parent side --------------------------------------------------------------------------------
+def _early_results(rules, decided: dict) -> list[dict]:
+    """``sla_results`` of a trial decided early: the rule it proved to fail (no full quantile: the
+    bound instead), the others not evaluated (``passed`` None)."""
+    bound = decided["bound"]
+    out = []
+    for r in rules:
+        proved = (bound is None and r.kind == "request") or (
+            bound is not None and (r.metric, r.quantile, r.op, r.threshold) ==
+            (bound["metric"], bound["quantile"], bound["op"], bound["threshold"]))
+        out.append({"metric": r.metric, "quantile": r.quantile, "op": r.op, "threshold": r.threshold, "value": None,
+                    "passed": False if proved else None, **({"decided_early": True} if proved else {})})
+    return out
+
+
 def _qps_dir(qps: float) -> str:
     return f"{qps:.6g}"
 
@@ -193,12 +231,16 @@ class _Job:
         mapping = trial_config(self.mapping, qps, self.trace_rps())
         key = config_key(mapping)
         run_dir = self.dir / "runs" / _qps_dir(qps)
+        rules = [SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla]
         rows = TrialRows.from_cache(self.s.cache.get(key)) if self.s.cache is not None else None
+        if rows is not None and not rows.still_decides(rules):
+            rows = None  # decided early on a rule this SLA no longer has: replay it
         cached = rows is not None
         timed_out = False
         error = None
         if rows is None:
-            item = {"config": mapping, "config_dir": str(self.s.config_dir) if self.s.config_dir else None}
+            item = {"config": mapping, "config_dir": str(self.s.config_dir) if self.s.config_dir else None,
+                    "early_rules": rules if cfg.search.early_decisions and rules else None}
             res = lane.fan.map(run_capacity_trial, [item], item_timeout_s=cfg.benchmark_timeout_s)[0]
             if isinstance(res, TrialRows):
                 rows = res
@@ -219,18 +261,25 @@ class _Job:
         if rows is not None:
             for name, text in rows.files().items():
                 atomic_write_text(run_dir / name, text)
-            if cfg.sla:
-                passed, sla_results = rows.sla([SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla])
+            if rows.decided is not None:
+                passed, sla_results = False, _early_results(rules, rows.decided)
+            elif cfg.sla:
+                passed, sla_results = rows.sla(rules)
         elif timed_out:
             passed = False
         trial = {"qps": qps, "passed": passed, "timed_out": timed_out, "cached": cached, "sla_results": sla_results}
+        early = {}
+        if rows is not None and rows.decided is not None:
+            early = {"decided_early": True, "checkpoint": rows.decided["checkpoint"], "bound": rows.decided["bound"],
+                     "decided_reason": rows.decided["reason"]}
+            trial.update(early)
         if error is not None:
             trial["error"] = error
         atomic_write_text(run_dir / "trial_result.json", canonical_json(trial) + "\n")
         self.s.progress_event(self.job.name, qps, passed, timed_out)
         if error is not None:  # the replay itself failed (not the SLA): the job stops with this error
             raise RuntimeError(f"the trial at {qps:g} QPS failed: {error}")
-        return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results,
+        return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results, **early,
                                                 **({"error": error} if error else {})})
 
     def run(self, lane: _Lane) -> JobResult:

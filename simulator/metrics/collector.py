@@ -72,6 +72,9 @@ class RequestLog:
         self.rejection_examples: dict[str, tuple[int, str]] = {}
         self._files: dict[str, ColumnFile] | None = None  # (rows written out, once past SPILL_ROWS)
         self._written = 0
+        # called with each request's record as it ends (capture only): a checkpoint monitor's feed
+        # (simulator.checkpoints)
+        self.observer = None
 
     def __len__(self) -> int:
         return self._written + len(self.index)
@@ -132,7 +135,10 @@ class RequestLog:
         self.host_reused.append(req.host_reused)
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
-            self.records.add(req.index, req.arrival_ms, self._record(req, final_status, reused))
+            rec = self._record(req, final_status, reused)
+            self.records.add(req.index, req.arrival_ms, rec)
+            if self.observer is not None:
+                self.observer(rec)
         if len(self.index) >= SPILL_ROWS:
             self._spill()
 

@@ -1,0 +1,110 @@
+"""Exact early decisions for capacity trials: a trial ends as soon as one SLA rule can no longer
+pass, whatever the rest of the replay does (docs/early-stopping.md has the derivations).
+
+A request rule ``{metric, quantile q, op, threshold T}`` is decided on the requests that have
+ended (their metric values are final; a request that never completes fails every request rule,
+``search.capacity.sla``). With ``N`` the requests the trial offers (an upper bound on the values
+the quantile will see: ``n <= N``), sorted values ``x`` and ``h = (n - 1) q``, the linear
+quantile lies in ``[x[floor(h)], x[ceil(h)]]`` (0-indexed), so:
+
+- ``<=`` fails once ``N - floor((N - 1) q)`` values are ``> T`` (then ``x[floor(h)] > T``);
+- ``<`` fails once that many values are ``>= T``;
+- ``>=`` fails once ``ceil((N - 1) q) + 1`` values are ``< T`` (then ``x[ceil(h)] < T``);
+- ``>`` fails once that many values are ``<= T``;
+- any rejected request fails every request rule at once.
+
+Both counts needed grow with ``n``, so using ``N`` for ``n`` only ever waits longer: a decision
+taken is the decision of the full replay. ``==`` rules and the queue rules (worker timelines) are
+never decided early; a trial that passes always runs to the end. A threshold is compared with a
+relative margin of 1e-12 so a value equal to it within rounding never decides.
+"""
+
+from __future__ import annotations
+
+import math
+
+from aisim.simulator.checkpoints import Monitor
+
+__all__ = ["SlaMonitor", "needed"]
+
+_EPS = 1e-12
+
+
+def needed(op: str, q: float, n: int) -> int | None:
+    """Values beyond the threshold that prove rule ``op`` at quantile ``q`` fails over ``n``
+    values (None: ``op`` is never decided early)."""
+    if op in ("<=", "<"):
+        return n - math.floor((n - 1) * q)
+    if op in (">=", ">"):
+        return math.ceil((n - 1) * q) + 1
+    return None
+
+
+def _beyond(op: str, threshold: float):
+    """The test a final value must pass to count towards failing the rule."""
+    margin = abs(threshold) * _EPS
+    if op == "<=":
+        return lambda v: v > threshold + margin
+    if op == "<":
+        return lambda v: v >= threshold + margin
+    if op == ">=":
+        return lambda v: v < threshold - margin
+    return lambda v: v <= threshold - margin  # ">"
+
+
+class _Rule:
+    def __init__(self, rule, num_requests: int, column: int) -> None:
+        self.rule = rule
+        self.column = column
+        self.need = needed(rule.op, rule.quantile, num_requests)
+        self.test = _beyond(rule.op, rule.threshold)
+        self.count = 0
+
+    def bound(self, num_requests: int) -> dict:
+        r = self.rule
+        negation = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}[r.op]
+        return {"metric": r.metric, "quantile": r.quantile, "op": r.op, "threshold": r.threshold,
+                "proved": f"q{r.quantile:g} {r.metric} {negation} {r.threshold:g}",
+                "values_beyond": self.count, "needed": self.need, "num_requests": num_requests}
+
+
+class SlaMonitor(Monitor):
+    """Stops a capacity trial once one of its request rules is certain to fail."""
+
+    def __init__(self, rules, num_requests: int) -> None:
+        from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS
+
+        super().__init__(num_requests)
+        request_rules = [r for r in rules if r.kind == "request"]
+        self.any_request_rule = bool(request_rules)
+        self.rules = [_Rule(r, self.num_requests, REQUEST_CSV_COLUMNS.index(r.metric)) for r in request_rules
+                      if needed(r.op, r.quantile, self.num_requests) is not None]
+        self.decision: dict | None = None  # {reason, bound}: the rule proved to fail
+        self._reason: str | None = None
+
+    def observe(self, record: dict) -> None:
+        if self._reason is not None:
+            return
+        from aisim.simulator.metrics.csv_out import request_row
+
+        row = request_row(record)
+        if row[1] != "completed":
+            if self.any_request_rule and row[1] == "rejected":
+                self._decide(f"request {row[0]} was rejected: every request rule fails", None)
+            return
+        for r in self.rules:
+            v = row[r.column]
+            if v == "" or not r.test(v):
+                continue
+            r.count += 1
+            if r.count >= r.need:
+                b = r.bound(self.num_requests)
+                self._decide(f"{b['proved']}: {r.count} of at most {self.num_requests} requests", b)
+                return
+
+    def _decide(self, reason: str, bound: dict | None) -> None:
+        self._reason = reason
+        self.decision = {"reason": reason, "bound": bound}
+
+    def decided(self) -> str | None:
+        return self._reason

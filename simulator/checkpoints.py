@@ -1,0 +1,59 @@
+"""Checkpoints inside a replay: a monitor sees every request as it ends and, at checkpoints in
+virtual time, may stop the replay (``run_plan(plan, monitor=...)``; docs/early-stopping.md).
+
+The contract (what ``Coordinator.run`` and ``RequestLog`` call):
+
+- ``observe(record)``: each request's per-request record (``requests.jsonl`` keys) as it ends,
+  completed or rejected, in the order the replay logs them (needs ``capture_per_request``).
+- ``check(now_ms, ended) -> str | None``: at every coordinator edge, after the requests of that
+  edge were logged (``ended`` counts them), and after each slice of a monitored run-out (the
+  workers run out in ``Coordinator.checkpoint_slices`` slices of the arrival span instead of one
+  step: the same events, a place to stop). A reason stops the replay at ``now_ms``: the requests
+  in flight end ``incomplete`` and the report's summary carries ``stopped_early: {at_s, reason}``.
+  Once every offered request has ended the replay is never stopped (nothing is left to save).
+
+``Monitor`` spaces its checkpoints: ``at_checkpoint`` runs once ``every`` more requests have ended
+(``checkpoints`` per offered workload, our choice: 50), and ``decided()`` (cheap) at every edge,
+for a decision a single request can make (a rejection against a latency rule). Checkpoints are
+counted in ended requests, so the same replay reaches the same checkpoints on every runtime.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["Monitor"]
+
+
+class Monitor:
+    """Base class: counts ended requests and calls ``at_checkpoint`` every ``every`` of them."""
+
+    def __init__(self, num_requests: int, checkpoints: int = 50) -> None:
+        self.num_requests = int(num_requests)
+        self.every = max(1, math.ceil(self.num_requests / max(1, checkpoints)))
+        self._next = self.every
+        self.checkpoints = 0  # checkpoints reached so far
+        self.at_ms: float | None = None  # where the decision was taken
+
+    def observe(self, record: dict) -> None:  # noqa: B027 - a hook: subclasses read what they need
+        """One ended request's record."""
+
+    def decided(self) -> str | None:
+        """A decision already certain between checkpoints (cheap; called at every edge)."""
+        return None
+
+    def at_checkpoint(self, now_ms: float, ended: int) -> str | None:
+        """The decision at a checkpoint, or None to run on."""
+        return None
+
+    def check(self, now_ms: float, ended: int) -> str | None:
+        if ended >= self.num_requests:  # every request has ended: nothing left to save, let it finish
+            return None
+        reason = self.decided()
+        if reason is None and ended >= self._next:
+            self._next = (ended // self.every + 1) * self.every
+            self.checkpoints += 1
+            reason = self.at_checkpoint(now_ms, ended)
+        if reason is not None:
+            self.at_ms = now_ms
+        return reason

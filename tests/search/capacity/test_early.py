@@ -1,0 +1,190 @@
+"""Exact early decisions of capacity trials: the counts each rule needs, the exact request at which
+hand-made streams are decided, soundness against the full quantile on random streams, the search
+giving the same answers as full replays (the bundled config and random SLA sets), the cache, and
+a monitored replay that is never stopped being the same replay."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+import yaml
+
+from aisim.search.capacity.early import SlaMonitor, needed
+from aisim.search.capacity.runner import run_capacity_search
+from aisim.search.capacity.sla import SlaRule, quantile
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "configs" / "capacity-search.yaml"
+
+
+def record(i: int, ttft: float | None = None, *, status: str = "completed", itl: float | None = None,
+           e2e: float | None = None) -> dict:
+    """A per-request record whose request_metrics.csv row has these values (arrival at 0)."""
+    first = ttft if ttft is not None else 10.0
+    n = 2 if itl is not None else 1
+    last = first + (itl if itl is not None else 0.0)
+    if e2e is not None:
+        last, n = e2e, max(n, 2)
+    return {"uuid": str(i), "terminal_status": status, "arrival_time_ms": 0.0, "first_admit_ms": 0.0,
+            "first_token_ms": first if status == "completed" else None, "last_token_ms": last, "output_length": n,
+            "itl_ms": itl}
+
+
+def feed(monitor: SlaMonitor, records) -> int | None:
+    """The 1-based position of the record after which the monitor decided (None: never)."""
+    for k, rec in enumerate(records, 1):
+        monitor.observe(rec)
+        if monitor.decided() is not None:
+            return k
+    return None
+
+
+def test_the_counts_each_rule_needs():
+    assert needed("<=", 0.9, 1000) == 101  # 1000 - floor(999 x 0.9) = 1000 - 899
+    assert needed("<", 0.5, 1000) == 501  # 1000 - floor(499.5)
+    assert needed(">=", 0.1, 1000) == 101  # ceil(99.9) + 1
+    assert needed(">", 0.0, 10) == 1 and needed("<=", 1.0, 10) == 1  # the minimum / the maximum
+    assert needed("==", 0.5, 10) is None
+
+
+def test_a_p90_rule_is_decided_at_the_exact_request_that_proves_it():
+    # N = 10, p90 TTFT <= 100 ms: h = 8.1, so the 9th smallest of 10 must stay <= 100; two values
+    # above 100 make it > 100 whatever the other eight are
+    m = SlaMonitor([SlaRule("ttft_ms", 0.9, 100.0, "<=")], 10)
+    assert feed(m, [record(0, 50.0), record(1, 150.0), record(2, 90.0), record(3, 100.0), record(4, 200.0),
+                    record(5, 300.0)]) == 5
+    assert m.decision["bound"] == {"metric": "ttft_ms", "quantile": 0.9, "op": "<=", "threshold": 100.0,
+                                   "proved": "q0.9 ttft_ms > 100", "values_beyond": 2, "needed": 2,
+                                   "num_requests": 10}
+
+
+def test_a_value_equal_to_the_threshold_never_counts():
+    m = SlaMonitor([SlaRule("ttft_ms", 0.5, 100.0, "<=")], 3)  # needs 2 values > 100
+    assert feed(m, [record(0, 100.0), record(1, 100.0), record(2, 100.000001)]) is None
+
+
+def test_a_rejection_fails_every_request_rule_at_once_but_not_a_queue_only_sla():
+    m = SlaMonitor([SlaRule("e2e_latency_ms", 0.99, 1e9, "<=")], 100)
+    assert feed(m, [record(0, 5.0), record(1, status="rejected")]) == 2
+    assert m.decision["bound"] is None and "rejected" in m.decision["reason"]
+    q = SlaMonitor([SlaRule("queue_depth_waiting", 0.95, 8.0, "<=")], 100)
+    assert feed(q, [record(0, status="rejected")]) is None
+
+
+def test_lower_bound_rules_and_equality():
+    m = SlaMonitor([SlaRule("itl_ms", 0.2, 5.0, ">=")], 6)  # ceil(5 x 0.2) + 1 = 2 values < 5 fail it
+    assert feed(m, [record(0, itl=7.0), record(1, itl=4.0), record(2, itl=6.0), record(3, itl=3.0)]) == 4
+    eq = SlaMonitor([SlaRule("ttft_ms", 0.5, 1.0, "==")], 4)
+    assert feed(eq, [record(i, 50.0) for i in range(4)]) is None
+
+
+def test_a_one_token_request_has_no_itl_and_never_counts():
+    m = SlaMonitor([SlaRule("itl_ms", 0.5, 5.0, "<=")], 3)
+    assert feed(m, [record(0), record(1), record(2)]) is None  # (no itl: left out, as the CSV leaves it)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_decision_is_always_the_full_quantiles_verdict(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 60)
+    op = rng.choice(["<=", "<", ">=", ">"])
+    q = rng.choice([0.0, 0.1, 0.5, 0.9, 0.95, 0.99, 1.0])
+    values = [float(rng.randint(0, 20)) for _ in range(n)]
+    threshold = float(rng.randint(0, 20))
+    rule = SlaRule("ttft_ms", q, threshold, op)
+    m = SlaMonitor([rule], n)
+    at = feed(m, [record(i, v) for i, v in enumerate(values)])
+    if at is not None:
+        assert not rule.check(quantile(values, q)), (values, rule)
+
+
+# -- the search -------------------------------------------------------------------------------
+def _trace(result) -> list:
+    return [(j.job_name, j.max_qps_under_sla, [(t["qps"], t["passed"], t["timed_out"]) for t in j.search_trace])
+            for j in result.jobs]
+
+
+def _run(cfg: dict, out, early: bool, cache=None):
+    cfg = copy.deepcopy(cfg)
+    cfg.setdefault("search", {})["early_decisions"] = early
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    base = cfg["benchmark_base"]
+    assert "config" not in base
+    return run_capacity_search(path, out, use_cache=cache is not None, cache_dir=cache, max_parallel=1)
+
+
+def test_the_bundled_search_gives_the_same_answers_with_early_decisions(tmp_path):
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    early = _run(cfg, tmp_path / "early", True)
+    full = _run(cfg, tmp_path / "full", False)
+    assert _trace(early) == _trace(full)
+    decided = [t for j in early.jobs for t in j.search_trace if t.get("decided_early")]
+    assert decided and all(t["passed"] is False for t in decided)
+    t = decided[0]
+    doc = json.loads((tmp_path / "early").joinpath(*_run_dir(early, t["qps"]), "trial_result.json").read_text())
+    assert doc["decided_early"] is True and doc["bound"]["proved"] == "q0.9 ttft_ms > 1000"
+    assert doc["checkpoint"]["ended_requests"] < 1000
+    pred = json.loads((tmp_path / "early").joinpath(*_run_dir(early, t["qps"]), "prediction.json").read_text())
+    assert pred["summary"]["stopped_early"]["reason"].startswith("q0.9 ttft_ms > 1000")
+
+
+def _run_dir(result, qps) -> tuple:
+    job = result.jobs[0]
+    return ("jobs", f"{job.job_name}_{job.job_key}", "runs", f"{qps:.6g}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_random_sla_sets_give_the_same_answers_with_early_decisions(tmp_path, seed):
+    rng = random.Random(seed)
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["jobs"] = [{"name": "grid", "qps_list": [10, 30, 45, 60]}]
+    rules = []
+    for _ in range(rng.randint(1, 3)):
+        metric = rng.choice(["ttft_ms", "e2e_latency_ms", "itl_ms", "request_scheduling_delay", "queue_depth_waiting"])
+        scale = {"ttft_ms": 2000, "e2e_latency_ms": 5000, "itl_ms": 30, "request_scheduling_delay": 2,
+                 "queue_depth_waiting": 40}[metric]
+        rules.append({"metric": metric, "quantile": rng.choice([0.5, 0.9, 0.99]),
+                      "threshold": round(rng.uniform(0.05, 1.0) * scale, 3), "op": rng.choice(["<=", "<", ">="])})
+    cfg["sla"] = rules
+    assert _trace(_run(cfg, tmp_path / "early", True)) == _trace(_run(cfg, tmp_path / "full", False))
+
+
+def test_a_trial_decided_early_is_replayed_when_the_sla_no_longer_holds_its_rule(tmp_path):
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["jobs"] = [{"name": "grid", "qps_list": [64]}]
+    cache = tmp_path / "cache"
+    first = _run(cfg, tmp_path / "a", True, cache)
+    [t] = first.jobs[0].search_trace
+    assert t["decided_early"] and not t["cached"]
+    again = _run(cfg, tmp_path / "b", True, cache)  # the same SLA: the cached decision answers
+    [t] = again.jobs[0].search_trace
+    assert t["cached"] and t["decided_early"] and t["passed"] is False
+    cfg["sla"][0]["threshold"] = 1e7  # the proved rule is gone: a full verdict needs the replay
+    third = _run(cfg, tmp_path / "c", True, cache)
+    [t] = third.jobs[0].search_trace
+    assert not t["cached"] and not t.get("decided_early")
+    assert t["sla_results"][0]["passed"] is True and t["passed"] is False  # (the queue rule still fails)
+
+
+def test_a_monitored_replay_that_is_never_stopped_is_the_same_replay():
+    from aisim.search.capacity.config import job_config, load_capacity_config, trial_config
+    from aisim.search.trial import plan_with_overrides
+    from aisim.simulator.checkpoints import Monitor
+    from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+    from aisim.simulator.run import run_plan
+
+    cfg, d = load_capacity_config(EXAMPLE)
+    reports = []
+    for monitor in (None, Monitor(1000)):
+        plan = plan_with_overrides(trial_config(job_config(cfg, cfg.jobs[0]), 48.0, None), {}, str(d),
+                                   capture_per_request=True, capture_worker_timeline=True)
+        r = run_plan(plan, monitor=monitor)
+        summary = {k: v for k, v in r.summary.items() if k not in WALL_TIME_FIELDS}
+        reports.append((summary, r.per_request, [t.to_plain() for t in r.timelines]))
+    assert monitor.checkpoints > 10  # the run-out was stepped in slices, the monitor asked after each
+    assert reports[0] == reports[1]
