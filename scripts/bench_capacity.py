@@ -6,9 +6,12 @@ same jobs run one after another (1 lane), and, for one trial, the replay alone (
 the per-request and timeline capture the SLA needs) vs the whole trial in a worker's shoes (config
 materialisation + replay + formatting the two CSVs and prediction.json): the per-trial overhead as
 a share of the replay (worker processes start once per lane, so no process or import cost per
-trial). A fully cached rerun is timed too.
+trial). A fully cached rerun is timed too. ``--early`` compares early decisions (the default)
+with full replays (``search.early_decisions: false``), interleaved: the wall time of the whole
+search and the requests its trials replayed to their end (completed or rejected), and checks
+that both find the same answers.
 
-    python scripts/bench_capacity.py [--config PATH] [--repeats 3]
+    python scripts/bench_capacity.py [--config PATH] [--repeats 3] [--early]
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "capacity-search.yaml")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--early", action="store_true", help="early decisions vs full replays, side by side")
     args = ap.parse_args()
+    if args.early:
+        return compare_early(args.config, args.repeats)
     walls = {"2 lanes": [], "1 lane": [], "cached": []}
     trials = 0
     for _ in range(args.repeats):
@@ -73,6 +79,41 @@ def main() -> int:
     print(f"one trial: replay alone {r_med * 1000:.0f} ms, whole trial {w_med * 1000:.0f} ms -> overhead "
           f"{(w_med - r_med) / r_med:.0%} of the replay")
     return 0
+
+
+def _replayed(out: Path) -> int:
+    import json
+
+    total = 0
+    for p in out.glob("jobs/*/runs/*/prediction.json"):  # requests that ended before the trial did
+        s = json.loads(p.read_text())["summary"]
+        total += s["completed_requests"] + s.get("rejected_requests", 0)
+    return total
+
+
+def compare_early(config: Path, repeats: int) -> int:
+    import json
+
+    walls: dict[str, list[float]] = {"early": [], "full": []}
+    replayed, answers = {}, {}
+    for _ in range(repeats):
+        for mode in ("early", "full"):  # interleaved: the machine's drift hits both
+            with tempfile.TemporaryDirectory() as tmp:
+                sets = [f"search.early_decisions={'true' if mode == 'early' else 'false'}"]
+                t = time.perf_counter()
+                r = run_capacity_search(config, Path(tmp) / "o", use_cache=False, max_parallel=2, overrides=sets)
+                walls[mode].append(time.perf_counter() - t)
+                replayed[mode] = _replayed(Path(tmp) / "o")
+                answers[mode] = json.dumps([(j.job_name, j.max_qps_under_sla, [(t["qps"], t["passed"])
+                                                                               for t in j.search_trace])
+                                            for j in r.jobs])
+    e, f = statistics.median(walls["early"]), statistics.median(walls["full"])
+    print(f"config {config.name}, {os.cpu_count()} CPUs, median of {repeats}, 2 lanes, no cache")
+    print(f"full replays: {f:.2f} s, {replayed['full']} requests replayed")
+    print(f"early decisions: {e:.2f} s, {replayed['early']} requests replayed")
+    print(f"-> wall {f / e:.2f}x, requests {replayed['full'] / max(1, replayed['early']):.2f}x fewer; "
+          f"same answers: {answers['early'] == answers['full']}")
+    return 0 if answers["early"] == answers["full"] else 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The contract (what ``Coordinator.run`` and ``RequestLog`` call):
 
 - ``observe(record)``: each request's per-request record (``requests.jsonl`` keys) as it ends,
   completed or rejected, in the order the replay logs them (needs ``capture_per_request``).
-- ``check(now_ms, ended) -> str | None``: at every coordinator edge, after the requests of that
+- ``check(now_ms, ended, in_flight) -> str | None``: at every coordinator edge, after the requests of that
   edge were logged (``ended`` counts them), and after each slice of a monitored run-out (the
   workers run out in ``Coordinator.checkpoint_slices`` slices of the arrival span instead of one
   step: the same events, a place to stop). A reason stops the replay at ``now_ms``: the requests
@@ -42,18 +42,20 @@ class Monitor:
         """A decision already certain between checkpoints (cheap; called at every edge)."""
         return None
 
-    def at_checkpoint(self, now_ms: float, ended: int) -> str | None:
-        """The decision at a checkpoint, or None to run on."""
+    def at_checkpoint(self, now_ms: float, ended: int, in_flight) -> str | None:
+        """The decision at a checkpoint, or None to run on. ``in_flight()`` returns
+        ``(arrival_ms, first_token_ms, first_admit_ms)`` of every request the workers hold as of
+        ``now_ms`` (None: not known yet), for lower bounds on what they will report."""
         return None
 
-    def check(self, now_ms: float, ended: int) -> str | None:
+    def check(self, now_ms: float, ended: int, in_flight=None) -> str | None:
         if ended >= self.num_requests:  # every request has ended: nothing left to save, let it finish
             return None
         reason = self.decided()
         if reason is None and ended >= self._next:
             self._next = (ended // self.every + 1) * self.every
             self.checkpoints += 1
-            reason = self.at_checkpoint(now_ms, ended)
+            reason = self.at_checkpoint(now_ms, ended, in_flight if in_flight is not None else list)
         if reason is not None:
             self.at_ms = now_ms
         return reason

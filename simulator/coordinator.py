@@ -977,7 +977,7 @@ class Coordinator:
             if progress is not None:
                 progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
             if monitor is not None:
-                reason = monitor.check(now, len(self.log))
+                reason = monitor.check(now, len(self.log), self.rt.in_flight)
                 if reason is not None:  # decided: the replay ends here, what is in flight incomplete
                     self.stats.stopped_early = {"at_s": now / 1000.0, "reason": reason}
                     self.stats.stopped_at_ms = now
@@ -1013,7 +1013,7 @@ class Coordinator:
             until = at + slice_ms
             self._step_tracked(at, until)
             at = until
-            reason = monitor.check(at, len(self.log))
+            reason = monitor.check(at, len(self.log), self.rt.in_flight)
             if reason is not None:
                 self.stats.stopped_early = {"at_s": at / 1000.0, "reason": reason}
                 self.stats.stopped_at_ms = at

@@ -438,6 +438,18 @@ class WorkerHost:
             out.append((wid, [rank.kv.contents() for rank in worker.ranks]))
         return out
 
+    def in_flight(self, _=None) -> list:
+        """``(arrival_ms, first_token_ms, first_admit_ms)`` of every request its workers hold, as of
+        now (a checkpoint monitor's lower bounds: ``simulator.checkpoints``)."""
+        out = []
+        for wid in sorted(self.workers):
+            worker = self.workers[wid]
+            self._sync(wid, worker, self.now)
+            for rank in worker.ranks:
+                for req in (*rank.running, *rank.waiting):
+                    out.append((req.arrival_ms, req.first_token_ms, req.first_admit_ms))
+        return out
+
     def finish(self, end_ms: float) -> HostFinish:
         """End of the run: requests still in the workers (incomplete), then the totals."""
         leftover = []

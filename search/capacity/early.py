@@ -14,9 +14,13 @@ quantile lies in ``[x[floor(h)], x[ceil(h)]]`` (0-indexed), so:
 - any rejected request fails every request rule at once.
 
 Both counts needed grow with ``n``, so using ``N`` for ``n`` only ever waits longer: a decision
-taken is the decision of the full replay. ``==`` rules and the queue rules (worker timelines) are
-never decided early; a trial that passes always runs to the end. A threshold is compared with a
-relative margin of 1e-12 so a value equal to it within rounding never decides.
+taken is the decision of the full replay. At checkpoints (``simulator.checkpoints``) an upper-limit
+rule on TTFT, the scheduling delay or E2E latency also counts the requests in flight whose value
+is already past the threshold (no first token / not admitted / not finished after ``now -
+arrival``): each either ends with such a value or never completes, failing the rule either way.
+``==`` rules and the queue rules (worker timelines) are never decided early; a trial that passes
+always runs to the end. A threshold is compared with a relative margin of 1e-12 so a value equal
+to it within rounding never decides.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from aisim.simulator.checkpoints import Monitor
 __all__ = ["SlaMonitor", "needed"]
 
 _EPS = 1e-12
+# request metrics bounded below by the time a request has been in flight: metric -> (the
+# in-flight tuple's field that must still be None for the bound, or None: always; the unit)
+_ELAPSED = {"ttft_ms": (1, 1.0), "request_scheduling_delay": (2, 1000.0), "e2e_latency_ms": (None, 1.0)}
 
 
 def needed(op: str, q: float, n: int) -> int | None:
@@ -101,6 +108,28 @@ class SlaMonitor(Monitor):
                 b = r.bound(self.num_requests)
                 self._decide(f"{b['proved']}: {r.count} of at most {self.num_requests} requests", b)
                 return
+
+    def at_checkpoint(self, now_ms: float, ended: int, in_flight) -> str | None:
+        """Add the requests in flight whose value is already beyond an upper-limit rule's
+        threshold: a request without a first token at ``now`` reports a TTFT >= now - arrival,
+        one not yet admitted a scheduling delay >= that, any an E2E latency >= that (or it never
+        completes, which fails the rule too)."""
+        uppers = [r for r in self.rules if r.rule.op in ("<=", "<") and r.rule.metric in _ELAPSED]
+        if not uppers:
+            return None
+        held = in_flight()
+        for r in uppers:
+            field, scale = _ELAPSED[r.rule.metric]
+            extra = sum(1 for item in held if (field is None or item[field] is None)
+                        and r.test((now_ms - item[0]) / scale))
+            if r.count + extra >= r.need:
+                b = r.bound(self.num_requests)
+                b["values_beyond"] = r.count + extra
+                b["in_flight_beyond"] = extra
+                self._decide(f"{b['proved']}: {r.count} ended and {extra} in flight of at most "
+                             f"{self.num_requests} requests", b)
+                return self._reason
+        return None
 
     def _decide(self, reason: str, bound: dict | None) -> None:
         self._reason = reason

@@ -132,6 +132,11 @@ class LocalRuntime:
         self.counters.num_calls += self.num_hosts
         return {wid: ranks for h in self.hosts for wid, ranks in self._w(h.kv_contents(self._w(wids)))}
 
+    def in_flight(self) -> list:
+        """Every hosted request's (arrival_ms, first_token_ms, first_admit_ms), as of now."""
+        self.counters.num_calls += self.num_hosts
+        return [tuple(x) for h in self.hosts for x in self._w(h.in_flight())]
+
     def initial_tick_ms(self) -> float:
         return self.planner_host.initial_tick_ms()
 

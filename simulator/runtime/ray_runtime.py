@@ -108,6 +108,9 @@ def _actor_classes():
         def kv_contents(self, payload: bytes) -> bytes:
             return pack(self.host.kv_contents(unpack(payload)))
 
+        def in_flight(self, payload: bytes) -> bytes:
+            return pack(self.host.in_flight(unpack(payload)))
+
         def finish(self, end_ms: float) -> bytes:
             return pack(self.host.finish(end_ms))
 
@@ -384,7 +387,7 @@ def _first_line(exc: BaseException) -> str:
 # A frame: kind (1 byte: a method's index in _METHODS, or in an answer 0 = ok, 1 = failed), length
 # (8 bytes, big-endian), then the msgpack payload (a failure: its message, UTF-8).
 
-_METHODS = ("step", "deliver", "reserve", "match_prefix", "kv_contents")
+_METHODS = ("step", "deliver", "reserve", "match_prefix", "kv_contents", "in_flight")
 _HEADER = struct.Struct(">BQ")
 
 
@@ -571,6 +574,11 @@ class RayRuntime:
         self.counters.num_calls += self.num_hosts
         outs = self._edge("kv_contents", {h: pack(wids) for h in range(self.num_hosts)}, "the KV cache contents")
         return {wid: ranks for out in outs for wid, ranks in out}
+
+    def in_flight(self) -> list:
+        self.counters.num_calls += self.num_hosts
+        outs = self._edge("in_flight", {h: pack(None) for h in range(self.num_hosts)}, "the requests in flight")
+        return [tuple(x) for out in outs for x in out]
 
     def route(self, updates, requests, eligible, ranks_of) -> list:
         self.counters.num_calls += 1

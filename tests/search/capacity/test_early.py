@@ -180,11 +180,30 @@ def test_a_monitored_replay_that_is_never_stopped_is_the_same_replay():
 
     cfg, d = load_capacity_config(EXAMPLE)
     reports = []
-    for monitor in (None, Monitor(1000)):
+    never = SlaMonitor([SlaRule("ttft_ms", 0.9, 1e12, "<="), SlaRule("e2e_latency_ms", 0.5, 1e12, "<")], 1000)
+    for monitor in (None, Monitor(1000), never):  # (the SLA monitor asks the hosts what is in flight)
         plan = plan_with_overrides(trial_config(job_config(cfg, cfg.jobs[0]), 48.0, None), {}, str(d),
                                    capture_per_request=True, capture_worker_timeline=True)
         r = run_plan(plan, monitor=monitor)
         summary = {k: v for k, v in r.summary.items() if k not in WALL_TIME_FIELDS}
         reports.append((summary, r.per_request, [t.to_plain() for t in r.timelines]))
     assert monitor.checkpoints > 10  # the run-out was stepped in slices, the monitor asked after each
-    assert reports[0] == reports[1]
+    assert never.decision is None
+    assert reports[0] == reports[1] == reports[2]
+
+
+def test_requests_in_flight_count_once_their_elapsed_time_passes_the_threshold():
+    m = SlaMonitor([SlaRule("ttft_ms", 0.9, 100.0, "<=")], 10)  # needs 2 values > 100
+    assert feed(m, [record(0, 150.0)]) is None
+    held = [(450.0, None, 420.0), (300.0, 320.0, 310.0)]  # (arrival, first token, first admission)
+    # at 500 ms: the first has waited 50 ms without a token, the second has its token (TTFT 20 ms)
+    assert m.check(500.0, 1, lambda: held) is None and m.checkpoints == 1
+    m._next = 0  # the next call is a checkpoint
+    assert m.check(560.0, 1, lambda: held) == "q0.9 ttft_ms > 100: 1 ended and 1 in flight of at most 10 requests"
+    assert m.decision["bound"]["in_flight_beyond"] == 1 and m.at_ms == 560.0
+    e2e = SlaMonitor([SlaRule("e2e_latency_ms", 0.5, 200.0, "<=")], 4)  # needs 4 - floor(1.5) = 3
+    e2e._next = 0
+    assert e2e.check(600.0, 0, lambda: [(300.0, 320.0, 310.0), (350.0, None, None), (500.0, None, None)]) is None
+    e2e._next = 0
+    assert e2e.check(720.0, 0, lambda: [(300.0, 320.0, 310.0), (350.0, None, None), (500.0, None, None)]) \
+        == "q0.5 e2e_latency_ms > 200: 0 ended and 3 in flight of at most 4 requests"
