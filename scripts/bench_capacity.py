@@ -11,7 +11,10 @@ with full replays (``search.early_decisions: false``), interleaved: the wall tim
 search and the requests its trials replayed to their end (completed or rejected), and checks
 that both find the same answers.
 
-    python scripts/bench_capacity.py [--config PATH] [--repeats 3] [--early]
+``--compare REV``: this tree against commit REV, each installed from its wheel in a fresh venv,
+the whole ``aisim capacity`` process interleaved (no cache), with the answers compared.
+
+    python scripts/bench_capacity.py [--config PATH] [--repeats 3] [--early] [--compare REV]
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "capacity-search.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--early", action="store_true", help="early decisions vs full replays, side by side")
+    ap.add_argument("--compare", metavar="REV", help="this tree against commit REV, whole process, interleaved")
     args = ap.parse_args()
+    if args.compare:
+        return compare_commit(args.config, args.compare, args.repeats)
     if args.early:
         return compare_early(args.config, args.repeats)
     walls = {"2 lanes": [], "1 lane": [], "cached": []}
@@ -114,6 +120,36 @@ def compare_early(config: Path, repeats: int) -> int:
     print(f"-> wall {f / e:.2f}x, requests {replayed['full'] / max(1, replayed['early']):.2f}x fewer; "
           f"same answers: {answers['early'] == answers['full']}")
     return 0 if answers["early"] == answers["full"] else 1
+
+
+def compare_commit(config: Path, rev: str, repeats: int) -> int:
+    import json
+    import subprocess
+
+    from bench_replay import interleaved
+
+    def run(side) -> dict:
+        tree, python = side
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            p = subprocess.run([python, "-m", "aisim", "capacity", "-c", str(config), "--output-dir", f"{tmp}/o",
+                                "--no-cache", "--format", "json"], capture_output=True, text=True,
+                               env={**os.environ, "HOME": str(home)}, cwd=tmp)
+            wall = time.perf_counter() - t
+            if p.returncode != 0:
+                raise SystemExit(f"{tree}: {p.stderr.strip()[-1000:]}")
+            doc = json.loads((Path(tmp) / "o" / "capacity_search_results.json").read_text())
+        answers = [(j["job_name"], j["max_qps_under_sla"], [(t["qps"], t["passed"]) for t in j["search_trace"]])
+                   for j in doc["jobs"]]
+        return {"wall_s": wall, "answers": answers}
+
+    runs = interleaved(rev, repeats, run, lambda r: f"wall {r['wall_s']:.2f} s", warmup=True)
+    b = statistics.median(r["wall_s"] for r in runs["baseline"])
+    t = statistics.median(r["wall_s"] for r in runs["this"])
+    same = all(r["answers"] == runs["baseline"][0]["answers"] for r in runs["baseline"] + runs["this"])
+    print(f"config {config.name}, {os.cpu_count()} CPUs, median of {repeats}, whole process, no cache")
+    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same answers: {same}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ virtual time, may stop the replay (``run_plan(plan, monitor=...)``; docs/early-s
 
 The contract (what ``Coordinator.run`` and ``RequestLog`` call):
 
-- ``observe(record)``: each request's per-request record (``requests.jsonl`` keys) as it ends,
-  completed or rejected, in the order the replay logs them (needs ``capture_per_request``).
+- ``observe(record, row)``: each request's per-request record (``requests.jsonl`` keys) as it
+  ends, completed or rejected, in the order the replay logs them (needs ``capture_per_request``),
+  with its ``request_metrics.csv`` row when the replay keeps rows (else None).
 - ``check(now_ms, ended, in_flight) -> str | None``: at every coordinator edge, after the requests of that
   edge were logged (``ended`` counts them), and after each slice of a monitored run-out (the
   workers run out in ``Coordinator.checkpoint_slices`` slices of the arrival span instead of one
@@ -35,8 +36,9 @@ class Monitor:
         self.checkpoints = 0  # checkpoints reached so far
         self.at_ms: float | None = None  # where the decision was taken
 
-    def observe(self, record: dict) -> None:  # noqa: B027 - a hook: subclasses read what they need
-        """One ended request's record."""
+    def observe(self, record: dict, row: tuple | None = None) -> None:  # noqa: B027 - a hook
+        """One ended request's record (and its request_metrics.csv row when the replay keeps
+        rows: ``run_plan(request_rows=True)``)."""
 
     def decided(self) -> str | None:
         """A decision already certain between checkpoints (cheap; called at every edge)."""

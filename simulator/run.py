@@ -235,7 +235,7 @@ def tune_gc_for_replay() -> tuple[int, int, int]:
 
 
 def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None, on_progress=None,
-             monitor=None) -> ReplayReport:
+             monitor=None, request_rows: bool = False) -> ReplayReport:
     """Run a plan once: fresh actors and arrival state, the coordinator over the plan's runtime.
     A plan whose Planner retunes asks ``sweeper`` (an ``actors.planner.retune.Sweeper``; None: the
     installed one, ``load_sweeper``) for its sweeps; the run closes it. ``on_sweep(window, answer)``
@@ -243,13 +243,15 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
     num_requests)`` as the replay advances (``Coordinator.progress``); neither changes a result.
     ``monitor`` (``simulator.checkpoints.Monitor``; needs ``capture_per_request``) sees every
     request's record as it ends and may stop the replay at an edge: the report then carries
-    ``summary.stopped_early`` ({at_s, reason}) and the requests in flight end incomplete."""
+    ``summary.stopped_early`` ({at_s, reason}) and the requests in flight end incomplete.
+    ``request_rows``: the captured records are kept only as their request_metrics.csv rows
+    (``report.per_request`` is then that list of rows: a capacity trial's need, no JSON)."""
     t_wall = time.perf_counter()
     w = plan.traffic.workload
     store = BlockHashStore(w)
     actors = _build_actors(plan)
     pools = actors.pools
-    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid)
+    log = RequestLog(capture=plan.capture_per_request, uuid_of=w.request_uuid, rows=request_rows)
     planner_clock = _PlannerClock()
     ex = plan.execution
     if any(p.scheduler.host_offload is not None and (p.scheduler.host_offload.shared or (

@@ -89,12 +89,13 @@ class SlaMonitor(Monitor):
         self.decision: dict | None = None  # {reason, bound}: the rule proved to fail
         self._reason: str | None = None
 
-    def observe(self, record: dict) -> None:
+    def observe(self, record: dict, row: tuple | None = None) -> None:
         if self._reason is not None:
             return
-        from aisim.simulator.metrics.csv_out import request_row
+        if row is None:
+            from aisim.simulator.metrics.csv_out import request_row
 
-        row = request_row(record)
+            row = request_row(record)
         if row[1] != "completed":
             if self.any_request_rule and row[1] == "rejected":
                 self._decide(f"request {row[0]} was rejected: every request rule fails", None)

@@ -132,7 +132,6 @@ def run_capacity_trial(item: dict) -> TrialRows | dict:
     """Replay one trial (in a fan-out worker): {"config": predict mapping, "config_dir": str | None}
     -> ``TrialRows``, or a failed ``TrialResult`` dict."""
     from aisim.search.trial import TrialResult, plan_with_overrides
-    from aisim.simulator.metrics.csv_out import request_rows
     from aisim.simulator.metrics.timeline import timeline_rows
     from aisim.simulator.run import run_plan
 
@@ -145,16 +144,15 @@ def run_capacity_trial(item: dict) -> TrialRows | dict:
             from aisim.search.capacity.early import SlaMonitor
 
             monitor = SlaMonitor(item["early_rules"], plan.traffic.workload.num_requests)
-        report = run_plan(plan, monitor=monitor)
-        doc = report.to_dict()
+        report = run_plan(plan, monitor=monitor, request_rows=True)  # (records kept as the CSV's rows)
+        doc = report.to_dict(with_records=False)
         doc["per_request"] = {"path": "request_metrics.csv", "records": len(report.per_request or [])}
         decided = None
         if monitor is not None and "stopped_early" in doc["summary"]:  # (decided at the very end: a full run)
             decided = {**monitor.decision, "checkpoint": {"at_s": monitor.at_ms / 1000.0,
                                                           "ended_requests": doc["summary"]["completed_requests"]
                                                           + doc["summary"].get("rejected_requests", 0)}}
-        return TrialRows(doc, list(request_rows(report.per_request or [])), list(timeline_rows(report.timelines or [])),
-                         decided)
+        return TrialRows(doc, list(report.per_request or []), list(timeline_rows(report.timelines or [])), decided)
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
 

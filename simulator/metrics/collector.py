@@ -48,7 +48,7 @@ class RequestLog:
     scratch file per column (``aisim.simulator.spill``), so a ten-million-request replay holds
     one block, and ``column`` reads one column back whole when the summary asks for it."""
 
-    def __init__(self, capture: bool = False, uuid_of=None) -> None:
+    def __init__(self, capture: bool = False, uuid_of=None, rows: bool = False) -> None:
         self.capture = capture
         self.uuid_of = uuid_of
         # (counts and indices in 4 bytes: a production trace's log is its largest per-request state)
@@ -66,7 +66,8 @@ class RequestLog:
         self.first_reused = array("i")
         self.host_reused = array("i")  # first admission's prompt tokens onboarded from host/disk tiers
         self.activated = array("d")  # disaggregated: KV arrived on the decode worker (NaN otherwise)
-        self.records: RecordSpool | None = RecordSpool(uuid_of) if capture else None  # (as they end)
+        # (as they end; ``rows``: kept as request_metrics.csv rows instead of JSON lines)
+        self.records: RecordSpool | None = RecordSpool(uuid_of, rows=rows) if capture else None
         # rejections (rare): reason code -> count, and -> (lowest request index, its detail)
         self.rejection_counts: dict[str, int] = {}
         self.rejection_examples: dict[str, tuple[int, str]] = {}
@@ -138,7 +139,8 @@ class RequestLog:
             rec = self._record(req, final_status, reused)
             self.records.add(req.index, req.arrival_ms, rec)
             if self.observer is not None:
-                self.observer(rec)
+                rows = self.records.rows
+                self.observer(rec, rows[-1] if rows is not None else None)
         if len(self.index) >= SPILL_ROWS:
             self._spill()
 

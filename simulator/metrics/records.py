@@ -32,8 +32,11 @@ class RecordSpool:
     """Records as they end: canonical JSON lines (a buffer, then a temporary file) and, per
     record, its arrival, request index and where its line starts."""
 
-    def __init__(self, uuid_of=None) -> None:
+    def __init__(self, uuid_of=None, rows: bool = False) -> None:
         self.uuid_of = uuid_of
+        # ``rows``: each record kept only as its request_metrics.csv row (``csv_out.request_row``),
+        # no JSON line: what a capacity trial reads (``records()`` is then a list of rows)
+        self.rows: list | None = [] if rows else None
         self.arrival = array("d")
         self.index = array("q")
         self.start = array("q")  # where each line starts, in the order the records ended
@@ -44,6 +47,11 @@ class RecordSpool:
     def add(self, index: int, arrival_ms: float, record: dict) -> None:
         self.arrival.append(arrival_ms)
         self.index.append(index)
+        if self.rows is not None:
+            from aisim.simulator.metrics.csv_out import request_row
+
+            self.rows.append(request_row(record))
+            return
         self.start.append(self._written + len(self._buf))
         self._buf += (canonical_json(record, indent=None) + "\n").encode()
         if len(self._buf) > SPILL_BYTES:
@@ -57,8 +65,9 @@ class RecordSpool:
     def _uuid(self, index: int) -> str:
         return self.uuid_of(index) if self.uuid_of is not None else str(index)
 
-    def records(self) -> Records:
-        """The records in the report's order: by arrival, then uuid (as a string)."""
+    def records(self) -> Records | list:
+        """The records in the report's order: by arrival, then uuid (as a string); with ``rows``,
+        their request_metrics.csv rows in that order."""
         arrival = np.frombuffer(self.arrival, dtype=np.float64) if len(self.arrival) else np.zeros(0)
         order = np.argsort(arrival, kind="stable")
         ranked = arrival[order]
@@ -71,6 +80,8 @@ class RecordSpool:
                 group = order[a:b].tolist()
                 group.sort(key=lambda k: self._uuid(index[k]))
                 order[a:b] = group
+        if self.rows is not None:
+            return [self.rows[k] for k in order.tolist()]
         return Records(self, order)
 
     def _line(self, k: int) -> bytes:
