@@ -209,7 +209,7 @@ def traffic_summary(plan) -> dict:
 # -- recommend (Spica) ---------------------------------------------------------------------------
 def _recommend_report(path: Path, overrides: list[str]) -> dict:
     from aisim.search.spica import load_search_config, plan_branches
-    from aisim.search.spica.domains import Range
+    from aisim.search.spica.domains import Range, has_range
     from aisim.search.spica.reference_form import is_reference_form
     from aisim.simulator.config.loading import apply_overrides, read_yaml_mapping
 
@@ -221,14 +221,14 @@ def _recommend_report(path: Path, overrides: list[str]) -> dict:
     branches = []
     for b in plan_branches(cfg):
         knobs = {k: ("continuous" if isinstance(v, Range) else len(v)) for k, v in b.choices.items()}
-        continuous = ratio is not None or any(isinstance(v, Range) for v in b.choices.values())
+        continuous = ratio is not None or has_range(b.choices)
         branches.append({
             "mode": b.mode,
             "worker_shapes": len(b.shapes),
             "knob_choices": knobs,
             "searched_knobs": sorted(k for k, n in knobs.items() if n == "continuous" or n > 1),
             "kv_load_ratio": list(ratio) if ratio is not None else None,
-            "grid_size": b.grid_size(continuous),
+            "grid_size": b.grid_size(ratio is not None),
             "continuous": continuous,
             "skipped": b.skipped,
         })

@@ -466,15 +466,16 @@ class Coordinator:
         return {h: (control[h], inputs[h]) for h in range(len(control))
                 if every_host or control[h] or inputs[h] or active[h]}
 
-    def _step(self, start: float, until: float, stop_at_handoff: bool = False) -> float:
+    def _step(self, start: float, until: float, stop_at_handoff: bool = False, track_latest: bool = False) -> float:
         """Step the hosts with something to do from ``start`` to ``until``; returns where they
-        stopped (before ``until`` only with ``stop_at_handoff``, at a handoff; one host)."""
+        stopped (before ``until`` only with ``stop_at_handoff``, at a handoff; one host).
+        ``track_latest``: keep the latest event time as a run-out does (a run-out in slices)."""
         calls = self._take_calls()
         if not calls:
             return until
         outs = self.rt.step(calls, start, until, stop_at_handoff)
         reached = min(out.reached for out in outs)
-        if reached == INF:  # running the workers out: their last events lie past the loop's clock
+        if reached == INF or track_latest:  # running the workers out: their last events lie past the loop's clock
             self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out.events])
         self._complete_transfers(reached)  # before the completions they precede are logged
         self._absorb(outs)
@@ -976,12 +977,8 @@ class Coordinator:
                 nxt = self._exact_until(now)
             if progress is not None:
                 progress(now, self._progress_end_ms, len(self.log), self.workload.num_requests)
-            if monitor is not None:
-                reason = monitor.check(now, len(self.log), self.rt.in_flight)
-                if reason is not None:  # decided: the replay ends here, what is in flight incomplete
-                    self.stats.stopped_early = {"at_s": now / 1000.0, "reason": reason}
-                    self.stats.stopped_at_ms = now
-                    break
+            if monitor is not None and self._stopped_by(monitor, now):
+                break  # decided: the replay ends here, what is in flight incomplete
             if nxt is None and optimistic:
                 nxt = INF if self._work_remains() else None  # run them out, stopping at handoffs
             elif nxt is None and (not self._coupled or self._edge_workers is not None):
@@ -1006,30 +1003,24 @@ class Coordinator:
         monitor asked after each (the slices change no result: a worker stepped to a time and on
         again is where one stepped past it would be). Returns where the monitor stopped the
         replay, or None when the workers ran out."""
-        span = self._progress_end_ms if self._progress_end_ms else float(self._init_t.max()) if self._n_init else 0.0
+        span = float(self._init_t.max()) if self._n_init else 0.0  # (the arrival span)
         slice_ms = max(span / max(1, self.checkpoint_slices), 1.0)
         at = now
         while any(self._active_on) or any(self._inputs) or any(self._control):
-            until = at + slice_ms
-            self._step_tracked(at, until)
-            at = until
-            reason = monitor.check(at, len(self.log), self.rt.in_flight)
-            if reason is not None:
-                self.stats.stopped_early = {"at_s": at / 1000.0, "reason": reason}
-                self.stats.stopped_at_ms = at
+            self._step(at, at + slice_ms, track_latest=True)
+            at += slice_ms
+            if self._stopped_by(monitor, at):
                 return at
         return None
 
-    def _step_tracked(self, start: float, until: float) -> None:
-        """``_step`` that also keeps the latest event time (what an INF step records)."""
-        calls = self._take_calls()
-        if not calls:
-            return
-        outs = self.rt.step(calls, start, until, False)
-        reached = min(out.reached for out in outs)
-        self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out.events])
-        self._complete_transfers(reached)
-        self._absorb(outs)
+    def _stopped_by(self, monitor, now: float) -> bool:
+        """Ask the monitor at ``now``; a reason stops the replay there (recorded in the stats)."""
+        reason = monitor.check(now, len(self.log), self.rt.in_flight)
+        if reason is None:
+            return False
+        self.stats.stopped_early = {"at_s": now / 1000.0, "reason": reason}
+        self.stats.stopped_at_ms = now
+        return True
 
     def _finish(self, end_ms: float) -> None:
         outs = self.rt.finish(end_ms)

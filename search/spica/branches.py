@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aisim.search.spica.domains import Range, upper
+from aisim.search.spica.domains import has_range, upper
 
 __all__ = ["BranchPlan", "plan_branches"]
 
@@ -27,7 +27,7 @@ class BranchPlan:
 
     def grid_size(self, continuous: bool) -> int | None:
         """Points of the branch's grid (None when skipped or a knob is continuous)."""
-        if self.skipped is not None or continuous or any(isinstance(v, Range) for v in self.choices.values()):
+        if self.skipped is not None or continuous or has_range(self.choices):
             return None
         return int(math.prod(len(v) for v in self.choices.values()) * max(1, len(self.shapes)))
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from aisim.simulator.errors import InputError
 
-__all__ = ["Range", "parse_domain", "parse_range", "is_domain", "upper"]
+__all__ = ["Range", "parse_domain", "parse_range", "is_domain", "upper", "has_range"]
 
 _RANGE_KEYS = frozenset({"min", "max", "step", "scale"})
 
@@ -71,6 +71,11 @@ class Range:
 def upper(domain: Any) -> Any:
     """The largest value of a domain (a tuple of choices or a ``Range``)."""
     return domain.high if isinstance(domain, Range) else max(domain)
+
+
+def has_range(choices: dict) -> bool:
+    """Some knob of ``choices`` (knob -> choices or ``Range``) is continuous."""
+    return any(isinstance(v, Range) for v in choices.values())
 
 
 def is_domain(value: Any) -> bool:

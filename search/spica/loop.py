@@ -43,7 +43,7 @@ import numpy as np
 
 from aisim.search.asktell import AskTell, point_key
 from aisim.search.cache import TrialCache
-from aisim.search.spica.domains import Range
+from aisim.search.spica.domains import Range, has_range
 from aisim.search.spica.study import STUDY_FILE
 from aisim.simulator.errors import InputError
 
@@ -127,7 +127,7 @@ class _Branch:
         return out
 
     def size(self) -> float:
-        if self.ratio is not None or any(isinstance(c, Range) for c in self.choices.values()):
+        if self.ratio is not None or has_range(self.choices):
             return math.inf
         return math.prod(len(c) for c in self.choices.values()) * max(1, len(self.shape_keys))
 
