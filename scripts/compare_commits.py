@@ -60,8 +60,8 @@ def kind_of(config: Path) -> str:
     import yaml
 
     doc = yaml.safe_load(config.read_text()) or {}
-    if "search_space" in doc:
-        return "recommend"
+    if "search_space" in doc or "optimization" in doc or "optimizer" in doc:
+        return "recommend"  # (either form of a search, as aisim.validate.detect_kind tells them)
     if "benchmark_base" in doc:
         return "capacity"
     return "predict"
@@ -187,6 +187,9 @@ def _compare(args, sides: dict, work: Path) -> int:
     names = args.configs or sorted(p.name for p in (sides["after"][0] / "configs").glob("*.yaml"))
     failed = 0
     for name in names:
+        if not (sides["before"][0] / "configs" / name).exists():
+            print(f"{name}: new (not in the baseline)")
+            continue
         outs = {}
         for label, (tree, py) in sides.items():
             out = work / "out" / label / name.removesuffix(".yaml")
