@@ -753,8 +753,10 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
         from aisim.search.spica.summary import front_table, reason_line, winner_lines
 
         c = result.counts
+        pruned = f"{c['pruned']} pruned, " if "pruned" in c else ""
         lines = [f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "
-                 f"{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a score), "
+                 f"{pruned}{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a "
+                 "score), "
                  f"{c['cache_hits']} duplicate suggestions"]
         why = reason_line(result.reasons)
         if why:

@@ -18,7 +18,9 @@ from typing import Any
 
 from aisim.search.cache import TrialCache
 
-__all__ = ["AskTell", "point_key"]
+__all__ = ["AskTell", "point_key", "PRUNED"]
+
+PRUNED = "pruned"  # an outcome: the trial was pruned (told PRUNED, its intermediate values already reported)
 
 
 def point_key(point: Mapping) -> str:
@@ -99,7 +101,9 @@ class AskTell:
     def tell(self, trial, outcome: Any) -> None:
         from optuna.trial import TrialState
 
-        if outcome is None or (isinstance(outcome, (int, float)) and not math.isfinite(outcome)):
+        if outcome is PRUNED:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        elif outcome is None or (isinstance(outcome, (int, float)) and not math.isfinite(outcome)):
             self.study.tell(trial, state=TrialState.FAIL)
         elif isinstance(outcome, Sequence) and not isinstance(outcome, str):
             self.study.tell(trial, list(outcome))

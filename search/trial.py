@@ -97,15 +97,16 @@ def _metrics(summary: dict, keys: tuple[str, ...] | None) -> dict:
     return {k: summary[k] for k in keys}
 
 
-def run_trial(plan: ReplayPlan, metrics_keys: tuple[str, ...] | None = None) -> TrialResult:
-    """Run ``plan`` once (``simulator.run.run_plan``). Never raises an ``Exception``: a failure is a
-    ``failed`` result carrying the error's category and one line. ``metrics_keys`` keeps only those
-    summary keys (a key the summary lacks fails the trial, category ``runtime``)."""
+def run_trial(plan: ReplayPlan, metrics_keys: tuple[str, ...] | None = None, **run_options) -> TrialResult:
+    """Run ``plan`` once (``simulator.run.run_plan``, given ``run_options``: a ``monitor``, ...).
+    Never raises an ``Exception``: a failure is a ``failed`` result carrying the error's category
+    and one line. ``metrics_keys`` keeps only those summary keys (a key the summary lacks fails the
+    trial, category ``runtime``)."""
     from aisim.simulator.run import run_plan
 
     t0 = time.perf_counter()
     try:
-        report = run_plan(plan)
+        report = run_plan(plan, **run_options)
         metrics = _metrics(report.summary, tuple(metrics_keys) if metrics_keys is not None else None)
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0)

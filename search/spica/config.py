@@ -168,7 +168,7 @@ def _exactly_one(w: Workload, keys: tuple[str, ...], what: str) -> None:
 
 
 # keys added to the config after studies were first stored: (section, key), dumped only when set
-LATER_KEYS = (("engine", "nextn_accepted"),)
+LATER_KEYS = (("engine", "nextn_accepted"), ("optimizer", "pruner"))
 
 # engine keys a search does not fix: key -> where to set it instead
 _SEARCHED_ENGINE_KEYS = {
@@ -221,12 +221,18 @@ def _algorithm(v: Any) -> Any:
     return "tpe" if v == "bayesian" else v  # the reference's name for its guided sampler
 
 
+def _pruner(v: Any) -> Any:
+    return None if v in ("none", False) else v  # (none is the default: a search's identity is unchanged by it)
+
+
 class Optimizer(Strict):
     algorithm: Annotated[Literal["tpe", "random", "nsga2"], BeforeValidator(_algorithm)] = "tpe"
     max_trials: PosInt = 320
     parallelism: PosInt | None = None  # None: the CPU count
     candidate_timeout_seconds: PosFloat = 600.0
     seed: Int = 42
+    # median | hyperband: prune losing candidates at checkpoints (search.spica.pruning); None = none
+    pruner: Annotated[Literal["median", "successive_halving", "hyperband"] | None, BeforeValidator(_pruner)] = None
 
 
 class Study(Strict):
@@ -452,6 +458,10 @@ def _check_algorithm(cfg: SearchConfig) -> None:
     if cfg.optimizer.algorithm == "nsga2" and target != "pareto":
         raise InputError("optimizer.algorithm", f"nsga2 is a multi-objective sampler for target pareto; use tpe or "
                                                 f"random for target {target}")
+    if cfg.optimizer.pruner is not None and target in ("pareto", "min_gpus"):
+        why = ("Optuna prunes single-objective studies only" if target == "pareto"
+               else "a candidate's GPU count is known before its replay, so there is nothing to prune on")
+        raise InputError("optimizer.pruner", f"cannot prune a {target} search ({why}); set optimizer.pruner none")
 
 
 def _offered_rate(cfg: SearchConfig) -> float | None:

@@ -14,6 +14,10 @@ user attributes, never as good scores.
   not depend on results, so it asks the whole remaining budget at once (no barrier). Each candidate
   is told to its study as its replay ends; candidate ids follow the asked order, so the ledger is the
   same for any ``parallelism``, on any backend and whichever replay finishes first.
+- Pruning (``optimizer.pruner``): every sampler asks in rounds of one candidate per worker; a
+  candidate's replay reports its intermediate target at checkpoints to Optuna's pruner, judged
+  against the rounds before its own, and a pruned one is told PRUNED (``search.spica.pruning``,
+  docs/early-stopping.md): the decisions are the same on every backend for one parallelism.
 - Duplicates: a suggestion equal to one already evaluated (same branch, same params) is told the
   cached result, counted in ``counts.cache_hits`` and re-asked. ``random`` draws unseen points
   only, in one seeded order per branch (``_draw_random``): a 16-point space with
@@ -41,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from aisim.search.asktell import AskTell, point_key
+from aisim.search.asktell import PRUNED, AskTell, point_key
 from aisim.search.cache import TrialCache
 from aisim.search.spica.domains import Range, has_range
 from aisim.search.spica.study import STUDY_FILE
@@ -201,7 +205,8 @@ class _Search:
         self.location = locate(storage or cfg.study.storage, output_dir)
         self.ledger: list[dict] = []
         self.next_id = 0
-        self.counts = dict.fromkeys(COUNT_KEYS, 0)
+        self.counts = dict.fromkeys(COUNT_KEYS + (("pruned",) if cfg.optimizer.pruner else ()), 0)
+        self.round = 0  # with a pruner: the round of the candidates being asked (search.spica.pruning)
         self.t0 = time.perf_counter()
         self.resumed = False
         self.claim = None
@@ -387,8 +392,12 @@ class _Search:
             return True
 
         hits = loop.cache_hits
-        got = loop.ask(in_flight=pending, outcome_of=lambda rec: rec.get("_values"),
-                       on_duplicate=lambda trial, rec: trial.set_user_attr("duplicate_of", rec["candidate_id"]),
+        def on_duplicate(trial, rec) -> None:
+            trial.set_user_attr("duplicate_of", rec["candidate_id"])
+            if self.cfg.optimizer.pruner:
+                trial.set_user_attr("round", self.round)
+
+        got = loop.ask(in_flight=pending, outcome_of=lambda rec: rec.get("_values"), on_duplicate=on_duplicate,
                        before_ask=draw if self.cfg.optimizer.algorithm == "random" else None)
         self.counts["cache_hits"] += loop.cache_hits - hits
         if got is None:
@@ -453,8 +462,17 @@ class _Search:
             rec.update(status=status, reason_category=reason, reason=result.get("message"))
             return
         metrics = result["metrics"]
-        rec["metrics"] = metrics
         rec["replay_wall_s"] = result.get("wall_s")
+        pruning = result.get("pruning")
+        if pruning is not None:
+            rec["intermediate_values"] = pruning["values"]
+            rec["rungs"] = pruning["rungs"]
+            rec["replayed_requests"] = metrics["completed_requests"] + metrics["rejected_requests"]
+            if pruning["pruned"] is not None:  # stopped at a checkpoint: no final metrics, never scored
+                rec.update(status="pruned", reason_category="pruned", reason=metrics["stopped_early"]["reason"],
+                           pruned=pruning["pruned"])
+                return
+        rec["metrics"] = metrics
         sla = cfg.evaluation.sla.model_dump(exclude_none=True) if cfg.evaluation is not None else None
         constraints = cfg.optimization.constraints.model_dump() if cfg.optimization.constraints is not None else None
         s = score(cfg.optimization.target, metrics, rec["used_gpus"] or 0, sla=sla or None,
@@ -463,6 +481,16 @@ class _Search:
         rec["objectives"] = s.objectives
         rec.update(status=s.status, reason_category=s.reason_category, reason=s.reason)
         rec["_values"] = list(s.values) if s.values is not None else None
+
+    def prune_spec(self, b: _Branch, trial, rec: dict, snap: list) -> dict:
+        """What a candidate's worker needs to ask the pruner (search.spica.pruning.PruneMonitor)."""
+        from aisim.search.spica.objectives import _sla_limits
+
+        cfg = self.cfg
+        sla = cfg.evaluation.sla.model_dump(exclude_none=True) if cfg.evaluation is not None else {}
+        return {"pruner": cfg.optimizer.pruner, "study_name": b.study.study_name, "number": trial.number,
+                "snapshot": snap, "target": cfg.optimization.target, "sla": _sla_limits(sla),
+                "used_gpus": rec["used_gpus"]}
 
     def _count(self, rec: dict) -> None:
         self.counts["evaluated"] += 1
@@ -491,11 +519,23 @@ class _Search:
         opt = self.cfg.optimizer
         budget = opt.max_trials
         workers = self.fan.max_parallel if self.fan is not None else 1
+        # with a pruner: rounds of one candidate per worker (the freshest bar a barrier allows)
+        round_size = workers if opt.pruner else workers * BATCH_ROUNDS
         while self.counts["evaluated"] < budget and any(not b.exhausted for b in branches):
             # ``random``'s draws do not depend on results: the whole remaining budget is asked at once
-            # (no barrier); a guided sampler asks a few rounds per worker, then learns from them
+            # (no barrier); a guided sampler asks a few rounds per worker, then learns from them. With
+            # a pruner every sampler asks in rounds of one candidate per worker (candidate ids r x
+            # workers on), and a candidate is judged against the rounds before its own
+            # (search.spica.pruning)
             per_batch = min(budget - self.counts["evaluated"],
-                            MAX_RANDOM_BATCH if opt.algorithm == "random" else workers * BATCH_ROUNDS)
+                            MAX_RANDOM_BATCH if opt.algorithm == "random" and not opt.pruner else round_size)
+            snapshots: dict[int, list] = {}
+            if opt.pruner:
+                from aisim.search.spica.pruning import snapshot
+
+                self.round = self.next_id // round_size
+                per_batch = min(per_batch, (self.round + 1) * round_size - self.next_id)
+                snapshots = {b.index: snapshot(b.study, self.round) for b in branches}
             asked = []
             pending: set[str] = set()
             in_batch: dict[int, int] = {}
@@ -519,6 +559,8 @@ class _Search:
                 with _storage_writes():  # a run killed now leaves the trial RUNNING with its candidate
                     trial.set_user_attr("params_key", key)
                     trial.set_user_attr("config", rec["config"])
+                    if opt.pruner:
+                        trial.set_user_attr("round", self.round)
                 asked.append((b, trial, params, rec))
             if not asked:
                 break
@@ -544,6 +586,10 @@ class _Search:
 
             items = [{"prediction_config": asked[i][3]["prediction_config"], "extra_metrics": self.extra_metrics,
                       "config_dir": str(self.config_dir) if self.config_dir else None} for i in runnable]
+            if opt.pruner:
+                for item, i in zip(items, runnable):
+                    b, trial, _, rec = asked[i]
+                    item["prune"] = self.prune_spec(b, trial, rec, snapshots[b.index])
             try:
                 if items:
                     self.fan.map(replay_candidate, items, item_timeout_s=opt.candidate_timeout_seconds,
@@ -573,8 +619,14 @@ class _Search:
         for k in ("goodput_output_throughput_tok_s", "output_throughput_tok_s", "mean_ttft_ms", "gpu_hours"):
             if rec.get("metrics") and k in rec["metrics"]:
                 trial.set_user_attr(k, rec["metrics"][k])
+        for step, value in rec.get("intermediate_values") or ():  # (what the pruner saw, for later rounds)
+            trial.report(value, step)
+        for key, value in (rec.get("rungs") or {}).items():
+            b.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        if rec["status"] == "pruned":
+            trial.set_user_attr("pruned_at", rec["pruned"])
         trial.set_user_attr("record", rec)
-        b.loop().record(trial, _params_key(params), rec, rec.get("_values"))
+        b.loop().record(trial, _params_key(params), rec, PRUNED if rec["status"] == "pruned" else rec.get("_values"))
 
     def snapshot(self, budget: int) -> dict:
         feasible = [r for r in self.ledger if r["status"] == "feasible" and r.get("score") is not None]
@@ -599,7 +651,7 @@ class _Search:
             candidates.append(candidate_record(rec["candidate_id"], rec["status"], rec["config"] or {},
                                                rec["prediction_config"], rec["used_gpus"], s, rec.get("metrics"),
                                                rec["reason_category"], rec["reason"],
-                                               {**provenance, "branch": rec["branch"]}))
+                                               {**provenance, "branch": rec["branch"]}, rec.get("pruned")))
         fingerprint = cfg.fingerprint()
         run_id = hashlib.sha256(f"{fingerprint}:{cfg.study.name}".encode()).hexdigest()[:16]
         strategy = "exhaustive" if exhausted else "optimizer_guided"

@@ -42,13 +42,14 @@ from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
 
 SCHEMA_VERSION = "1.1"
 IMPLEMENTATION = "aisim"
-STATUSES = ("feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited")
+STATUSES = ("feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited", "pruned")
 REASON_CATEGORIES = ("gpu_budget", "kv_capacity", "sla_constraint", "load_constraint", "backend_topology",
                      "runtime_timeout", "resource_limit", "candidate_materialization", "replay_runtime",
                      "runner_contract", "invalid_metrics", "no_samples", "parallel_projection",
-                     "adapter_constraint", "unknown")
+                     "adapter_constraint", "pruned", "unknown")
 COUNT_KEYS = ("evaluated", "feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited",
-              "cache_hits")
+              "cache_hits", "pruned")
+OPTIONAL_COUNTS = ("pruned",)  # written only when the search counts them (a search with a pruner)
 RETENTIONS = ("all", "feasible", "views")
 SEARCH_STRATEGIES = ("exhaustive", "optimizer_guided")
 CSV_LEADING = ("rank", "candidate_id", "status", "used_gpus", "score", "reason_category", "reason")
@@ -71,10 +72,11 @@ def record_metrics(summary: Mapping | None) -> dict | None:
 
 def candidate_record(candidate_id: int, status: str, config: dict, prediction_config: dict | None,
                      used_gpus: int | None, score: Score | None, metrics: dict | None, reason_category: str | None,
-                     reason: str | None, provenance: dict) -> dict:
+                     reason: str | None, provenance: dict, pruned: dict | None = None) -> dict:
     """One ledger entry. A feasible record needs a scored ``score``; any other status records a null
     score (its objectives, when computed, stay). A null ``reason_category`` / ``reason`` falls back to
-    the score's."""
+    the score's. ``pruned``: where a pruned candidate stopped (``search.spica.pruning``), kept as
+    the record's ``pruned``."""
     if status not in STATUSES:
         raise ValueError(f"unknown candidate status {status!r}; expected one of {', '.join(STATUSES)}")
     if score is not None:
@@ -102,6 +104,7 @@ def candidate_record(candidate_id: int, status: str, config: dict, prediction_co
         "reason_category": reason_category,
         "reason": reason,
         "provenance": provenance,
+        **({"pruned": dict(pruned)} if pruned is not None else {}),
     }
 
 
@@ -112,7 +115,8 @@ def _feasible(c: Mapping) -> bool:
 def build_recommendation(candidates: Sequence[dict], *, target: str, counts: Mapping, search_strategy: str,
                          run_id: str, input_fingerprint: str, config: dict, top_n: int = 10,
                          retention: str = "all", created_at: str | None = None) -> dict:
-    """``recommendation.json``'s document. ``counts``: the ``COUNT_KEYS`` (a missing one is 0).
+    """``recommendation.json``'s document. ``counts``: the ``COUNT_KEYS`` (a missing one is 0, an
+    absent ``OPTIONAL_COUNTS`` one is left out).
     ``created_at``: ISO-8601 UTC; now when not given."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}")
@@ -144,7 +148,7 @@ def build_recommendation(candidates: Sequence[dict], *, target: str, counts: Map
     return {
         "schema_version": SCHEMA_VERSION,
         "candidate_retention": retention,
-        "counts": {k: int(counts.get(k, 0)) for k in COUNT_KEYS},
+        "counts": {k: int(counts.get(k, 0)) for k in COUNT_KEYS if k in counts or k not in OPTIONAL_COUNTS},
         "candidates": kept,
         "views": {"top_n": top, "pareto_front": front},
         "provenance": {

@@ -104,8 +104,10 @@ def render_search_html(rec: dict, reasons: dict, decided: str | None) -> str:
     target = rec["provenance"]["config"]["optimization"]["target"]
     sla = rec["provenance"]["config"]["evaluation"]["sla"]
     counts = rec["counts"]
+    pruned = f"{counts['pruned']} pruned, " if "pruned" in counts else ""
     lines = [f"{counts['evaluated']} candidates evaluated: {counts['feasible']} feasible, {counts['infeasible']} "
-             f"infeasible, {counts['failed'] + counts['timed_out'] + counts['unsupported'] + counts['resource_limited']}"
+             f"infeasible, {pruned}"
+             f"{counts['failed'] + counts['timed_out'] + counts['unsupported'] + counts['resource_limited']}"
              f" not run to a score; {counts['cache_hits']} duplicate suggestions"]
     if decided:
         lines.append(decided)

@@ -28,16 +28,28 @@ CANDIDATE_METRICS = (
 
 def replay_candidate(item: dict) -> dict:
     """``item``: {"prediction_config": mapping, "config_dir": str | None, "extra_metrics": summary fields
-    kept besides ``CANDIDATE_METRICS`` (optional)}. Returns ``TrialResult.to_dict()``
-    whose ``metrics`` hold the ``CANDIDATE_METRICS`` the summary has."""
+    kept besides ``CANDIDATE_METRICS`` (optional), "prune": the pruning spec (optional,
+    ``search.spica.pruning.PruneMonitor``)}. Returns ``TrialResult.to_dict()`` whose ``metrics`` hold
+    the ``CANDIDATE_METRICS`` the summary has, plus ``pruning`` (the monitor's ``outcome``) when
+    the item carries a spec."""
     t0 = time.perf_counter()
+    prune = item.get("prune")
+    monitor = None
     try:
-        plan = plan_with_overrides(item["prediction_config"], {}, item.get("config_dir"))
+        plan = plan_with_overrides(item["prediction_config"], {}, item.get("config_dir"),
+                                   **({"capture_per_request": True} if prune else {}))
+        if prune:
+            from aisim.search.spica.pruning import PruneMonitor
+
+            monitor = PruneMonitor(prune, plan.traffic.workload.num_requests)
     except Exception as exc:  # noqa: BLE001 - a trial classifies every failure
         return TrialResult.from_exception(exc, time.perf_counter() - t0).to_dict()
-    result = run_trial(plan)
+    result = run_trial(plan, **({"monitor": monitor, "request_rows": True} if monitor is not None else {}))
     if result.ok:
-        keep = (*CANDIDATE_METRICS, *item.get("extra_metrics", ()))
+        keep = (*CANDIDATE_METRICS, *item.get("extra_metrics", ()), "stopped_early")
         metrics = {k: result.metrics[k] for k in keep if k in result.metrics}
         result = TrialResult("ok", None, None, metrics, result.wall_s)
-    return result.to_dict()
+    out = result.to_dict()
+    if monitor is not None and result.ok:
+        out["pruning"] = monitor.outcome()
+    return out
