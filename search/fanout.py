@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait
 from typing import Any
 
-from aisim.search.trial import TrialResult, run_dumped_trial
+from aisim.search.trial import TrialResult, run_dumped_trial, run_monitored_trial
 
 __all__ = ["Fanout", "LocalFanout", "RayFanout", "fanout", "BACKENDS"]
 
@@ -93,11 +93,15 @@ class Fanout:
         return list(self._map(fn, items, timeout_s, item_timeout_s, _Results(len(items), on_result)))
 
     def run_trials(self, plans: Sequence, metrics_keys: Sequence[str] | None = None,
-                   timeout_s: float | None = None) -> list[TrialResult]:
+                   timeout_s: float | None = None, monitors: Sequence | None = None) -> list[TrialResult]:
         """``run_trial(plan, metrics_keys)`` for each plan, in plan order (plans shipped by reference
-        when their workload was given to this Fanout)."""
-        fn = run_dumped_trial if metrics_keys is None else functools.partial(
-            run_dumped_trial, metrics_keys=tuple(metrics_keys))
+        when their workload was given to this Fanout). ``monitors``: one checkpoint-monitor spec (or
+        None) per plan, built in the worker (``search.trial.run_monitored_trial``)."""
+        keys = None if metrics_keys is None else tuple(metrics_keys)
+        if monitors is not None:
+            return self.map(run_monitored_trial, [{"plan": self.ship(p), "metrics_keys": keys, "monitor": m}
+                                                  for p, m in zip(plans, monitors)], timeout_s)
+        fn = run_dumped_trial if keys is None else functools.partial(run_dumped_trial, metrics_keys=keys)
         return self.map(fn, [self.ship(p) for p in plans], timeout_s)
 
     def start(self, n: int | None = None) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
 from aisim.simulator.plan import ReplayPlan, load_plan, plan_from_config
 
-__all__ = ["TrialResult", "run_trial", "run_dumped_trial", "plan_with_overrides", "one_line", "STATUSES"]
+__all__ = ["TrialResult", "run_trial", "run_dumped_trial", "run_monitored_trial", "plan_with_overrides", "one_line",
+           "STATUSES"]
 
 STATUSES = ("ok", "failed", "timeout")
 _MAX_MESSAGE = 1000  # characters of a failure's message (one line)
@@ -122,6 +123,36 @@ def run_dumped_trial(data: bytes, metrics_keys: tuple[str, ...] | None = None) -
     except Exception as exc:  # noqa: BLE001
         return TrialResult.from_exception(exc, time.perf_counter() - t0)
     return run_trial(plan, metrics_keys)
+
+
+def run_monitored_trial(item: Mapping) -> TrialResult:
+    """``run_dumped_trial`` under a checkpoint monitor built here from ``item["monitor"]`` (a spec
+    with a ``kind``: ``retune_drop``, ``search.retune.early``; None: no monitor). ``item``:
+    {"plan": dump_plan bytes, "metrics_keys": keys or None, "monitor": spec}. A replay the monitor
+    stopped carries ``stopped_early`` ({at_s, reason}) and the monitor's ``decision`` in its metrics."""
+    t0 = time.perf_counter()
+    spec = item.get("monitor")
+    try:
+        plan = load_plan(item["plan"])
+        if spec is None:
+            return run_trial(plan, item.get("metrics_keys"))
+        from dataclasses import replace
+
+        from aisim.search.retune.early import make_monitor
+
+        plan = replace(plan, capture_per_request=True)
+        monitor = make_monitor(spec, plan)
+    except Exception as exc:  # noqa: BLE001
+        return TrialResult.from_exception(exc, time.perf_counter() - t0)
+    result = run_trial(plan, None, monitor=monitor, request_rows=True)
+    if not result.ok:
+        return result
+    keys = item.get("metrics_keys")
+    metrics = dict(result.metrics) if keys is None else {k: result.metrics[k] for k in keys}
+    if "stopped_early" in result.metrics:
+        metrics["stopped_early"] = result.metrics["stopped_early"]
+        metrics["decision"] = monitor.decision
+    return TrialResult("ok", None, None, metrics, result.wall_s)
 
 
 def plan_with_overrides(cfg_mapping: Mapping, overrides: Mapping[str, Any], config_dir: Path | str | None,

@@ -109,8 +109,11 @@ def candidate_plan(base: ReplayPlan, point: dict) -> ReplayPlan:
 
 
 def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_candidates: int | None = None,
-          min_improvement_percentage: float = 3.0, timeout_s: float | None = None, seed: int = 42) -> SweepResult:
-    """Replay the current point and the candidates of ``domains`` on ``base`` (a window plan)."""
+          min_improvement_percentage: float = 3.0, timeout_s: float | None = None, seed: int = 42,
+          early_drop: bool = False) -> SweepResult:
+    """Replay the current point and the candidates of ``domains`` on ``base`` (a window plan).
+    ``early_drop``: the candidates replayed after the current point stop once they cannot clear
+    the keep rule (``search.retune.early``; status ``dropped``, never chosen)."""
     t0 = time.perf_counter()
     now = current_point(base, sorted(domains))
     search = CandidateSearch(domains, sampler, max_candidates, seed)
@@ -118,6 +121,9 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
     statuses: dict[str, str] = {}  # point key -> the trial's status
     timed_out = False
     deadline = None if timeout_s is None else t0 + timeout_s
+
+    dropped: dict[str, dict] = {}  # point key -> the bound that dropped it
+    drop = None  # the candidates' drop monitor spec, once the current score is known
 
     def run(plans: list, points: list[dict]) -> list:
         nonlocal timed_out
@@ -127,12 +133,16 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
             for p in points:
                 statuses[point_key(p)] = "timeout"
             return [None] * len(points)
-        trials = fan.run_trials(plans, SCORE_KEYS, left)
+        trials = fan.run_trials(plans, SCORE_KEYS, left, monitors=[drop] * len(plans) if drop else None)
         scores = []
         for p, r in zip(points, trials):
-            statuses[point_key(p)] = r.status
+            k = point_key(p)
+            statuses[k] = r.status
             timed_out |= r.status == "timeout"
-            scores.append(score(r.metrics) if r.ok else None)
+            if r.ok and "stopped_early" in r.metrics:
+                statuses[k] = "dropped"
+                dropped[k] = r.metrics["decision"]
+            scores.append(score(r.metrics) if r.ok and k not in dropped else None)
         return scores
 
     # the current point runs with the first candidates (one batch of max_parallel)
@@ -153,8 +163,13 @@ def sweep(base: ReplayPlan, domains: dict, fan, *, sampler: str = "grid", max_ca
     def evaluate(points: list[dict]) -> list[float | None]:
         return run([candidate_plan(base, p) for p in points], points)
 
+    if early_drop:
+        from aisim.search.retune.early import drop_spec
+
+        drop = drop_spec(base, scores[0], min_improvement_percentage)
     scored = search.run(evaluate, fan.max_parallel)
-    out.candidates = [{"point": p, "score": s, "status": statuses.get(point_key(p), "ok")} for p, s in scored]
+    out.candidates = [{"point": p, "score": s, "status": statuses.get(point_key(p), "ok"),
+                       **({"dropped": dropped[point_key(p)]} if point_key(p) in dropped else {})} for p, s in scored]
     out.sweep_wall_s = time.perf_counter() - t0
     if timed_out:
         out.outcome = "timeout"
@@ -253,7 +268,8 @@ class RetuneSweeper:
                 seed = int(np.random.SeedSequence([self.plan.seed, req.window_index]).generate_state(1)[0])
                 result = sweep(base, self.domains, self.fan, sampler=rc.sampler, max_candidates=rc.max_candidates,
                                min_improvement_percentage=rc.min_improvement_percentage,
-                               timeout_s=max(1e-3, deadline - time.perf_counter()), seed=seed)
+                               timeout_s=max(1e-3, deadline - time.perf_counter()), seed=seed,
+                               early_drop=rc.early_drop)
         if result is not None:
             answer.current, answer.candidates = result.current, result.candidates
             answer.improvement_pct, answer.num_requests = result.improvement_pct, result.num_requests

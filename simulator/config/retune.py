@@ -272,6 +272,7 @@ class RetuneConfig(Strict):
     sampler: Literal["grid", "tpe", "random"] = "grid"
     max_candidates: PosInt | None = None
     warm_start: bool = False
+    early_drop: bool = False  # stop candidates that cannot clear the keep rule (search.retune.early)
 
     @field_validator("planner", mode="wrap")
     @classmethod
@@ -302,6 +303,10 @@ class RetuneConfig(Strict):
                         fail((section, knob), f"{shape} is a continuous domain, which sampler grid cannot enumerate; "
                                               "add a step (or list the values), or set sampler: tpe (or random) "
                                               "with max_candidates", None)
+        if self.early_drop and self.sampler == "tpe":
+            fail(("early_drop",), "tpe learns from every candidate's score and a dropped candidate has none, so the "
+                                  "sweep would differ from the full one; use sampler grid or random, or set "
+                                  "early_drop: false", True)
         if self.decision_latency_scale != 1 and self.decision_latency_seconds != "measured":
             fail(("decision_latency_scale",), "scales the measured sweep time only; set decision_latency_seconds: "
                                               "measured, or remove decision_latency_scale", self.decision_latency_scale)

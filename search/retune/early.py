@@ -1,0 +1,103 @@
+"""Retune early drop: a window candidate's replay stops once its score can no longer clear the keep
+rule (``planner.retune.early_drop``; docs/early-stopping.md).
+
+The sweep switches to its best candidate only when that candidate's score (goodput output tokens
+per GPU-hour, ``search.retune.scoring``) exceeds ``bar = current x (1 + min_improvement_percentage
+/ 100)``. At a checkpoint a candidate's final score is at most
+
+    (good tokens so far + requested output tokens of the requests not completed yet)
+    / (GPUs x the latest completion so far)
+
+- the numerator: a completed request's goodput is final; any other can add at most its requested
+  output (``total_output_tokens`` less the output of the completed ones);
+- the denominator: the replay's duration is its last completion, never earlier than the latest so
+  far, and with the replicas fixed (a window replayed without a Planner) its GPU-hours are the
+  GPUs times that duration. A window replayed with a Planner is never dropped (a Planner may
+  scale to zero workers, so no lower bound holds).
+
+A candidate whose bound is at most the bar can never be chosen, so the sweep's decision (applied
+or kept, and the point chosen) is the full sweep's; only the dropped candidates' scores are
+missing (status ``dropped``), so a kept window's ``improvement_pct`` is the best finished
+candidate's. The bound is compared with a relative margin of 1e-9 (the times are read back from
+seconds).
+"""
+
+from __future__ import annotations
+
+from aisim.simulator.checkpoints import Monitor
+
+__all__ = ["DropMonitor", "make_monitor", "drop_spec"]
+
+_STATUS, _LAST_S, _OUTPUT, _TTFT, _TPOT, _E2E = 1, 6, 8, 11, 12, 14
+_MARGIN = 1e-9
+
+
+def drop_spec(plan, current_score: float, min_improvement_percentage: float) -> dict | None:
+    """The monitor spec of a candidate of window plan ``plan``, or None when no candidate of it can
+    be dropped (a Planner in the window replay)."""
+    if plan.planner is not None:
+        return None
+    sla = plan.sla
+    per_request = sla is not None and sla.is_set and sla.percentile == "mean"
+    limits = (sla.ttft_ms, sla.itl_ms, sla.e2e_ms) if per_request else None
+    w = plan.traffic.workload
+    return {"kind": "retune_drop", "bar": current_score * (1.0 + min_improvement_percentage / 100.0),
+            "total_output_tokens": int(w.output_len.sum()),
+            "gpus": sum(p.replicas * p.gpus_per_worker for p in plan.pools),
+            "sla_set": sla is not None and sla.is_set, "limits": limits}
+
+
+def make_monitor(spec: dict, plan) -> Monitor:
+    if spec.get("kind") != "retune_drop":
+        raise ValueError(f"unknown monitor kind {spec.get('kind')!r}")
+    return DropMonitor(spec, plan.traffic.workload.num_requests)
+
+
+class DropMonitor(Monitor):
+    """Stops a window candidate once its score bound is at most the bar (module docstring)."""
+
+    def __init__(self, spec: dict, num_requests: int) -> None:
+        super().__init__(num_requests)
+        self.bar = float(spec["bar"])
+        self.remaining = int(spec["total_output_tokens"])
+        self.gpus = int(spec["gpus"])
+        self.sla_set = bool(spec["sla_set"])
+        self.limits = spec["limits"]  # (ttft, itl, e2e) per request, or None: every completion may count
+        self.good = 0
+        self.last_ms = 0.0
+        self.decision: dict | None = None
+
+    def observe(self, record: dict, row: tuple | None = None) -> None:
+        if row is None:
+            from aisim.simulator.metrics.csv_out import request_row
+
+            row = request_row(record)
+        if row[_STATUS] != "completed":
+            return
+        n = int(row[_OUTPUT] or 0)
+        self.remaining -= n
+        if row[_LAST_S] != "":
+            self.last_ms = max(self.last_ms, row[_LAST_S] * 1000.0)
+        if not self.sla_set:
+            return  # (no SLA: no goodput at all, the score is 0 whatever happens)
+        if self.limits is not None:
+            lt, li, le = self.limits
+            ttft, tpot, e2e = row[_TTFT], row[_TPOT], row[_E2E]
+            if not ((lt is None or (ttft != "" and ttft <= lt)) and (le is None or (e2e != "" and e2e <= le))
+                    and (li is None or tpot == "" or tpot <= li)):
+                return
+        self.good += n
+
+    def bound(self) -> float | None:
+        """The most the final score can be (None: nothing completed yet, no bound)."""
+        if self.last_ms <= 0 or self.gpus <= 0:
+            return None
+        tokens = self.good + max(0, self.remaining) if self.sla_set else 0
+        return tokens / (self.gpus * self.last_ms / 3.6e6)
+
+    def at_checkpoint(self, now_ms: float, ended: int, in_flight) -> str | None:
+        ub = self.bound()
+        if ub is None or ub * (1.0 + _MARGIN) > self.bar:
+            return None
+        self.decision = {"bound": ub, "bar": self.bar, "ended_requests": ended, "at_s": now_ms / 1000.0}
+        return f"score at most {ub:.6g} <= {self.bar:.6g} needed to switch"
