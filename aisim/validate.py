@@ -249,6 +249,7 @@ def _recommend_report(path: Path, overrides: list[str]) -> dict:
         "sampler": cfg.optimizer.algorithm,
         "max_trials": cfg.optimizer.max_trials,
         "seed": cfg.optimizer.seed,
+        "pruner": cfg.optimizer.pruner or "none",
         "parallelism": cfg.optimizer.parallelism,
         "candidate_timeout_seconds": cfg.optimizer.candidate_timeout_seconds,
         "study": cfg.study.name,
@@ -358,7 +359,8 @@ def render(report: dict) -> str:
         lines.append(f"model {report['model']} on {report['hardware']}; GPU budget {report['gpu_budget']}; "
                      f"timing {report['timing'].get('type', '-')}")
         lines.append(f"target {report['target']} (planner target {report['planner_target']}); sampler "
-                     f"{report['sampler']}, max_trials {report['max_trials']}, seed {report['seed']}")
+                     f"{report['sampler']}, max_trials {report['max_trials']}, seed {report['seed']}, pruner "
+                     f"{report['pruner']}")
         for b in report["branches"]:
             if b["skipped"]:
                 lines.append(f"  branch {b['mode']}: skipped ({b['skipped']})")

@@ -76,9 +76,11 @@ class PlannerPlan:
                                    retune=self.retune if retune else None)
 
     def digest(self) -> str:
-        """sha256 of what decides (settings and retune, not I/O): ``planner_config_digest``."""
+        """sha256 of what decides (settings and retune, not I/O): ``planner_config_digest``.
+        (``early_drop`` decides nothing: a sweep decides the same with or without it.)"""
         doc = {"settings": dataclasses.asdict(self.settings),
-               "retune": self.retune.model_dump(mode="json", exclude={"max_parallel"}) if self.retune else None}
+               "retune": self.retune.model_dump(mode="json", exclude={"max_parallel", "early_drop"})
+               if self.retune else None}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -111,6 +111,7 @@ def test_spica_example(tmp_path):
     report = validate_config_file(path)
     assert report["kind"] == "recommend"
     assert report["sampler"] == "random" and report["max_trials"] == 32 and report["target"] == "goodput_per_gpu"
+    assert report["pruner"] == "none"
     assert [b["mode"] for b in report["branches"]] == ["agg", "disagg"]
     # the grid the search itself builds (its Optuna studies in a journal under tmp_path)
     from aisim.search.spica.config import load_search_config
