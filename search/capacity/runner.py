@@ -1,10 +1,15 @@
 """Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
 
 - Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
-  lanes (default: the CPU count, at most the number of jobs). Each lane owns a one-worker
-  ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a trial never
-  pays a process start-up after the lane's first, and a job's trials run one after another as the
-  seed's adaptive and linear algorithms need (``algorithms``). Results never depend on the lanes.
+  lanes (default: the CPU count; at most the number of jobs unless a job is adaptive). Each lane
+  owns a one-worker ``search.fanout`` Fanout (a local worker process started once, or Ray tasks),
+  so a trial never pays a process start-up after the lane's first, and a job's trials are used one
+  after another as the seed's adaptive and linear algorithms need (``algorithms``). A lane with no
+  job left is lent to the adaptive jobs still running: while a job's lane runs the trial the search
+  needs now, the lent lanes run the ones it may need next (``AdaptivePlan.speculative``, the pass
+  branch first); a trial is recorded (files, cache, progress) only when the search uses it, in the
+  search's order, so the outputs are those of one trial after another. Results never depend on
+  the lanes.
 - A trial: the job's predict config at the trial's QPS (``config.trial_config``), replayed in the
   worker with per-request records and worker timelines captured; the worker returns the
   prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
@@ -219,37 +224,52 @@ class _Job:
 
     def evaluate(self, lane: _Lane, qps: float):
         """One trial at ``qps``: cached or replayed, then judged against the SLA."""
-        from aisim.search.cache import config_key
-        from aisim.search.capacity.algorithms import TrialOutcome
-        from aisim.search.capacity.config import trial_config
+        return self.record(self.replay(lane, qps))
+
+    def rules(self) -> list:
         from aisim.search.capacity.sla import SlaRule
-        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
+
+        return [SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in self.s.cfg.sla]
+
+    def replay(self, lane: _Lane, qps: float) -> "_Replayed":
+        """The trial at ``qps`` from the cache or replayed on ``lane``; nothing written (``record``
+        writes it, when the search uses it)."""
+        from aisim.search.cache import config_key
+        from aisim.search.capacity.config import trial_config
 
         cfg = self.s.cfg
         mapping = trial_config(self.mapping, qps, self.trace_rps())
         key = config_key(mapping)
-        run_dir = self.dir / "runs" / _qps_dir(qps)
-        rules = [SlaRule(r.metric, r.quantile, r.threshold, r.op) for r in cfg.sla]
+        rules = self.rules()
         rows = TrialRows.from_cache(self.s.cache.get(key)) if self.s.cache is not None else None
         if rows is not None and not rows.still_decides(rules):
             rows = None  # decided early on a rule this SLA no longer has: replay it
-        cached = rows is not None
-        timed_out = False
-        error = None
+        out = _Replayed(qps, mapping, key, rows, rows is not None)
         if rows is None:
             item = {"config": mapping, "config_dir": str(self.s.config_dir) if self.s.config_dir else None,
                     "early_rules": rules if cfg.search.early_decisions and rules else None}
             res = lane.fan.map(run_capacity_trial, [item], item_timeout_s=cfg.benchmark_timeout_s)[0]
             if isinstance(res, TrialRows):
-                rows = res
-                if self.s.cache is not None:
-                    self.s.cache.put(key, rows.to_cache())
+                out.rows = res
             else:
                 res = res if isinstance(res, dict) else res.to_dict()
                 if res.get("status") == "timeout":
-                    timed_out = True
+                    out.timed_out = True
                 else:
-                    error = res.get("message") or "the trial failed"
+                    out.error = res.get("message") or "the trial failed"
+        return out
+
+    def record(self, r: "_Replayed"):
+        """A trial the search uses: cached, its files written, judged against the SLA."""
+        from aisim.search.capacity.algorithms import TrialOutcome
+        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
+
+        cfg = self.s.cfg
+        qps, mapping, rows, cached, timed_out, error = r.qps, r.mapping, r.rows, r.cached, r.timed_out, r.error
+        rules = self.rules()
+        if rows is not None and not cached and self.s.cache is not None:
+            self.s.cache.put(r.key, rows.to_cache())
+        run_dir = self.dir / "runs" / _qps_dir(qps)
         run_dir.mkdir(parents=True, exist_ok=True)
         import yaml
 
@@ -280,8 +300,52 @@ class _Job:
         return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results, **early,
                                                 **({"error": error} if error else {})})
 
+    def adaptive(self, lane: _Lane):
+        """The adaptive search, with the idle lanes of the search (``_Search.borrow``) running the
+        trials it may need next while this lane runs the one it needs now (``speculative``). The
+        trials are recorded in the order the search uses them, a speculative one only when used,
+        so the outputs are those of the trials run one after another."""
+        from aisim.search.capacity.algorithms import adaptive_plan
+
+        cfg = self.s.cfg
+        plan = adaptive_plan(self.job.start_qps, max_iterations=cfg.search.max_iterations,
+                             min_search_granularity_pct=cfg.search.min_search_granularity_pct,
+                             max_qps_cap=cfg.search.max_qps_cap)
+        ready: dict[float, _Replayed] = {}
+        ahead: dict[float, threading.Thread] = {}
+
+        def run_ahead(helper: _Lane, qps: float) -> None:
+            try:
+                ready[qps] = self.replay(helper, qps)
+            except BaseException:  # noqa: BLE001 - the search replays it itself if it needs it
+                pass
+            finally:
+                self.s.give_back(helper)
+
+        try:
+            while not plan.done:
+                q = plan.next_qps()
+                if q in ahead:
+                    ahead.pop(q).join()
+                if q not in ready:
+                    helpers = self.s.borrow()
+                    if helpers:
+                        nxt = [x for x in plan.speculative(3)[1:] if x not in ready and x not in ahead]
+                        for helper, x in zip(helpers, nxt):
+                            t = threading.Thread(target=run_ahead, args=(helper, x), daemon=True)
+                            ahead[x] = t
+                            t.start()
+                        for helper in helpers[len(nxt):]:
+                            self.s.give_back(helper)
+                    ready[q] = self.replay(lane, q)
+                plan.tell(q, self.record(ready.pop(q)))
+        finally:
+            for t in ahead.values():  # (a trial the search did not need: its lane comes back when it ends)
+                t.join()
+        return plan.outcome()
+
     def run(self, lane: _Lane) -> JobResult:
-        from aisim.search.capacity.algorithms import adaptive_search, linear_search
+        from aisim.search.capacity.algorithms import linear_search
         from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
@@ -291,9 +355,7 @@ class _Job:
                 return self.evaluate(lane, qps)
 
             if job.start_qps is not None:
-                out = adaptive_search(evaluate, job.start_qps, max_iterations=cfg.search.max_iterations,
-                                      min_search_granularity_pct=cfg.search.min_search_granularity_pct,
-                                      max_qps_cap=cfg.search.max_qps_cap)
+                out = self.adaptive(lane)
             else:
                 out = linear_search(evaluate, self.qps_list)
             best = out.max_qps_under_sla if cfg.sla else None
@@ -305,6 +367,19 @@ class _Job:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir / "job_summary.json", canonical_json(result.to_dict()) + "\n")
         return result
+
+
+@dataclass
+class _Replayed:
+    """A trial's replay (or cache hit) before the search uses it."""
+
+    qps: float
+    mapping: dict
+    key: str
+    rows: TrialRows | None
+    cached: bool
+    timed_out: bool = False
+    error: str | None = None
 
 
 class _Search:
@@ -319,6 +394,21 @@ class _Search:
         self.progress = progress
         self._lock = threading.Lock()
         self.num_trials = 0
+        self._idle: list[_Lane] = []  # lanes with no job left, lent to adaptive jobs for trials ahead
+
+    def borrow(self) -> list[_Lane]:
+        """Every idle lane (they come back with ``give_back``)."""
+        with self._lock:
+            lanes, self._idle = self._idle, []
+        return lanes
+
+    def give_back(self, lane: _Lane) -> None:
+        with self._lock:
+            self._idle.append(lane)
+
+    def retire(self) -> list[_Lane]:
+        """The idle lanes, taken for good (the search is over)."""
+        return self.borrow()
 
     def progress_event(self, job: str, qps: float, passed, timed_out: bool) -> None:
         with self._lock:
@@ -363,7 +453,9 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
     jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]
-    lanes_n = max(1, min(len(jobs), max_parallel or os.cpu_count() or 1))
+    # (more lanes than jobs when an adaptive job can use them for the trials it may need next)
+    cap = max_parallel or os.cpu_count() or 1
+    lanes_n = max(1, cap if any(j.job.start_qps is not None for j in jobs) else min(len(jobs), cap))
     todo: queue.Queue = queue.Queue()
     for j in jobs:
         todo.put(j)
@@ -378,6 +470,8 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
                 try:
                     j = todo.get_nowait()
                 except queue.Empty:
+                    search.give_back(lane)  # idle: lent to the adaptive jobs still running
+                    lane = None
                     return
                 results[j.index] = j.run(lane)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
@@ -386,15 +480,19 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
             if lane is not None:
                 lane.close()
 
-    if lanes_n == 1:
-        lane_main()
-    else:
-        threads = [threading.Thread(target=lane_main, daemon=True) for _ in range(lanes_n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)
+    try:
+        if lanes_n == 1:
+            lane_main()
+        else:
+            threads = [threading.Thread(target=lane_main, daemon=True) for _ in range(lanes_n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+    finally:
+        for lane in search.retire():  # (every lent lane is back: an adaptive job waits for its trials ahead)
+            lane.close()
     if errors:
         raise errors[0]
     result = CapacityResult([results[i] for i in range(len(jobs))], out)

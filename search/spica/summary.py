@@ -101,9 +101,15 @@ def front_table(front: Sequence[Mapping]) -> list[str]:
 
 
 def reason_parts(reasons: Mapping[str, Mapping[str, int]]) -> str:
-    """``infeasible 10 (kv_capacity 6, sla_constraint 4); failed 2 (replay_runtime 2)``."""
-    return "; ".join(f"{status} {sum(per.values())} ({', '.join(f'{k} {n}' for k, n in sorted(per.items()))})"
-                     for status, per in sorted(reasons.items()))
+    """``infeasible 10 (kv_capacity 6, sla_constraint 4); failed 2 (replay_runtime 2); pruned 3`` (a
+    status whose only category is itself is not repeated)."""
+    def part(status: str, per: Mapping[str, int]) -> str:
+        head = f"{status} {sum(per.values())}"
+        if set(per) == {status}:
+            return head
+        return f"{head} ({', '.join(f'{k} {n}' for k, n in sorted(per.items()))})"
+
+    return "; ".join(part(status, per) for status, per in sorted(reasons.items()))
 
 
 def reason_line(reasons: Mapping[str, Mapping[str, int]]) -> str | None:

@@ -219,3 +219,35 @@ def test_a_trial_returns_rows_and_its_files_are_those_rows_as_predict_writes_the
     assert rows.sla(rules) == on_files
     cached = TrialRows.from_cache(json.loads(json.dumps(rows.to_cache())))  # as the disk cache holds it
     assert cached.files() == rows.files() and cached.sla(rules) == on_files
+
+
+def _tree(out) -> dict:
+    """Every output file's text, trial wall times aside."""
+    return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*")) if p.is_file()
+            and p.name != "prediction.json"}
+
+
+def test_idle_lanes_run_an_adaptive_jobs_next_trials_and_change_no_output(tmp_path, monkeypatch):
+    import aisim.search.capacity.runner as runner
+
+    cfg = example()
+    cfg["jobs"] = [j for j in cfg["jobs"] if "start_qps" in j]  # one adaptive job: the second lane helps it
+    calls: list[float] = []
+    replay = runner._Job.replay
+
+    def counted(self, lane, qps):
+        calls.append(qps)
+        return replay(self, lane, qps)
+
+    monkeypatch.setattr(runner._Job, "replay", counted)
+    monkeypatch.chdir(EXAMPLE.parent)
+    two = run_capacity_search(cfg, tmp_path / "two", use_cache=False, max_parallel=2)
+    ahead = list(calls)
+    calls.clear()
+    one = run_capacity_search(cfg, tmp_path / "one", use_cache=False, max_parallel=1)
+    [job] = one.jobs
+    assert calls == [t["qps"] for t in job.search_trace]  # one lane: each trial the search needs, in order
+    assert len(ahead) > len(calls) and set(calls) <= set(ahead)  # two: trials ahead too, some never used
+    assert _tree(two.output_dir) == _tree(one.output_dir)  # recorded only when used, in the search's order
+    runs = {p.name for p in (tmp_path / "two" / "jobs").glob("*/runs/*")}
+    assert len(runs) == len(job.search_trace)
