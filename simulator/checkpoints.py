@@ -23,7 +23,28 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "as_row", "meets_sla", "STATUS", "LAST_S", "OUTPUT", "TTFT", "TPOT", "E2E"]
+
+# request_metrics.csv columns the monitors read (simulator.metrics.csv_out.REQUEST_CSV_COLUMNS)
+STATUS, LAST_S, OUTPUT, TTFT, TPOT, E2E = 1, 6, 8, 11, 12, 14
+
+
+def as_row(record: dict, row: tuple | None) -> tuple:
+    """The request_metrics.csv row ``observe`` was given, or the one of ``record``."""
+    if row is not None:
+        return row
+    from aisim.simulator.metrics.csv_out import request_row
+
+    return request_row(record)
+
+
+def meets_sla(row: tuple, limits: tuple) -> bool:
+    """A completed request within every per-request limit ``(ttft_ms, itl_ms, e2e_ms)`` (None:
+    unset), as the summary's goodput counts it: a one-token request has no TPOT and passes ITL."""
+    lt, li, le = limits
+    ttft, tpot, e2e = row[TTFT], row[TPOT], row[E2E]
+    return ((lt is None or (ttft != "" and ttft <= lt)) and (le is None or (e2e != "" and e2e <= le))
+            and (li is None or tpot == "" or tpot <= li))
 
 
 class Monitor:

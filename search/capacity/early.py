@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from aisim.simulator.checkpoints import Monitor
+from aisim.simulator.checkpoints import Monitor, as_row
 
 __all__ = ["SlaMonitor", "needed"]
 
@@ -92,10 +92,7 @@ class SlaMonitor(Monitor):
     def observe(self, record: dict, row: tuple | None = None) -> None:
         if self._reason is not None:
             return
-        if row is None:
-            from aisim.simulator.metrics.csv_out import request_row
-
-            row = request_row(record)
+        row = as_row(record, row)
         if row[1] != "completed":
             if self.any_request_rule and row[1] == "rejected":
                 self._decide(f"request {row[0]} was rejected: every request rule fails", None)

@@ -24,11 +24,10 @@ seconds).
 
 from __future__ import annotations
 
-from aisim.simulator.checkpoints import Monitor
+from aisim.simulator.checkpoints import LAST_S, OUTPUT, STATUS, Monitor, as_row, meets_sla
 
 __all__ = ["DropMonitor", "make_monitor", "drop_spec"]
 
-_STATUS, _LAST_S, _OUTPUT, _TTFT, _TPOT, _E2E = 1, 6, 8, 11, 12, 14
 _MARGIN = 1e-9
 
 
@@ -68,25 +67,17 @@ class DropMonitor(Monitor):
         self.decision: dict | None = None
 
     def observe(self, record: dict, row: tuple | None = None) -> None:
-        if row is None:
-            from aisim.simulator.metrics.csv_out import request_row
-
-            row = request_row(record)
-        if row[_STATUS] != "completed":
+        row = as_row(record, row)
+        if row[STATUS] != "completed":
             return
-        n = int(row[_OUTPUT] or 0)
+        n = int(row[OUTPUT] or 0)
         self.remaining -= n
-        if row[_LAST_S] != "":
-            self.last_ms = max(self.last_ms, row[_LAST_S] * 1000.0)
+        if row[LAST_S] != "":
+            self.last_ms = max(self.last_ms, row[LAST_S] * 1000.0)
         if not self.sla_set:
             return  # (no SLA: no goodput at all, the score is 0 whatever happens)
-        if self.limits is not None:
-            lt, li, le = self.limits
-            ttft, tpot, e2e = row[_TTFT], row[_TPOT], row[_E2E]
-            if not ((lt is None or (ttft != "" and ttft <= lt)) and (le is None or (e2e != "" and e2e <= le))
-                    and (li is None or tpot == "" or tpot <= li)):
-                return
-        self.good += n
+        if self.limits is None or meets_sla(row, self.limits):
+            self.good += n
 
     def bound(self) -> float | None:
         """The most the final score can be (None: nothing completed yet, no bound)."""

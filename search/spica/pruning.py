@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from aisim.simulator.checkpoints import Monitor
+from aisim.simulator.checkpoints import E2E, OUTPUT, STATUS, TPOT, TTFT, Monitor, as_row, meets_sla
 
 __all__ = ["PRUNERS", "CHECKPOINTS", "make_pruner", "snapshot", "PruneMonitor"]
 
@@ -31,9 +31,6 @@ CHECKPOINTS = 10  # intermediate values per candidate (our choice: a tenth of th
 MEDIAN_STARTUP_TRIALS = 5  # completed trials before the median pruner prunes (Optuna's default)
 HYPERBAND_REDUCTION = 3  # Optuna's default
 _RUNG = "completed_rung_"  # Optuna's successive-halving system attributes
-
-# request_metrics.csv columns the intermediate value reads (simulator.metrics.csv_out.REQUEST_CSV_COLUMNS)
-_STATUS, _OUTPUT, _TTFT, _TPOT, _E2E = 1, 8, 11, 12, 14
 
 
 def make_pruner(name: str):
@@ -120,16 +117,13 @@ class PruneMonitor(Monitor):
         self.pruned: dict | None = None
 
     def observe(self, record: dict, row: tuple | None = None) -> None:
-        if row is None:
-            from aisim.simulator.metrics.csv_out import request_row
-
-            row = request_row(record)
-        if row[_STATUS] != "completed":
+        row = as_row(record, row)
+        if row[STATUS] != "completed":
             return
         self.completed += 1
-        n = int(row[_OUTPUT] or 0)
+        n = int(row[OUTPUT] or 0)
         self.output_tokens += n
-        ttft, tpot, e2e = row[_TTFT], row[_TPOT], row[_E2E]
+        ttft, tpot, e2e = row[TTFT], row[TPOT], row[E2E]
         if ttft != "":
             self.ttft_sum += ttft
             self.ttft_n += 1
@@ -139,9 +133,7 @@ class PruneMonitor(Monitor):
         if tpot != "" and tpot > 0:
             self.per_user_sum += 1000.0 / tpot
             self.per_user_n += 1
-        lt, li, le = self.limits
-        if ((lt is None or (ttft != "" and ttft <= lt)) and (le is None or (e2e != "" and e2e <= le))
-                and (li is None or tpot == "" or tpot <= li)):
+        if meets_sla(row, self.limits):
             self.good_tokens += n
 
     def value(self, now_ms: float) -> float | None:
