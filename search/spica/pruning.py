@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from aisim.simulator.checkpoints import E2E, OUTPUT, STATUS, TPOT, TTFT, Monitor, as_row, meets_sla
+from aisim.simulator.checkpoints import Monitor, RunningMetrics, as_row
 
 __all__ = ["PRUNERS", "CHECKPOINTS", "make_pruner", "snapshot", "PruneMonitor"]
 
@@ -104,52 +104,28 @@ class PruneMonitor(Monitor):
         self.target = spec["target"]
         self.gpus = max(1, int(spec.get("used_gpus") or 1))
         sla = spec.get("sla") or {}
-        self.limits = (sla.get("ttft_ms"), sla.get("itl_ms"), sla.get("e2e_ms"))
+        self.metrics = RunningMetrics((sla.get("ttft_ms"), sla.get("itl_ms"), sla.get("e2e_ms")))
         self.study, self.trial = _pruner_trial(spec)
-        self.completed = 0
-        self.output_tokens = 0
-        self.good_tokens = 0
-        self.ttft_sum = self.e2e_sum = 0.0
-        self.ttft_n = self.e2e_n = 0
-        self.per_user_sum = 0.0
-        self.per_user_n = 0
         self.values: list[list] = []  # [step, value] reported
         self.pruned: dict | None = None
 
     def observe(self, record: dict, row: tuple | None = None) -> None:
-        row = as_row(record, row)
-        if row[STATUS] != "completed":
-            return
-        self.completed += 1
-        n = int(row[OUTPUT] or 0)
-        self.output_tokens += n
-        ttft, tpot, e2e = row[TTFT], row[TPOT], row[E2E]
-        if ttft != "":
-            self.ttft_sum += ttft
-            self.ttft_n += 1
-        if e2e != "":
-            self.e2e_sum += e2e
-            self.e2e_n += 1
-        if tpot != "" and tpot > 0:
-            self.per_user_sum += 1000.0 / tpot
-            self.per_user_n += 1
-        if meets_sla(row, self.limits):
-            self.good_tokens += n
+        self.metrics.observe(as_row(record, row))
 
     def value(self, now_ms: float) -> float | None:
         """The target on the requests ended by ``now_ms`` (None: not defined yet): throughputs are
         output tokens of completed requests (goodput: those within every SLA limit, per request) per
         second of virtual time, per GPU divided by the candidate's GPUs; throughput_per_user the
         mean of 1000 / TPOT; ttft and e2e_latency the negated means of the completed requests."""
-        t = self.target
+        t, m = self.target, self.metrics
         if t in ("ttft", "e2e_latency"):
-            s, n = (self.ttft_sum, self.ttft_n) if t == "ttft" else (self.e2e_sum, self.e2e_n)
-            return -s / n if n else None
+            mean = m.mean("ttft_ms" if t == "ttft" else "e2e_latency_ms")
+            return None if mean is None else -mean
         if t == "throughput_per_user":
-            return self.per_user_sum / self.per_user_n if self.per_user_n else None
+            return m.per_user_sum / m.per_user_n if m.per_user_n else None
         if now_ms <= 0:
             return None
-        tokens = self.good_tokens if t.startswith("goodput") else self.output_tokens
+        tokens = m.good_tokens if t.startswith("goodput") else m.output_tokens
         v = tokens / (now_ms / 1000.0)
         return v / self.gpus if t.endswith("_per_gpu") else v
 
