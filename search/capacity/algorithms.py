@@ -48,6 +48,7 @@ __all__ = [
     "adaptive_plan",
     "adaptive_search",
     "adaptive_search_batched",
+    "LinearPlan",
     "linear_search",
 ]
 
@@ -261,27 +262,58 @@ def _checked(outcome: TrialOutcome, qps: float) -> TrialOutcome:
     return outcome
 
 
+class LinearPlan:
+    """The linear sweep as a sequencer (``next_qps`` / ``tell`` / ``done`` / ``outcome``, as
+    ``AdaptivePlan``): every listed QPS in order, each once; ``speculative(depth)``: the next
+    ``depth`` QPS of the list (a sweep needs every one until a trial times out)."""
+
+    def __init__(self, qps_list: list[float]) -> None:
+        values = [_positive("qps_list entry", q) for q in qps_list]
+        if not values:
+            raise ValueError("qps_list is empty")
+        self._todo = list(dict.fromkeys(values))  # (a QPS listed twice runs once, at its first place)
+        self.trace: list[dict] = []
+        self.best: float | None = None
+        self.stopped: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None
+
+    def next_qps(self) -> float | None:
+        return None if self.done else self._todo[len(self.trace)]
+
+    def tell(self, qps: float, outcome: TrialOutcome) -> None:
+        if self.done:
+            raise RuntimeError("the sweep is already done")
+        if qps != self.next_qps():
+            raise ValueError(f"told QPS {qps!r}, but the sweep asked for {self.next_qps()!r}")
+        passed = outcome.passed
+        if outcome.timed_out and passed is not None:
+            passed = False
+        self.trace.append(_entry(qps, passed, outcome))
+        if passed and (self.best is None or qps > self.best):
+            self.best = qps
+        if outcome.timed_out:
+            self.stopped = "timed_out"
+        elif len(self.trace) == len(self._todo):
+            self.stopped = "list_done"
+
+    def speculative(self, depth: int) -> list[float]:
+        return [] if self.done else self._todo[len(self.trace):len(self.trace) + depth]
+
+    def outcome(self) -> SearchOutcome:
+        if not self.done:
+            raise RuntimeError("the sweep is not done")
+        return SearchOutcome(self.best, list(self.trace), self.stopped)
+
+
 def linear_search(evaluate: Callable[[float], TrialOutcome], qps_list: list[float]) -> SearchOutcome:
     """Evaluate every QPS of ``qps_list`` in order; the result is the highest passing one (None
     when none passed or the evaluator has no SLA, ``passed=None``). A timed-out trial counts as
     not passed (``passed`` stays None without an SLA) and stops the sweep."""
-    qps_values = [_positive("qps_list entry", q) for q in qps_list]
-    if not qps_values:
-        raise ValueError("qps_list is empty")
-    trace: list[dict] = []
-    best: float | None = None
-    seen: set[float] = set()
-    for q in qps_values:
-        if q in seen:
-            continue
-        seen.add(q)
-        outcome = _checked(evaluate(q), q)
-        passed = outcome.passed
-        if outcome.timed_out and passed is not None:
-            passed = False
-        trace.append(_entry(q, passed, outcome))
-        if passed and (best is None or q > best):
-            best = q
-        if outcome.timed_out:
-            return SearchOutcome(best, trace, "timed_out")
-    return SearchOutcome(best, trace, "list_done")
+    plan = LinearPlan(qps_list)
+    while not plan.done:
+        q = plan.next_qps()
+        plan.tell(q, _checked(evaluate(q), q))
+    return plan.outcome()

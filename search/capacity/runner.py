@@ -1,15 +1,15 @@
 """Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
 
 - Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
-  lanes (default: the CPU count; at most the number of jobs unless a job is adaptive). Each lane
-  owns a one-worker ``search.fanout`` Fanout (a local worker process started once, or Ray tasks),
-  so a trial never pays a process start-up after the lane's first, and a job's trials are used one
-  after another as the seed's adaptive and linear algorithms need (``algorithms``). A lane with no
-  job left is lent to the adaptive jobs still running: while a job's lane runs the trial the search
-  needs now, the lent lanes run the ones it may need next (``AdaptivePlan.speculative``, the pass
-  branch first); a trial is recorded (files, cache, progress) only when the search uses it, in the
-  search's order, so the outputs are those of one trial after another. Results never depend on
-  the lanes.
+  lanes (default: the CPU count). Each lane owns a one-worker ``search.fanout`` Fanout (a local
+  worker process started once, or Ray tasks), so a trial never pays a process start-up after the
+  lane's first, and a job's trials are used one after another as the seed's adaptive and linear
+  algorithms need (``algorithms``: ``AdaptivePlan``, ``LinearPlan``). A lane with no job left is
+  lent to the jobs still running: while a job's lane runs the trial its search needs now, the lent
+  lanes run the ones it may need next (``speculative``: an adaptive search's next trial for either
+  verdict, the pass branch first; a sweep's next QPS); a trial is recorded (files, cache,
+  progress) only when the search uses it, in the search's order, so the outputs are those of one
+  trial after another. Results never depend on the lanes.
 - A trial: the job's predict config at the trial's QPS (``config.trial_config``), replayed in the
   worker with per-request records and worker timelines captured; the worker returns the
   prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
@@ -222,10 +222,6 @@ class _Job:
             self._trace_rps = rps
         return self._trace_rps
 
-    def evaluate(self, lane: _Lane, qps: float):
-        """One trial at ``qps``: cached or replayed, then judged against the SLA."""
-        return self.record(self.replay(lane, qps))
-
     def rules(self) -> list:
         from aisim.search.capacity.sla import SlaRule
 
@@ -300,17 +296,23 @@ class _Job:
         return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results, **early,
                                                 **({"error": error} if error else {})})
 
-    def adaptive(self, lane: _Lane):
-        """The adaptive search, with the idle lanes of the search (``_Search.borrow``) running the
+    def plan(self):
+        """The job's search as a sequencer: ``AdaptivePlan`` (``start_qps``) or ``LinearPlan``."""
+        from aisim.search.capacity.algorithms import LinearPlan, adaptive_plan
+
+        cfg = self.s.cfg
+        if self.job.start_qps is None:
+            return LinearPlan(self.qps_list)
+        return adaptive_plan(self.job.start_qps, max_iterations=cfg.search.max_iterations,
+                             min_search_granularity_pct=cfg.search.min_search_granularity_pct,
+                             max_qps_cap=cfg.search.max_qps_cap)
+
+    def search(self, lane: _Lane):
+        """The job's search, with the idle lanes of the search (``_Search.borrow``) running the
         trials it may need next while this lane runs the one it needs now (``speculative``). The
         trials are recorded in the order the search uses them, a speculative one only when used,
         so the outputs are those of the trials run one after another."""
-        from aisim.search.capacity.algorithms import adaptive_plan
-
-        cfg = self.s.cfg
-        plan = adaptive_plan(self.job.start_qps, max_iterations=cfg.search.max_iterations,
-                             min_search_granularity_pct=cfg.search.min_search_granularity_pct,
-                             max_qps_cap=cfg.search.max_qps_cap)
+        plan = self.plan()
         ready: dict[float, _Replayed] = {}
         ahead: dict[float, threading.Thread] = {}
 
@@ -330,7 +332,8 @@ class _Job:
                 if q not in ready:
                     helpers = self.s.borrow()
                     if helpers:
-                        nxt = [x for x in plan.speculative(3)[1:] if x not in ready and x not in ahead]
+                        nxt = [x for x in _ahead(plan, len(helpers) + len(ahead) + 1)[1:]
+                               if x not in ready and x not in ahead]
                         for helper, x in zip(helpers, nxt):
                             t = threading.Thread(target=run_ahead, args=(helper, x), daemon=True)
                             ahead[x] = t
@@ -345,19 +348,12 @@ class _Job:
         return plan.outcome()
 
     def run(self, lane: _Lane) -> JobResult:
-        from aisim.search.capacity.algorithms import linear_search
         from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
         job = self.job
         try:
-            def evaluate(qps: float):
-                return self.evaluate(lane, qps)
-
-            if job.start_qps is not None:
-                out = self.adaptive(lane)
-            else:
-                out = linear_search(evaluate, self.qps_list)
+            out = self.search(lane)
             best = out.max_qps_under_sla if cfg.sla else None
             result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
         except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
@@ -367,6 +363,20 @@ class _Job:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir / "job_summary.json", canonical_json(result.to_dict()) + "\n")
         return result
+
+
+def _ahead(plan, want: int) -> list[float]:
+    """At least ``want`` of the QPS ``plan`` may need next (fewer when it has fewer), the first
+    the one it needs now: ``plan.speculative`` at the smallest depth that gives them."""
+    depth = 1
+    points = plan.speculative(depth)
+    while len(points) < want and depth < want:
+        depth += 1
+        more = plan.speculative(depth)
+        if len(more) == len(points):
+            break
+        points = more
+    return points
 
 
 @dataclass
@@ -453,9 +463,8 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
     jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]
-    # (more lanes than jobs when an adaptive job can use them for the trials it may need next)
-    cap = max_parallel or os.cpu_count() or 1
-    lanes_n = max(1, cap if any(j.job.start_qps is not None for j in jobs) else min(len(jobs), cap))
+    # (more lanes than jobs: a job uses the idle ones for the trials it may need next)
+    lanes_n = max(1, max_parallel or os.cpu_count() or 1)
     todo: queue.Queue = queue.Queue()
     for j in jobs:
         todo.put(j)

@@ -227,27 +227,34 @@ def _tree(out) -> dict:
             and p.name != "prediction.json"}
 
 
-def test_idle_lanes_run_an_adaptive_jobs_next_trials_and_change_no_output(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["start_qps", "qps_list"])
+def test_idle_lanes_run_a_jobs_next_trials_and_change_no_output(kind, tmp_path, monkeypatch):
     import aisim.search.capacity.runner as runner
 
     cfg = example()
-    cfg["jobs"] = [j for j in cfg["jobs"] if "start_qps" in j]  # one adaptive job: the second lane helps it
+    cfg["jobs"] = [j for j in cfg["jobs"] if kind in j]  # one job: the second lane helps it
     calls: list[float] = []
+    lanes: set[int] = set()
     replay = runner._Job.replay
 
     def counted(self, lane, qps):
         calls.append(qps)
+        lanes.add(id(lane))
         return replay(self, lane, qps)
 
     monkeypatch.setattr(runner._Job, "replay", counted)
     monkeypatch.chdir(EXAMPLE.parent)
     two = run_capacity_search(cfg, tmp_path / "two", use_cache=False, max_parallel=2)
     ahead = list(calls)
+    assert len(lanes) == 2  # the job's own lane and the idle one
     calls.clear()
     one = run_capacity_search(cfg, tmp_path / "one", use_cache=False, max_parallel=1)
     [job] = one.jobs
     assert calls == [t["qps"] for t in job.search_trace]  # one lane: each trial the search needs, in order
-    assert len(ahead) > len(calls) and set(calls) <= set(ahead)  # two: trials ahead too, some never used
+    if kind == "start_qps":  # two: trials ahead too, some never used
+        assert len(ahead) > len(calls) and set(calls) <= set(ahead)
+    else:  # a sweep needs every QPS: the same trials, two at a time
+        assert sorted(ahead) == sorted(calls)
     assert _tree(two.output_dir) == _tree(one.output_dir)  # recorded only when used, in the search's order
     runs = {p.name for p in (tmp_path / "two" / "jobs").glob("*/runs/*")}
     assert len(runs) == len(job.search_trace)
