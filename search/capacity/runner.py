@@ -1,7 +1,7 @@
 """Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
 
 - Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
-  lanes (default: the CPU count). Each lane owns a one-worker ``search.fanout`` Fanout (a local
+  lanes (default: the CPU count, at most what the jobs can use). Each lane owns a one-worker ``search.fanout`` Fanout (a local
   worker process started once, or Ray tasks), so a trial never pays a process start-up after the
   lane's first, and a job's trials are used one after another as the seed's adaptive and linear
   algorithms need (``algorithms``: ``AdaptivePlan``, ``LinearPlan``). A lane with no job left is
@@ -463,8 +463,10 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
     jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]
-    # (more lanes than jobs: a job uses the idle ones for the trials it may need next)
-    lanes_n = max(1, max_parallel or os.cpu_count() or 1)
+    # (more lanes than jobs: a job uses the idle ones for the trials it may need next, at most
+    # its list for a sweep, the trial now and both next ones for an adaptive search)
+    useful = sum(len(j.qps_list) if j.job.start_qps is None else 3 for j in jobs)
+    lanes_n = max(1, min(useful, max_parallel or os.cpu_count() or 1))
     todo: queue.Queue = queue.Queue()
     for j in jobs:
         todo.put(j)
