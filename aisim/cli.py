@@ -734,8 +734,9 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
     with Progress.for_command(args) as bar:
         def progress(snap: dict) -> None:
             best = "-" if snap["best"] is None else f"{snap['best']:.4g}"
-            bar.steps("recommend", snap["done"], snap["total"], f"trials, {snap['feasible']} feasible, best {best}, "
-                                                               f"{snap['trials_per_s']:.2f} trials/s")
+            pruned = f"{snap['counts']['pruned']} pruned, " if "pruned" in snap["counts"] else ""
+            bar.steps("recommend", snap["done"], snap["total"], f"trials, {snap['feasible']} feasible, {pruned}"
+                                                               f"best {best}, {snap['trials_per_s']:.2f} trials/s")
 
         result = run_search(args.config, out, resume=args.resume, overwrite=args.overwrite, backend=backend,
                             ray_address=args.ray_address,

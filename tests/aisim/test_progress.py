@@ -104,6 +104,11 @@ def test_searches_show_their_trials_through_the_same_display(tmp_path):
                             str(tmp_path / "rec"), "--parallelism", "1"], cols=120)
     assert code == 0, out
     assert "3 / 3 trials," in _plain(out) and "trials/s" in _plain(out)
+    assert "pruned" not in _plain(out)  # (a search without a pruner does not count them)
+    code, out = run_in_pty(["recommend", "-c", _search_yaml(tmp_path, max_trials=3, pruner="median"),
+                            "--output-dir", str(tmp_path / "pruned"), "--parallelism", "1"], cols=120)
+    assert code == 0, out
+    assert "3 / 3 trials, 3 feasible, 0 pruned, best " in _plain(out)
 
 
 def test_the_replay_line_keeps_count_and_eta_when_narrow_and_never_passes_the_span():
