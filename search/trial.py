@@ -126,10 +126,11 @@ def run_dumped_trial(data: bytes, metrics_keys: tuple[str, ...] | None = None) -
 
 
 def run_monitored_trial(item: Mapping) -> TrialResult:
-    """``run_dumped_trial`` under a checkpoint monitor built here from ``item["monitor"]`` (a spec
-    with a ``kind``: ``retune_drop``, ``search.retune.early``; None: no monitor). ``item``:
-    {"plan": dump_plan bytes, "metrics_keys": keys or None, "monitor": spec}. A replay the monitor
-    stopped carries ``stopped_early`` ({at_s, reason}) and the monitor's ``decision`` in its metrics."""
+    """``run_dumped_trial`` under a checkpoint monitor: ``item["monitor"]`` is a picklable spec
+    whose ``monitor(plan)`` builds it here (e.g. ``search.retune.early.DropSpec``; None: no
+    monitor). ``item``: {"plan": dump_plan bytes, "metrics_keys": keys or None, "monitor": spec}. A
+    replay the monitor stopped carries ``stopped_early`` ({at_s, reason}) and the monitor's
+    ``decision`` in its metrics."""
     t0 = time.perf_counter()
     spec = item.get("monitor")
     try:
@@ -138,10 +139,8 @@ def run_monitored_trial(item: Mapping) -> TrialResult:
             return run_trial(plan, item.get("metrics_keys"))
         from dataclasses import replace
 
-        from aisim.search.retune.early import make_monitor
-
         plan = replace(plan, capture_per_request=True)
-        monitor = make_monitor(spec, plan)
+        monitor = spec.monitor(plan)
     except Exception as exc:  # noqa: BLE001
         return TrialResult.from_exception(exc, time.perf_counter() - t0)
     result = run_trial(plan, None, monitor=monitor, request_rows=True)

@@ -24,44 +24,57 @@ seconds).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aisim.simulator.checkpoints import LAST_S, OUTPUT, STATUS, Monitor, as_row, meets_sla
 
-__all__ = ["DropMonitor", "make_monitor", "drop_spec"]
+__all__ = ["DropSpec", "DropMonitor", "drop_spec"]
 
 _MARGIN = 1e-9
 
 
-def drop_spec(plan, current_score: float, min_improvement_percentage: float) -> dict | None:
-    """The monitor spec of a candidate of window plan ``plan``, or None when no candidate of it can
+@dataclass(frozen=True)
+class DropSpec:
+    """What a window candidate's worker needs to drop it (``search.trial.run_monitored_trial``
+    calls ``monitor(plan)``): the bar, the window's requested output tokens, its GPUs, and the
+    per-request SLA limits ``(ttft_ms, itl_ms, e2e_ms)`` (None: a percentile SLA, every completed
+    request may count; ``sla_set`` False: no goodput at all)."""
+
+    bar: float
+    total_output_tokens: int
+    gpus: int
+    sla_set: bool
+    limits: tuple | None
+
+    def monitor(self, plan) -> "DropMonitor":
+        return DropMonitor(self, plan.traffic.workload.num_requests)
+
+
+def drop_spec(plan, current_score: float, min_improvement_percentage: float) -> DropSpec | None:
+    """The drop spec of a candidate of window plan ``plan``, or None when no candidate of it can
     be dropped (a Planner in the window replay)."""
     if plan.planner is not None:
         return None
     sla = plan.sla
     per_request = sla is not None and sla.is_set and sla.percentile == "mean"
-    limits = (sla.ttft_ms, sla.itl_ms, sla.e2e_ms) if per_request else None
     w = plan.traffic.workload
-    return {"kind": "retune_drop", "bar": current_score * (1.0 + min_improvement_percentage / 100.0),
-            "total_output_tokens": int(w.output_len.sum()),
-            "gpus": sum(p.replicas * p.gpus_per_worker for p in plan.pools),
-            "sla_set": sla is not None and sla.is_set, "limits": limits}
-
-
-def make_monitor(spec: dict, plan) -> Monitor:
-    if spec.get("kind") != "retune_drop":
-        raise ValueError(f"unknown monitor kind {spec.get('kind')!r}")
-    return DropMonitor(spec, plan.traffic.workload.num_requests)
+    return DropSpec(bar=current_score * (1.0 + min_improvement_percentage / 100.0),
+                    total_output_tokens=int(w.output_len.sum()),
+                    gpus=sum(p.replicas * p.gpus_per_worker for p in plan.pools),
+                    sla_set=sla is not None and sla.is_set,
+                    limits=(sla.ttft_ms, sla.itl_ms, sla.e2e_ms) if per_request else None)
 
 
 class DropMonitor(Monitor):
     """Stops a window candidate once its score bound is at most the bar (module docstring)."""
 
-    def __init__(self, spec: dict, num_requests: int) -> None:
+    def __init__(self, spec: DropSpec, num_requests: int) -> None:
         super().__init__(num_requests)
-        self.bar = float(spec["bar"])
-        self.remaining = int(spec["total_output_tokens"])
-        self.gpus = int(spec["gpus"])
-        self.sla_set = bool(spec["sla_set"])
-        self.limits = spec["limits"]  # (ttft, itl, e2e) per request, or None: every completion may count
+        self.bar = float(spec.bar)
+        self.remaining = int(spec.total_output_tokens)
+        self.gpus = int(spec.gpus)
+        self.sla_set = bool(spec.sla_set)
+        self.limits = spec.limits
         self.good = 0
         self.last_ms = 0.0
         self.decision: dict | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aisim.search.fanout import fanout
-from aisim.search.retune.early import DropMonitor, drop_spec
+from aisim.search.retune.early import DropMonitor, DropSpec, drop_spec
 from aisim.search.retune.sweep import sweep
 from aisim.simulator.errors import InputError
 from tests.search.test_retune_sweep import DOMAINS, base  # noqa: F401 - the window fixture
@@ -19,8 +19,7 @@ def _row(i, out=100, last_s=1.0, ttft=100.0, tpot=10.0, status="completed"):
 
 
 def _monitor(bar, total=1000, gpus=2, limits=(500.0, 50.0, None), n=10):
-    return DropMonitor({"kind": "retune_drop", "bar": bar, "total_output_tokens": total, "gpus": gpus,
-                        "sla_set": True, "limits": limits}, n)
+    return DropMonitor(DropSpec(bar=bar, total_output_tokens=total, gpus=gpus, sla_set=True, limits=limits), n)
 
 
 def test_the_bound_counts_every_token_still_possible_over_the_gpu_hours_so_far():
@@ -54,7 +53,7 @@ def test_a_candidate_is_dropped_at_the_first_checkpoint_whose_bound_reaches_the_
 def test_a_window_with_a_planner_is_never_dropped(base):  # noqa: F811
     import dataclasses
 
-    assert drop_spec(base, 10.0, 3.0)["bar"] == pytest.approx(10.3)
+    assert drop_spec(base, 10.0, 3.0).bar == pytest.approx(10.3)
     assert drop_spec(dataclasses.replace(base, planner=object()), 10.0, 3.0) is None
 
 
