@@ -751,14 +751,10 @@ def _recommend(args, t0: float, signals: _Signals) -> int:
                 "not_feasible": result.reasons, "decided": result.decided is None, "output_dir": str(out)}
         sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     else:
-        from aisim.search.spica.summary import front_table, reason_line, winner_lines
+        from aisim.search.spica.summary import count_parts, front_table, reason_line, winner_lines
 
         c = result.counts
-        pruned = f"{c['pruned']} pruned, " if "pruned" in c else ""
-        lines = [f"evaluated {c['evaluated']} candidates ({c['feasible']} feasible, {c['infeasible']} infeasible, "
-                 f"{pruned}{c['failed'] + c['timed_out'] + c['unsupported'] + c['resource_limited']} not run to a "
-                 "score), "
-                 f"{c['cache_hits']} duplicate suggestions"]
+        lines = [f"evaluated {c['evaluated']} candidates ({count_parts(c)}), {c['cache_hits']} duplicate suggestions"]
         why = reason_line(result.reasons)
         if why:
             lines.append(why)

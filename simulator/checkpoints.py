@@ -117,11 +117,11 @@ class LogHistogram:
         seen = self.zero
         if seen >= rank:
             return 0.0
-        for k in sorted(self.bins):
+        for k in sorted(self.bins):  # (rank <= n: the loop ends at a bin)
             seen += self.bins[k]
             if seen >= rank:
-                return math.exp((k + 0.5) * self._LOG)
-        return math.exp((max(self.bins) + 0.5) * self._LOG)  # (not reached)
+                break
+        return math.exp((k + 0.5) * self._LOG)
 
 
 class RunningMetrics:

@@ -128,10 +128,7 @@ class AdaptivePlan:
 
     def tell(self, qps: float, outcome: TrialOutcome) -> None:
         """Record the outcome of ``next_qps()`` and plan the next trial."""
-        if self.done:
-            raise RuntimeError("the search is already done")
-        if qps != self._pending:
-            raise ValueError(f"told QPS {qps!r}, but the search asked for {self._pending!r}")
+        _check_told(self, qps)
         if outcome.passed is None and not outcome.timed_out:
             raise ValueError("adaptive search needs a pass/fail verdict (an SLA); got passed=None")
         passed = bool(outcome.passed) and not outcome.timed_out
@@ -256,6 +253,14 @@ def adaptive_search_batched(evaluate_many: Callable[[list[float]], Iterable[Tria
     return result
 
 
+def _check_told(plan, qps: float) -> None:
+    """A sequencer is told the QPS it asked for, and only before it is done."""
+    if plan.done:
+        raise RuntimeError("the search is already done")
+    if qps != plan.next_qps():
+        raise ValueError(f"told QPS {qps!r}, but the search asked for {plan.next_qps()!r}")
+
+
 def _checked(outcome: TrialOutcome, qps: float) -> TrialOutcome:
     if not isinstance(outcome, TrialOutcome):
         raise TypeError(f"the evaluator returned {type(outcome).__name__} for QPS {qps!r}, not a TrialOutcome")
@@ -284,10 +289,7 @@ class LinearPlan:
         return None if self.done else self._todo[len(self.trace)]
 
     def tell(self, qps: float, outcome: TrialOutcome) -> None:
-        if self.done:
-            raise RuntimeError("the sweep is already done")
-        if qps != self.next_qps():
-            raise ValueError(f"told QPS {qps!r}, but the sweep asked for {self.next_qps()!r}")
+        _check_told(self, qps)
         passed = outcome.passed
         if outcome.timed_out and passed is not None:
             passed = False

@@ -1,9 +1,9 @@
 """Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
 
 - Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
-  lanes (default: the CPU count, at most what the jobs can use). Each lane owns a one-worker ``search.fanout`` Fanout (a local
-  worker process started once, or Ray tasks), so a trial never pays a process start-up after the
-  lane's first, and a job's trials are used one after another as the seed's adaptive and linear
+  lanes (default: the CPU count, at most what the jobs can use). Each lane owns a one-worker
+  ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a trial never
+  pays a process start-up after the lane's first, and a job's trials are used one after another as the seed's adaptive and linear
   algorithms need (``algorithms``: ``AdaptivePlan``, ``LinearPlan``). A lane with no job left is
   lent to the jobs still running: while a job's lane runs the trial its search needs now, the lent
   lanes run the ones it may need next (``speculative``: an adaptive search's next trial for either
@@ -404,7 +404,7 @@ class _Search:
         self.progress = progress
         self._lock = threading.Lock()
         self.num_trials = 0
-        self._idle: list[_Lane] = []  # lanes with no job left, lent to adaptive jobs for trials ahead
+        self._idle: list[_Lane] = []  # lanes with no job left, lent to the jobs still running
 
     def borrow(self) -> list[_Lane]:
         """Every idle lane (they come back with ``give_back``)."""
@@ -415,10 +415,6 @@ class _Search:
     def give_back(self, lane: _Lane) -> None:
         with self._lock:
             self._idle.append(lane)
-
-    def retire(self) -> list[_Lane]:
-        """The idle lanes, taken for good (the search is over)."""
-        return self.borrow()
 
     def progress_event(self, job: str, qps: float, passed, timed_out: bool) -> None:
         with self._lock:
@@ -481,7 +477,7 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
                 try:
                     j = todo.get_nowait()
                 except queue.Empty:
-                    search.give_back(lane)  # idle: lent to the adaptive jobs still running
+                    search.give_back(lane)  # idle: lent to the jobs still running
                     lane = None
                     return
                 results[j.index] = j.run(lane)
@@ -502,7 +498,7 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
                 while t.is_alive():
                     t.join(0.2)
     finally:
-        for lane in search.retire():  # (every lent lane is back: an adaptive job waits for its trials ahead)
+        for lane in search.borrow():  # (every lent lane is back: a job waits for its trials ahead)
             lane.close()
     if errors:
         raise errors[0]

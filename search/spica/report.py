@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from aisim.search.spica.summary import UNITS, describe_shape, reason_parts, sla_margins
+from aisim.search.spica.summary import UNITS, count_parts, describe_shape, reason_parts, sla_margins
 from aisim.simulator.metrics.report_html import figure_html, page_html, pyplot, svg_of
 
 __all__ = ["render_search_html", "score_chart_data"]
@@ -104,11 +104,8 @@ def render_search_html(rec: dict, reasons: dict, decided: str | None) -> str:
     target = rec["provenance"]["config"]["optimization"]["target"]
     sla = rec["provenance"]["config"]["evaluation"]["sla"]
     counts = rec["counts"]
-    pruned = f"{counts['pruned']} pruned, " if "pruned" in counts else ""
-    lines = [f"{counts['evaluated']} candidates evaluated: {counts['feasible']} feasible, {counts['infeasible']} "
-             f"infeasible, {pruned}"
-             f"{counts['failed'] + counts['timed_out'] + counts['unsupported'] + counts['resource_limited']}"
-             f" not run to a score; {counts['cache_hits']} duplicate suggestions"]
+    lines = [f"{counts['evaluated']} candidates evaluated: {count_parts(counts)}; {counts['cache_hits']} duplicate "
+             "suggestions"]
     if decided:
         lines.append(decided)
     elif rec["views"]["top_n"]:

@@ -100,6 +100,14 @@ def front_table(front: Sequence[Mapping]) -> list[str]:
     return [f"pareto front ({len(front)} candidates):", "  " + fmt(header), *("  " + fmt(r) for r in rows)]
 
 
+def count_parts(counts: Mapping[str, int]) -> str:
+    """``30 feasible, 2 infeasible, 5 pruned, 1 not run to a score`` (pruned: only when counted)."""
+    pruned = f"{counts['pruned']} pruned, " if "pruned" in counts else ""
+    unscored = counts["failed"] + counts["timed_out"] + counts["unsupported"] + counts["resource_limited"]
+    return (f"{counts['feasible']} feasible, {counts['infeasible']} infeasible, {pruned}{unscored} not run to a "
+            "score")
+
+
 def reason_parts(reasons: Mapping[str, Mapping[str, int]]) -> str:
     """``infeasible 10 (kv_capacity 6, sla_constraint 4); failed 2 (replay_runtime 2); pruned 3`` (a
     status whose only category is itself is not repeated)."""
