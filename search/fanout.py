@@ -22,16 +22,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as _wait
 from typing import Any
 
 from aisim.search.trial import TrialResult, run_dumped_trial, run_monitored_trial
+from aisim.search.zygote import in_spawner_thread, interpreter_flags, shared_zygote
 
 __all__ = ["Fanout", "LocalFanout", "RayFanout", "fanout", "BACKENDS"]
 
@@ -187,7 +186,7 @@ class _Workers:
         for w in [w for w in self.all if not w.alive()]:
             self.remove(w, kill=True)
         if n > len(self.all):
-            self.all.extend(_in_spawner_thread(_start_workers, n - len(self.all), self.blob))
+            self.all.extend(in_spawner_thread(_start_workers, n - len(self.all), self.blob))
 
     def remove(self, w: _Worker, kill: bool) -> None:
         if w in self.all:  # (not after close())
@@ -321,46 +320,26 @@ def _died(w: _Worker) -> TrialResult:
                        "(out of memory, or killed from outside?)")
 
 
-# -- starting workers: from one long-lived thread ---------------------------------------------
-# PR_SET_PDEATHSIG fires when the *thread* that started the process ends, so workers are started
-# from one helper thread that lives as long as the process, never from a caller's (maybe
-# short-lived) thread.
-_SPAWNER: tuple[int, ThreadPoolExecutor] | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _in_spawner_thread(fn, *args):
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None or _SPAWNER[0] != os.getpid():  # (a forked child has no such thread)
-            _SPAWNER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="aisim-fanout-spawner"))
-        spawner = _SPAWNER[1]
-    return spawner.submit(fn, *args).result()
-
-
 # A worker is a fresh interpreter running this (not multiprocessing's spawn, which would re-run
 # the parent's __main__ script in every worker): the parent's sys.path, then _worker_main.
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from aisim.search.fanout import _worker_main; _worker_main(int(sys.argv[2]), int(sys.argv[3]))")
 
 
-def _interpreter_flags() -> list[str]:
-    try:
-        return list(subprocess._args_from_interpreter_flags())  # -E, -s, -X ... as this process has them
-    except Exception:  # noqa: BLE001 - another Python: plain flags
-        return []
-
-
 def _start_workers(n: int, blob: bytes) -> list[_Worker]:
-    paths = json.dumps([p or os.getcwd() for p in sys.path])
+    zygote = shared_zygote()
+    paths = None if zygote is not None else json.dumps([p or os.getcwd() for p in sys.path])
     started = []
     try:
         for _ in range(n):
             mine, theirs = socket.socketpair()
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, *_interpreter_flags(), "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                if zygote is not None:
+                    proc = zygote.fork(theirs.fileno())
+                else:
+                    proc = subprocess.Popen(
+                        [sys.executable, *interpreter_flags(), "-c", _BOOT, paths, str(theirs.fileno()),
+                         str(os.getpid())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
             except BaseException:
                 mine.close()
                 raise

@@ -47,3 +47,8 @@ def sleep_for(seconds: float) -> float:
     """Sleep, then return how long (an item whose length the test chooses)."""
     time.sleep(seconds)
     return seconds
+
+
+def env_cwd_and_parent(name: str) -> tuple:
+    """What a worker sees: the environment variable ``name``, its working directory, its parent pid."""
+    return os.environ.get(name), os.getcwd(), os.getppid()
