@@ -640,10 +640,20 @@ def _validate(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
+def _prepare_local_workers(args) -> None:
+    """A search on the local backend: start the worker zygote now, so it imports the simulator
+    while this process loads the config (search.zygote)."""
+    if args.ray_address is None and args.backend in (None, "local"):
+        from aisim.search.zygote import prepare
+
+        prepare()
+
+
 def _capacity(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim capacity``: exit 0, or 1 when a job errored."""
     import json
 
+    _prepare_local_workers(args)
     from aisim.search.capacity.runner import run_capacity_search
     from aisim.simulator.errors import InputError
 
@@ -712,6 +722,8 @@ def _print_search_space(args) -> int:
 
 def _recommend(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim recommend``."""
+    if not args.print_search_space:
+        _prepare_local_workers(args)
     from aisim.search.spica.loop import STUDY_FILE, run_search
     from aisim.simulator.errors import InputError
 

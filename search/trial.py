@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
-from aisim.simulator.plan import ReplayPlan, load_plan, plan_from_config
+if TYPE_CHECKING:  # (imported where used: a search's parent process need not load the simulator)
+    from aisim.simulator.plan import ReplayPlan
 
 __all__ = ["TrialResult", "run_trial", "run_dumped_trial", "run_monitored_trial", "plan_with_overrides", "one_line",
            "STATUSES"]
@@ -91,6 +91,8 @@ class TrialResult:
 
 def _metrics(summary: dict, keys: tuple[str, ...] | None) -> dict:
     if keys is None:
+        from aisim.simulator.metrics.summary import WALL_TIME_FIELDS
+
         return {k: v for k, v in summary.items() if k not in WALL_TIME_FIELDS}
     missing = [k for k in keys if k not in summary]
     if missing:
@@ -119,6 +121,8 @@ def run_dumped_trial(data: bytes, metrics_keys: tuple[str, ...] | None = None) -
     registered in this process; a missing one is a failed trial). What fan-out workers run."""
     t0 = time.perf_counter()
     try:
+        from aisim.simulator.plan import load_plan
+
         plan = load_plan(data)
     except Exception as exc:  # noqa: BLE001
         return TrialResult.from_exception(exc, time.perf_counter() - t0)
@@ -134,6 +138,8 @@ def run_monitored_trial(item: Mapping) -> TrialResult:
     t0 = time.perf_counter()
     spec = item.get("monitor")
     try:
+        from aisim.simulator.plan import load_plan
+
         plan = load_plan(item["plan"])
         if spec is None:
             return run_trial(plan, item.get("metrics_keys"))
@@ -166,4 +172,6 @@ def plan_with_overrides(cfg_mapping: Mapping, overrides: Mapping[str, Any], conf
 
     data = with_paths(cfg_mapping, overrides)
     cfg = validate_config(data)
+    from aisim.simulator.plan import plan_from_config
+
     return plan_from_config(cfg, Path(config_dir) if config_dir is not None else None, **plan_options)
