@@ -53,14 +53,26 @@ def meets_sla(row: tuple, limits: tuple) -> bool:
 
 
 class Monitor:
-    """Base class: counts ended requests and calls ``at_checkpoint`` every ``every`` of them."""
+    """Base class: counts ended requests and calls ``at_checkpoint`` every ``every`` of them and,
+    given ``time_checkpoints``, also at the first check past each of that many equal parts of the
+    arrival span (``begin``): an overloaded replay ends few requests while its queue grows."""
 
-    def __init__(self, num_requests: int, checkpoints: int = 50) -> None:
+    def __init__(self, num_requests: int, checkpoints: int = 50, time_checkpoints: int | None = None) -> None:
         self.num_requests = int(num_requests)
         self.every = max(1, math.ceil(self.num_requests / max(1, checkpoints)))
         self._next = self.every
+        self.time_checkpoints = time_checkpoints
+        self.every_ms: float | None = None
+        self._next_ms = math.inf
         self.checkpoints = 0  # checkpoints reached so far
         self.at_ms: float | None = None  # where the decision was taken
+
+    def begin(self, span_ms: float) -> None:
+        """The replay starts; its arrivals span ``span_ms`` of virtual time (the coordinator calls
+        this once, before the first check)."""
+        if self.time_checkpoints:
+            self.every_ms = max(span_ms / self.time_checkpoints, 1.0)
+            self._next_ms = self.every_ms
 
     def observe(self, record: dict, row: tuple | None = None) -> None:  # noqa: B027 - a hook
         """One ended request's record (and its request_metrics.csv row when the replay keeps
@@ -80,8 +92,11 @@ class Monitor:
         if ended >= self.num_requests:  # every request has ended: nothing left to save, let it finish
             return None
         reason = self.decided()
-        if reason is None and ended >= self._next:
-            self._next = (ended // self.every + 1) * self.every
+        if reason is None and (ended >= self._next or now_ms >= self._next_ms):
+            if ended >= self._next:
+                self._next = (ended // self.every + 1) * self.every
+            if now_ms >= self._next_ms:
+                self._next_ms = (math.floor(now_ms / self.every_ms) + 1) * self.every_ms
             self.checkpoints += 1
             reason = self.at_checkpoint(now_ms, ended, in_flight if in_flight is not None else list)
         if reason is not None:

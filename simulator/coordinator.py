@@ -940,6 +940,8 @@ class Coordinator:
         stop = self.stop_ms
         guard = self.resource_guard
         monitor = self.monitor
+        if monitor is not None:
+            monitor.begin(self._arrival_span_ms())
         now = 0.0
         first = [t for t in (self._next_arrival(), self._tick_ms, stop) if t is not None]
         until: float | None = min(first) if first else None
@@ -1003,8 +1005,7 @@ class Coordinator:
         monitor asked after each (the slices change no result: a worker stepped to a time and on
         again is where one stepped past it would be). Returns where the monitor stopped the
         replay, or None when the workers ran out."""
-        span = float(self._init_t.max()) if self._n_init else 0.0  # (the arrival span)
-        slice_ms = max(span / max(1, self.checkpoint_slices), 1.0)
+        slice_ms = max(self._arrival_span_ms() / max(1, self.checkpoint_slices), 1.0)
         at = now
         while any(self._active_on) or any(self._inputs) or any(self._control):
             self._step(at, at + slice_ms, track_latest=True)
@@ -1012,6 +1013,9 @@ class Coordinator:
             if self._stopped_by(monitor, at):
                 return at
         return None
+
+    def _arrival_span_ms(self) -> float:
+        return float(self._init_t.max()) if self._n_init else 0.0
 
     def _stopped_by(self, monitor, now: float) -> bool:
         """Ask the monitor at ``now``; a reason stops the replay there (recorded in the stats)."""

@@ -32,6 +32,7 @@ from aisim.simulator.checkpoints import Monitor, as_row
 __all__ = ["SlaMonitor", "needed"]
 
 _EPS = 1e-12
+TIME_CHECKPOINTS = 50  # checkpoints per arrival span of virtual time, besides one per 2% of the requests ended
 # request metrics bounded below by the time a request has been in flight: metric -> (the
 # in-flight tuple's field that must still be None for the bound, or None: always; the unit)
 _ELAPSED = {"ttft_ms": (1, 1.0), "request_scheduling_delay": (2, 1000.0), "e2e_latency_ms": (None, 1.0)}
@@ -81,7 +82,7 @@ class SlaMonitor(Monitor):
     def __init__(self, rules, num_requests: int) -> None:
         from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS
 
-        super().__init__(num_requests)
+        super().__init__(num_requests, time_checkpoints=TIME_CHECKPOINTS)
         request_rules = [r for r in rules if r.kind == "request"]
         self.any_request_rule = bool(request_rules)
         self.rules = [_Rule(r, self.num_requests, REQUEST_CSV_COLUMNS.index(r.metric)) for r in request_rules

@@ -207,3 +207,20 @@ def test_requests_in_flight_count_once_their_elapsed_time_passes_the_threshold()
     e2e._next = 0
     assert e2e.check(720.0, 0, lambda: [(300.0, 320.0, 310.0), (350.0, None, None), (500.0, None, None)]) \
         == "q0.5 e2e_latency_ms > 200: 0 ended and 3 in flight of at most 4 requests"
+
+
+def test_time_checkpoints_see_a_queue_that_ends_no_request():
+    """An overloaded replay ends few requests: besides one checkpoint per 2% of the requests ended
+    (here 1 of 50), the monitor checks at the first check past each fiftieth of the arrival span."""
+    m = SlaMonitor([SlaRule("ttft_ms", 0.9, 1000.0, "<=")], 50)  # needs 50 - floor(44.1) = 6
+    m.begin(5000.0)  # arrivals over 5 s: a time checkpoint every 100 ms
+    held = [(float(a), None, None) for a in range(0, 600, 100)]  # six requests, no first token yet
+    assert m.check(50.0, 0, lambda: held) is None and m.checkpoints == 0  # before the first 100 ms
+    assert m.check(1450.0, 0, lambda: held) is None and m.checkpoints == 1  # 1450 - 500 = 950 ms: 5 past
+    assert m.check(1499.0, 0, lambda: held) is None and m.checkpoints == 1  # still in the same tenth of a second
+    assert m.check(1500.0, 0, lambda: held) is None and m.checkpoints == 2  # the sixth at 1000 ms: not past
+    assert m.check(1550.0, 0, lambda: held) is None and m.checkpoints == 2  # past, but no checkpoint before 1600
+    assert m.check(1600.0, 0, lambda: held) == "q0.9 ttft_ms > 1000: 0 ended and 6 in flight of at most 50 requests"
+    assert m.checkpoints == 3 and m.at_ms == 1600.0
+    plain = SlaMonitor([SlaRule("ttft_ms", 0.9, 1000.0, "<=")], 50)  # never begun: request checkpoints only
+    assert plain.check(1500.0, 0, lambda: held) is None and plain.checkpoints == 0
