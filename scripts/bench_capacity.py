@@ -126,6 +126,7 @@ def compare_commit(config: Path, rev: str, repeats: int) -> int:
     import json
     import subprocess
 
+    config = config.resolve()  # (each side runs in its own directory)
     from bench_replay import interleaved
 
     def run(side) -> dict:

@@ -7,7 +7,12 @@ candidate of its ledger alone in this process, and prints the search's whole wal
 the mean replay time of one trial alone and the ratio wall / (trials x single-replay time): 1/N
 is perfect use of N CPUs with no per-trial start-up. Target: <= 0.65 on 2 CPUs, <= 0.35 on 4.
 
+``--compare REV``: the whole ``aisim recommend`` process of this tree against commit REV (each
+installed from its wheel in a fresh venv), interleaved, ``--repeats`` times, with the rankings
+compared (the config's own optimizer settings; ``--trials`` and ``--parallelism`` not applied).
+
     python scripts/bench_search.py [--config PATH] [--trials 32] [--parallelism N] [--backend local|ray]
+    python scripts/bench_search.py --compare REV [--config PATH] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=32)
     ap.add_argument("--parallelism", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--backend", choices=("local", "ray"), default="local")
+    ap.add_argument("--compare", metavar="REV", help="this tree against commit REV, whole process, interleaved")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if args.compare:
+        return compare_commit(args.config, args.compare, args.repeats)
     with tempfile.TemporaryDirectory(prefix="aisim-bench-search-") as out:
         t0 = time.perf_counter()
         result = run_search(args.config, out, backend=args.backend, parallelism=args.parallelism,
@@ -55,6 +64,35 @@ def main() -> int:
     print(f"ratio wall / (trials x single-replay time): {wall / (n * mean):.2f} "
           f"(1/{args.parallelism} = {1 / args.parallelism:.2f} would be perfect)")
     return 0
+
+
+def compare_commit(config: Path, rev: str, repeats: int) -> int:
+    import json
+    import subprocess
+
+    config = config.resolve()  # (each side runs in its own directory)
+    from bench_replay import interleaved
+
+    def run(side) -> dict:
+        tree, python = side
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            p = subprocess.run([python, "-m", "aisim", "recommend", "-c", str(config), "--output-dir", f"{tmp}/o"],
+                               capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, cwd=tmp)
+            wall = time.perf_counter() - t
+            if p.returncode != 0:
+                raise SystemExit(f"{tree}: {p.stderr.strip()[-1000:]}")
+            doc = json.loads((Path(tmp) / "o" / "recommendation.json").read_text())
+        ranking = [(c.get("candidate_id"), c.get("status"), c.get("score")) for c in doc["candidates"]]
+        return {"wall_s": wall, "ranking": ranking}
+
+    runs = interleaved(rev, repeats, run, lambda r: f"wall {r['wall_s']:.2f} s", warmup=True)
+    b = statistics.median(r["wall_s"] for r in runs["baseline"])
+    t = statistics.median(r["wall_s"] for r in runs["this"])
+    same = all(r["ranking"] == runs["baseline"][0]["ranking"] for r in runs["baseline"] + runs["this"])
+    print(f"config {config.name}, {os.cpu_count()} CPUs, median of {repeats}, whole process")
+    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same ranking: {same}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
