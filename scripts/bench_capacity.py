@@ -123,34 +123,14 @@ def compare_early(config: Path, repeats: int) -> int:
 
 
 def compare_commit(config: Path, rev: str, repeats: int) -> int:
-    import json
-    import subprocess
+    from bench_replay import compare_command
 
     config = config.resolve()  # (each side runs in its own directory)
-    from bench_replay import interleaved
-
-    def run(side) -> dict:
-        tree, python = side
-        with tempfile.TemporaryDirectory() as tmp:
-            t = time.perf_counter()
-            p = subprocess.run([python, "-m", "aisim", "capacity", "-c", str(config), "--output-dir", f"{tmp}/o",
-                                "--no-cache", "--format", "json"], capture_output=True, text=True,
-                               env={**os.environ, "HOME": str(home)}, cwd=tmp)
-            wall = time.perf_counter() - t
-            if p.returncode != 0:
-                raise SystemExit(f"{tree}: {p.stderr.strip()[-1000:]}")
-            doc = json.loads((Path(tmp) / "o" / "capacity_search_results.json").read_text())
-        answers = [(j["job_name"], j["max_qps_under_sla"], [(t["qps"], t["passed"]) for t in j["search_trace"]])
-                   for j in doc["jobs"]]
-        return {"wall_s": wall, "answers": answers}
-
-    runs = interleaved(rev, repeats, run, lambda r: f"wall {r['wall_s']:.2f} s", warmup=True)
-    b = statistics.median(r["wall_s"] for r in runs["baseline"])
-    t = statistics.median(r["wall_s"] for r in runs["this"])
-    same = all(r["answers"] == runs["baseline"][0]["answers"] for r in runs["baseline"] + runs["this"])
-    print(f"config {config.name}, {os.cpu_count()} CPUs, median of {repeats}, whole process, no cache")
-    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same answers: {same}")
-    return 0 if same else 1
+    return compare_command(
+        rev, repeats, lambda out: ["capacity", "-c", str(config), "--output-dir", out, "--no-cache", "--format", "json"],
+        "capacity_search_results.json",
+        lambda doc: [(j["job_name"], j["max_qps_under_sla"], [(t["qps"], t["passed"]) for t in j["search_trace"]])
+                     for j in doc["jobs"]], home, f"config {config.name}, no cache")
 
 
 if __name__ == "__main__":

@@ -154,6 +154,32 @@ def interleaved(rev: str, repeat: int, run, line=None, warmup: bool = False) -> 
     return runs
 
 
+def compare_command(rev: str, repeats: int, argv, result_file: str, answers, home: Path, what: str) -> int:
+    """One ``aisim`` command, whole process, for REV and this tree (``interleaved``, a warm-up
+    first): ``argv(out_dir)`` its arguments, ``answers(doc)`` what must agree in the JSON
+    ``result_file`` it writes under ``out_dir``. Prints the medians and their ratio; exit 1 when the
+    answers differ."""
+    def run(side) -> dict:
+        tree, python = side
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            p = subprocess.run([python, "-m", "aisim", *argv(f"{tmp}/o")], capture_output=True, text=True,
+                               env={**os.environ, "HOME": str(home)}, cwd=tmp)
+            wall = time.perf_counter() - t
+            if p.returncode != 0:
+                raise SystemExit(f"{tree}: {p.stderr.strip()[-1000:]}")
+            doc = json.loads((Path(tmp) / "o" / result_file).read_text())
+        return {"wall_s": wall, "answers": answers(doc)}
+
+    runs = interleaved(rev, repeats, run, lambda r: f"wall {r['wall_s']:.2f} s", warmup=True)
+    b = statistics.median(r["wall_s"] for r in runs["baseline"])
+    t = statistics.median(r["wall_s"] for r in runs["this"])
+    same = all(r["answers"] == runs["baseline"][0]["answers"] for r in runs["baseline"] + runs["this"])
+    print(f"{what}, {os.cpu_count()} CPUs, median of {repeats}, whole process")
+    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same answers: {same}")
+    return 0 if same else 1
+
+
 def compare(args, config: Path, env: dict) -> int:
     """This tree against ``args.compare``, interleaved, median of ``args.repeat``."""
     runs = interleaved(args.compare, args.repeat, lambda side: run_once(config, env, side),

@@ -67,32 +67,13 @@ def main() -> int:
 
 
 def compare_commit(config: Path, rev: str, repeats: int) -> int:
-    import json
-    import subprocess
+    from bench_replay import compare_command
 
     config = config.resolve()  # (each side runs in its own directory)
-    from bench_replay import interleaved
-
-    def run(side) -> dict:
-        tree, python = side
-        with tempfile.TemporaryDirectory() as tmp:
-            t = time.perf_counter()
-            p = subprocess.run([python, "-m", "aisim", "recommend", "-c", str(config), "--output-dir", f"{tmp}/o"],
-                               capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, cwd=tmp)
-            wall = time.perf_counter() - t
-            if p.returncode != 0:
-                raise SystemExit(f"{tree}: {p.stderr.strip()[-1000:]}")
-            doc = json.loads((Path(tmp) / "o" / "recommendation.json").read_text())
-        ranking = [(c.get("candidate_id"), c.get("status"), c.get("score")) for c in doc["candidates"]]
-        return {"wall_s": wall, "ranking": ranking}
-
-    runs = interleaved(rev, repeats, run, lambda r: f"wall {r['wall_s']:.2f} s", warmup=True)
-    b = statistics.median(r["wall_s"] for r in runs["baseline"])
-    t = statistics.median(r["wall_s"] for r in runs["this"])
-    same = all(r["ranking"] == runs["baseline"][0]["ranking"] for r in runs["baseline"] + runs["this"])
-    print(f"config {config.name}, {os.cpu_count()} CPUs, median of {repeats}, whole process")
-    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same ranking: {same}")
-    return 0 if same else 1
+    return compare_command(
+        rev, repeats, lambda out: ["recommend", "-c", str(config), "--output-dir", out], "recommendation.json",
+        lambda doc: [(c.get("candidate_id"), c.get("status"), c.get("score")) for c in doc["candidates"]], home,
+        f"config {config.name}")
 
 
 if __name__ == "__main__":
