@@ -70,11 +70,15 @@ _SHARED: tuple[int, "Zygote"] | None = None  # (the pid that started it, the zyg
 
 def shared_zygote() -> "Zygote | None":
     """This process's zygote, started on first use (call in the spawner thread); None where
-    workers start as fresh interpreters (``available()`` False). One that died is replaced."""
+    workers start as fresh interpreters (``available()`` False). One that died is replaced, and so
+    is one whose aisim sources changed since it started (a long-lived session, a notebook, that
+    edits the simulator gets workers with the new code, as fresh interpreters would; the old
+    zygote stays for the workers it already forked)."""
     global _SHARED
     if not available():
         return None
-    if _SHARED is None or _SHARED[0] != os.getpid() or not _SHARED[1].alive():
+    if _SHARED is None or _SHARED[0] != os.getpid() or not _SHARED[1].alive() \
+            or _sources_mtime() > _SHARED[1].sources_mtime:
         import multiprocessing.util
 
         _SHARED = (os.getpid(), Zygote([sys.executable, *interpreter_flags()]))
@@ -88,6 +92,25 @@ def prepare() -> None:
     in_spawner_thread(shared_zygote)
 
 
+_SOURCE_PACKAGES = ("aisim.simulator", "aisim.actors", "aisim.search")
+
+
+def _sources_mtime() -> float:
+    """The latest modification time of the Python sources the zygote imports (~200 files)."""
+    import importlib.util
+
+    latest = 0.0
+    for name in _SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for root in (spec.submodule_search_locations or ()) if spec is not None else ():
+            for dirpath, dirs, files in os.walk(root):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                for f in files:
+                    if f.endswith(".py"):
+                        latest = max(latest, os.stat(os.path.join(dirpath, f)).st_mtime)
+    return latest
+
+
 def available() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds") \
         and hasattr(signal, "pidfd_send_signal")
@@ -98,6 +121,7 @@ class Zygote:
     to call from several threads (one request at a time). Start it from a long-lived thread."""
 
     def __init__(self, argv_prefix: list[str]) -> None:
+        self.sources_mtime = _sources_mtime()  # (before it starts importing them)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             paths = _json_paths()

@@ -49,3 +49,17 @@ def test_an_exit_status_comes_back_through_the_zygote():
         [late] = fo.map(tasks.sleep_for, [30.0], item_timeout_s=0.5)
         assert late.status == "timeout"
         assert fo.map(tasks.square, [5]) == [25]
+
+
+def test_a_zygote_whose_sources_changed_is_replaced_and_its_workers_kept(monkeypatch):
+    zygote.prepare()
+    old = zygote.shared_zygote()
+    with fanout("local", 1) as first:
+        [(_, _, parent)] = first.map(tasks.env_cwd_and_parent, ["HOME"])
+        assert parent == old.proc.pid
+        monkeypatch.setattr(zygote, "_sources_mtime", lambda: old.sources_mtime + 1.0)  # a file edited since
+        with fanout("local", 1) as second:
+            [(_, _, parent)] = second.map(tasks.env_cwd_and_parent, ["HOME"])
+        new = zygote.shared_zygote()
+        assert new is not old and parent == new.proc.pid
+        assert old.alive() and first.map(tasks.square, [3]) == [9]  # the first fan-out's worker still runs
