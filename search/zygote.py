@@ -33,7 +33,8 @@ __all__ = ["Zygote", "ForkedProcess", "available", "prepare", "shared_zygote", "
 
 # what a worker needs loaded before its first item (each import here is one a worker no longer pays)
 PRELOAD = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.metrics.timeline",
-           "aisim.simulator.metrics.csv_out", "aisim.search.spica.trial", "aisim.search.capacity.runner")
+           "aisim.simulator.metrics.csv_out", "aisim.simulator.checkpoints", "aisim.simulator.catalog.kv_capacity",
+           "numpy.random", "aisim.search.spica.trial", "aisim.search.capacity.runner", "aisim.search.capacity.early")
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from aisim.search.zygote import _zygote_main; _zygote_main(int(sys.argv[2]), int(sys.argv[3]))")
 _MAX_MSG = 1 << 22
