@@ -14,7 +14,8 @@
   worker with per-request records and worker timelines captured; the worker returns the
   prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
   on those rows (``sla.evaluate_rules``) and the files are written from them, the same text
-  ``aisim predict --csv`` writes. ``benchmark_timeout`` bounds each trial
+  ``aisim predict --csv`` writes, by one writer thread in the order the trials are used (off the
+  job's path: the search goes on with the verdict; a job waits for its files before its summary). ``benchmark_timeout`` bounds each trial
   (its worker is killed, the trial is ``timed_out`` and its job's search stops).
 - Cache: a completed trial's rows are stored in a ``search.cache.TrialCache`` under ``cache_dir``,
   keyed by a digest of its resolved predict config and the aisim version (``config_key``); a rerun
@@ -35,6 +36,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,6 +207,7 @@ class _Job:
         self.qps_list = job_qps_list(search.cfg, job)
         self.dir = search.out / "jobs" / f"{job.name}_{self.key}"
         self._trace_rps: float | None | bool = False
+        self._writes: list = []  # the futures of its trials' writes (search.writer)
 
     def trace_rps(self) -> float | None:
         """Requests per second of the job's trace (None for synthetic traffic)."""
@@ -256,25 +259,17 @@ class _Job:
         return out
 
     def record(self, r: "_Replayed"):
-        """A trial the search uses: cached, its files written, judged against the SLA."""
+        """A trial the search uses: judged against the SLA here (the search needs the verdict
+        now); cached and its files written by the search's writer thread, off the job's path
+        (``run`` waits for them before the job's summary)."""
         from aisim.search.capacity.algorithms import TrialOutcome
-        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
         cfg = self.s.cfg
-        qps, mapping, rows, cached, timed_out, error = r.qps, r.mapping, r.rows, r.cached, r.timed_out, r.error
+        qps, rows, cached, timed_out, error = r.qps, r.rows, r.cached, r.timed_out, r.error
         rules = self.rules()
-        if rows is not None and not cached and self.s.cache is not None:
-            self.s.cache.put(r.key, rows.to_cache())
-        run_dir = self.dir / "runs" / _qps_dir(qps)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        import yaml
-
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(mapping, sort_keys=False))
         sla_results: list[dict] = []
         passed = None
         if rows is not None:
-            for name, text in rows.files().items():
-                atomic_write_text(run_dir / name, text)
             if rows.decided is not None:
                 passed, sla_results = False, _early_results(rules, rows.decided)
             elif cfg.sla:
@@ -289,12 +284,28 @@ class _Job:
             trial.update(early)
         if error is not None:
             trial["error"] = error
-        atomic_write_text(run_dir / "trial_result.json", canonical_json(trial) + "\n")
+        self._writes.append(self.s.writer.submit(self._write, r, trial))
         self.s.progress_event(self.job.name, qps, passed, timed_out)
         if error is not None:  # the replay itself failed (not the SLA): the job stops with this error
             raise RuntimeError(f"the trial at {qps:g} QPS failed: {error}")
         return TrialOutcome(passed, timed_out, {"cached": cached, "sla_results": sla_results, **early,
                                                 **({"error": error} if error else {})})
+
+    def _write(self, r: "_Replayed", trial: dict) -> None:
+        """A used trial's cache entry and files (in the writer thread)."""
+        import yaml
+
+        from aisim.simulator.metrics.output import atomic_write_text, canonical_json
+
+        if r.rows is not None and not r.cached and self.s.cache is not None:
+            self.s.cache.put(r.key, r.rows.to_cache())
+        run_dir = self.dir / "runs" / _qps_dir(r.qps)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(r.mapping, sort_keys=False))
+        if r.rows is not None:
+            for name, text in r.rows.files().items():
+                atomic_write_text(run_dir / name, text)
+        atomic_write_text(run_dir / "trial_result.json", canonical_json(trial) + "\n")
 
     def plan(self):
         """The job's search as a sequencer: ``AdaptivePlan`` (``start_qps``) or ``LinearPlan``."""
@@ -353,7 +364,11 @@ class _Job:
         cfg = self.s.cfg
         job = self.job
         try:
-            out = self.search(lane)
+            try:
+                out = self.search(lane)
+            finally:
+                for f in self._writes:  # its trials' files, before its summary (a write error: the job's)
+                    f.result()
             best = out.max_qps_under_sla if cfg.sla else None
             result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
         except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
@@ -405,6 +420,8 @@ class _Search:
         self._lock = threading.Lock()
         self.num_trials = 0
         self._idle: list[_Lane] = []  # lanes with no job left, lent to the jobs still running
+        # the used trials' cache entries and files, written in order off the jobs' paths
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="aisim-capacity-writer")
 
     def borrow(self) -> list[_Lane]:
         """Every idle lane (they come back with ``give_back``)."""
@@ -500,6 +517,7 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
     finally:
         for lane in search.borrow():  # (every lent lane is back: a job waits for its trials ahead)
             lane.close()
+        search.writer.shutdown(wait=True)  # (each job waited for its own writes; after an interrupt, the rest)
     if errors:
         raise errors[0]
     result = CapacityResult([results[i] for i in range(len(jobs))], out)
