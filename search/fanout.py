@@ -148,7 +148,7 @@ class _Results(list):
 class _Worker:
     __slots__ = ("proc", "conn")
 
-    def __init__(self, proc: subprocess.Popen, conn: Connection) -> None:
+    def __init__(self, proc, conn: Connection) -> None:  # proc: a subprocess.Popen or a zygote.ForkedProcess
         self.proc = proc
         self.conn = conn
 
@@ -320,8 +320,9 @@ def _died(w: _Worker) -> TrialResult:
                        "(out of memory, or killed from outside?)")
 
 
-# A worker is a fresh interpreter running this (not multiprocessing's spawn, which would re-run
-# the parent's __main__ script in every worker): the parent's sys.path, then _worker_main.
+# Where there is no zygote (search.zygote: workers forked from a process that imported the
+# simulator), a worker is a fresh interpreter running this (not multiprocessing's spawn, which
+# would re-run the parent's __main__ script in every worker): the parent's sys.path, then _worker_main.
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from aisim.search.fanout import _worker_main; _worker_main(int(sys.argv[2]), int(sys.argv[3]))")
 
