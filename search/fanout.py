@@ -30,7 +30,7 @@ from multiprocessing.connection import wait as _wait
 from typing import Any
 
 from aisim.search.trial import TrialResult, run_dumped_trial, run_monitored_trial
-from aisim.search.zygote import in_spawner_thread, interpreter_flags, shared_zygote
+from aisim.search.zygote import import_paths, in_spawner_thread, interpreter_flags, shared_zygote
 
 __all__ = ["Fanout", "LocalFanout", "RayFanout", "fanout", "BACKENDS"]
 
@@ -329,7 +329,7 @@ _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
 
 def _start_workers(n: int, blob: bytes) -> list[_Worker]:
     zygote = shared_zygote()
-    paths = None if zygote is not None else json.dumps([p or os.getcwd() for p in sys.path])
+    paths = None if zygote is not None else json.dumps(import_paths())
     started = []
     try:
         for _ in range(n):
@@ -501,7 +501,7 @@ class RayFanout(Fanout):
              results: "_Results") -> list:
         ray = self._ray
         payloads = [pickle.dumps((fn, item), protocol=_PROTOCOL) for item in items]  # unpicklable: raise now
-        paths = [p or os.getcwd() for p in sys.path]
+        paths = import_paths()
         n = len(items)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         todo = deque(range(n))

@@ -18,6 +18,7 @@ forked child), so killing the parent ends the chain. Linux only (``os.pidfd_open
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
@@ -29,7 +30,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["Zygote", "ForkedProcess", "available", "prepare", "shared_zygote", "in_spawner_thread",
-           "interpreter_flags"]
+           "interpreter_flags", "import_paths"]
 
 # what a worker needs loaded before its first item (each import here is one a worker no longer pays)
 PRELOAD = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.metrics.timeline",
@@ -56,6 +57,12 @@ def in_spawner_thread(fn, *args):
             _SPAWNER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="aisim-fanout-spawner"))
         spawner = _SPAWNER[1]
     return spawner.submit(fn, *args).result()
+
+
+def import_paths() -> list[str]:
+    """This process's ``sys.path`` with the working directory spelled out (a child process that
+    starts elsewhere imports what this one would)."""
+    return [p or os.getcwd() for p in sys.path]
 
 
 def interpreter_flags() -> list[str]:
@@ -125,7 +132,7 @@ class Zygote:
         self.sources_mtime = _sources_mtime()  # (before it starts importing them)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            paths = _json_paths()
+            paths = json.dumps(import_paths())
             self.proc = subprocess.Popen([*argv_prefix, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
@@ -142,7 +149,7 @@ class Zygote:
     def fork(self, worker_fd: int) -> "ForkedProcess":
         """A worker forked with ``worker_fd`` (sent, not closed here) as its end of the pipe, the
         environment, working directory and ``sys.path`` of this process now."""
-        req = pickle.dumps(("fork", dict(os.environ), os.getcwd(), [p or os.getcwd() for p in sys.path]))
+        req = pickle.dumps(("fork", dict(os.environ), os.getcwd(), import_paths()))
         with self.lock:
             socket.send_fds(self.sock, [req], [worker_fd])
             msg, fds, _, _ = socket.recv_fds(self.sock, _MAX_MSG, 1)
@@ -223,12 +230,6 @@ class ForkedProcess:
                 os.close(self._pidfd)
             except OSError:
                 pass
-
-
-def _json_paths() -> str:
-    import json
-
-    return json.dumps([p or os.getcwd() for p in sys.path])
 
 
 # -- in the zygote -------------------------------------------------------------------------------------

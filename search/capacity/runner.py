@@ -15,8 +15,9 @@
   prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
   on those rows (``sla.evaluate_rules``) and the files are written from them, the same text
   ``aisim predict --csv`` writes, by one writer thread in the order the trials are used (off the
-  job's path: the search goes on with the verdict; a job waits for its files before its summary). ``benchmark_timeout`` bounds each trial
-  (its worker is killed, the trial is ``timed_out`` and its job's search stops).
+  job's path: the search goes on with the verdict; a job waits for its files before its
+  summary). ``benchmark_timeout`` bounds each trial (its worker is killed, the trial is
+  ``timed_out`` and its job's search stops).
 - Cache: a completed trial's rows are stored in a ``search.cache.TrialCache`` under ``cache_dir``,
   keyed by a digest of its resolved predict config and the aisim version (``config_key``); a rerun
   (into any output directory) reuses them and only re-evaluates the SLA (``cached: true``).
