@@ -21,8 +21,9 @@ names given) runs on both sides from its own tree, in a fresh HOME and output di
 Files are compared after dropping what is wall time or identity of the run, not of the model
 (an Optuna journal as the multiset of its operations: candidates are told as they finish):
 wall-time fields (``wall_time_ms`` ...), creation stamps, the journal's worker ids, datetimes and
-study claims, and ``resource-runtime.json``; each side's tree and output paths read as
-``<tree>`` and ``<out>``. ``--allow-new-keys`` additionally ignores keys only the after side has
+study claims (the claim ops themselves: their heartbeats follow the wall clock), and
+``resource-runtime.json``; each side's tree and output paths read as ``<tree>`` and ``<out>``.
+``--allow-new-keys`` additionally ignores keys only the after side has
 (a field added on purpose). Exit 0 when every file matches, 1 otherwise (each difference
 named), 2 on bad arguments.
 """
@@ -104,6 +105,9 @@ def normalized(path: Path, text: str, new_keys: set[str] | None) -> object:
         return _strip(json.loads(text), new_keys)
     if path.suffix == ".journal":  # candidates are told as they finish: the ops as a multiset
         ops = [_strip(json.loads(line), new_keys) for line in text.splitlines() if line.strip()]
+        # an op left with nothing once the volatile keys are gone (a study claim's heartbeat,
+        # written once a wall-clock minute: a longer run writes more of them) says nothing either
+        ops = [op for op in ops if not (isinstance(op.get("system_attr"), dict) and not op["system_attr"])]
         return sorted(ops, key=lambda op: json.dumps(op, sort_keys=True))
     if path.suffix == ".jsonl":
         return [_strip(json.loads(line), new_keys) for line in text.splitlines() if line.strip()]
