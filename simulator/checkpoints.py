@@ -4,8 +4,9 @@ virtual time, may stop the replay (``run_plan(plan, monitor=...)``; docs/early-s
 The contract (what ``Coordinator.run`` and ``RequestLog`` call):
 
 - ``observe(record, row)``: each request's per-request record (``requests.jsonl`` keys) as it
-  ends, completed or rejected, in the order the replay logs them (needs ``capture_per_request``),
-  with its ``request_metrics.csv`` row when the replay keeps rows (else None).
+  ends, completed or rejected, in the order the replay logs them (needs ``capture_per_request``);
+  a replay that keeps rows (``run_plan(request_rows=True)``) builds no record and passes its
+  ``request_metrics.csv`` row instead (record None); ``as_row`` gives the row either way.
 - ``check(now_ms, ended, in_flight) -> str | None``: at every coordinator edge, after the requests of that
   edge were logged (``ended`` counts them), and after each slice of a monitored run-out (the
   workers run out in ``Coordinator.checkpoint_slices`` slices of the arrival span instead of one
@@ -74,9 +75,9 @@ class Monitor:
             self.every_ms = max(span_ms / self.time_checkpoints, 1.0)
             self._next_ms = self.every_ms
 
-    def observe(self, record: dict, row: tuple | None = None) -> None:  # noqa: B027 - a hook
-        """One ended request's record (and its request_metrics.csv row when the replay keeps
-        rows: ``run_plan(request_rows=True)``)."""
+    def observe(self, record: dict | None, row: tuple | None = None) -> None:  # noqa: B027 - a hook
+        """One ended request's record, or (record None) its request_metrics.csv row when the
+        replay keeps rows (``run_plan(request_rows=True)``)."""
 
     def decided(self) -> str | None:
         """A decision already certain between checkpoints (cheap; called at every edge)."""

@@ -12,6 +12,7 @@ from array import array
 import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, REJECT_UNKNOWN, REJECTED, Request
+from aisim.simulator.metrics.csv_out import row_of
 from aisim.simulator.metrics.records import RecordSpool
 from aisim.simulator.spill import ColumnFile
 
@@ -26,6 +27,18 @@ STATUS_LABELS = ("completed", "rejected", "incomplete")
 
 def _f(x: float | None) -> float:
     return NAN if x is None else x
+
+
+def _itl(req: Request) -> float | None:
+    """The request's mean inter-token gap over its emitted tokens (None below two)."""
+    n, first, last = req.num_generated, req.first_token_ms, req.last_token_ms
+    return (last - first) / (n - 1) if n >= 2 and first is not None and last is not None else None
+
+
+def _decode_worker(req: Request) -> int | None:
+    """The worker that decoded the request (its decode worker when disaggregated)."""
+    h = req.handoff
+    return (h.get("decode_worker") if h else req.worker) if req.worker >= 0 else None
 
 
 def _overlap(routing: list[dict], pool: str):
@@ -136,11 +149,18 @@ class RequestLog:
         self.host_reused.append(req.host_reused)
         self.activated.append(_f(req.handoff.get("destination_activated_ms")) if req.handoff else NAN)
         if self.records is not None:
-            rec = self._record(req, final_status, reused)
-            self.records.add(req.index, req.arrival_ms, rec)
+            if self.records.rows is not None:  # rows only: the CSV row straight from the request
+                rec = None
+                row = row_of(self.uuid_of(req.index) if self.uuid_of else str(req.index), STATUS_LABELS[final_status],
+                             _decode_worker(req), req.arrival_ms, req.first_admit_ms, req.first_token_ms,
+                             req.last_token_ms, req.prompt_len, req.num_generated, reused, _itl(req))
+                self.records.add_row(req.index, req.arrival_ms, row)
+            else:
+                rec = self._record(req, final_status, reused)
+                row = None
+                self.records.add(req.index, req.arrival_ms, rec)
             if self.observer is not None:
-                rows = self.records.rows
-                self.observer(rec, rows[-1] if rows is not None else None)
+                self.observer(rec, row)
         if len(self.index) >= SPILL_ROWS:
             self._spill()
 
@@ -159,7 +179,7 @@ class RequestLog:
         n = req.num_generated
         ttft = None if first is None else first - arrival
         ttst = None if req.second_token_ms is None or first is None else req.second_token_ms - first
-        itl = (last - first) / (n - 1) if n >= 2 and first is not None and last is not None else None
+        itl = _itl(req)
         e2e = last - arrival if (status == STATUS_COMPLETED and last is not None) else None
         history = []
         per_pool: dict[str, int] = {}
@@ -210,7 +230,7 @@ class RequestLog:
             "prefill_route_overlap_tokens": _overlap(req.routing, "prefill" if h else "agg"),
             "decode_route_overlap_tokens": _overlap(req.routing, "decode") if h else None,
             "prefill_worker_idx": h.get("prefill_worker") if h else None,
-            "decode_worker_idx": (h.get("decode_worker") if h else req.worker) if req.worker >= 0 else None,
+            "decode_worker_idx": _decode_worker(req),
             "dp_rank": req.rank if req.rank >= 0 else None,
             "prefill_admit_ms": prefill_adm[0] if prefill_adm else None,
             "decode_admit_ms": (decode_adm[0][0] if decode_adm else None) if h else req.first_admit_ms,

@@ -72,8 +72,7 @@ def _cell(x):
     return "" if x is None else x
 
 
-def _seconds(ms) -> float | None:
-    ms = _num(ms)
+def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
@@ -83,12 +82,19 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 def request_row(rec: dict) -> tuple:
     """One ``request_metrics.csv`` row (``REQUEST_CSV_COLUMNS``) from a per-request record."""
-    arrival = _num(rec.get("arrival_time_ms"))
-    admit = _num(rec.get("first_admit_ms"))
-    first = _num(rec.get("first_token_ms"))
-    last = _num(rec.get("last_token_ms"))
-    n = rec.get("output_length")
-    status = rec.get("terminal_status")
+    return row_of(rec.get("uuid"), rec.get("terminal_status"), rec.get("decode_worker_idx"), rec.get("arrival_time_ms"),
+                  rec.get("first_admit_ms"), rec.get("first_token_ms"), rec.get("last_token_ms"),
+                  rec.get("input_length"), rec.get("output_length"), rec.get("reused_input_tokens"),
+                  rec.get("itl_ms"))
+
+
+def row_of(uuid, status, worker, arrival_ms, admit_ms, first_ms, last_ms, input_len, n, reused, itl_ms) -> tuple:
+    """One ``request_metrics.csv`` row from the record's fields (``request_row``; the metrics
+    collector calls it directly when it keeps rows and no records)."""
+    arrival = _num(arrival_ms)
+    admit = _num(admit_ms)
+    first = _num(first_ms)
+    last = _num(last_ms)
     delay = ttft = tpot = itl = e2e = None
     if status == "completed":
         d = _diff(admit, arrival)
@@ -97,14 +103,13 @@ def request_row(rec: dict) -> tuple:
         gen = _diff(last, first)
         if gen is not None and isinstance(n, int) and n >= 2:
             tpot = gen / (n - 1)
-        itl = _num(rec.get("itl_ms"))
+        itl = _num(itl_ms)
         if itl is None:
             itl = tpot
         e2e = _diff(last, arrival)
-    worker = rec.get("decode_worker_idx")
     return tuple(_cell(v) for v in (
-        rec.get("uuid"), status, worker, _seconds(arrival), _seconds(admit), _seconds(first), _seconds(last),
-        rec.get("input_length"), n, rec.get("reused_input_tokens"), delay, ttft, tpot, itl, e2e,
+        uuid, status, worker, _seconds(arrival), _seconds(admit), _seconds(first), _seconds(last),
+        input_len, n, reused, delay, ttft, tpot, itl, e2e,
     ))
 
 

@@ -44,14 +44,20 @@ class RecordSpool:
         self._file = None  # an anonymous temporary file once the buffer outgrew SPILL_BYTES
         self._written = 0  # bytes in the file (the buffer holds those after it)
 
-    def add(self, index: int, arrival_ms: float, record: dict) -> None:
+    def add_row(self, index: int, arrival_ms: float, row: tuple) -> None:
+        """A record kept as its request_metrics.csv row (``rows`` only)."""
         self.arrival.append(arrival_ms)
         self.index.append(index)
+        self.rows.append(row)
+
+    def add(self, index: int, arrival_ms: float, record: dict) -> None:
         if self.rows is not None:
             from aisim.simulator.metrics.csv_out import request_row
 
-            self.rows.append(request_row(record))
+            self.add_row(index, arrival_ms, request_row(record))
             return
+        self.arrival.append(arrival_ms)
+        self.index.append(index)
         self.start.append(self._written + len(self._buf))
         self._buf += (canonical_json(record, indent=None) + "\n").encode()
         if len(self._buf) > SPILL_BYTES:
