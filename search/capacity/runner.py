@@ -105,13 +105,16 @@ class TrialRows:
                 "worker_timeline.csv": "".join(csv_lines(CSV_COLUMNS, self.timeline_rows))}
 
     def sla(self, rules) -> tuple[bool, list[dict]]:
-        """``sla.evaluate_rules`` on the rows (mappings by column, as the CSV files read)."""
-        from aisim.search.capacity.sla import evaluate_rules
+        """``sla.evaluate_columns`` on the rows' columns (the verdict of the two CSV files)."""
+        from aisim.search.capacity.sla import evaluate_columns
         from aisim.simulator.metrics.csv_out import REQUEST_CSV_COLUMNS
         from aisim.simulator.metrics.timeline import CSV_COLUMNS
 
-        return evaluate_rules(rules, (dict(zip(REQUEST_CSV_COLUMNS, r)) for r in self.request_rows),
-                              (dict(zip(CSV_COLUMNS, r)) for r in self.timeline_rows))
+        def columns(names, rows) -> dict:
+            return dict(zip(names, zip(*rows))) if rows else {}
+
+        return evaluate_columns(rules, columns(REQUEST_CSV_COLUMNS, self.request_rows),
+                                columns(CSV_COLUMNS, self.timeline_rows))
 
     def to_cache(self) -> dict:
         return {"prediction": self.prediction, "request_rows": [list(r) for r in self.request_rows],

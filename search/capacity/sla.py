@@ -29,6 +29,8 @@ import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from aisim.simulator.metrics.timeline import weighted_quantile  # the project's one duration-weighted quantile
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "request_metric_values",
     "queue_metric_value",
     "evaluate_rules",
+    "evaluate_columns",
 ]
 
 REQUEST_METRICS = ("request_scheduling_delay", "ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
@@ -141,43 +144,41 @@ def _number(raw) -> float | None:
     return None if math.isnan(x) else x
 
 
-def request_metric_values(rows: Iterable[Mapping], metric: str) -> tuple[list[float], int]:
-    """``(values of the completed requests, number of requests that never completed)`` for a
-    request metric over ``request_metrics.csv`` rows. A request never completed when its
-    ``status`` is anything but ``completed``; a completed request with an empty value is left
-    out of both. A row without a ``status`` or ``metric`` column is an error."""
+def _check_request_metric(metric: str) -> None:
     if metric not in REQUEST_METRICS:
         if metric in QUEUE_METRICS:
             raise ValueError(f"{metric!r} is a queue metric (worker_timeline.csv), not a request metric; "
                              f"request metrics: {', '.join(REQUEST_METRICS)}")
         raise _unknown_metric(metric)
-    values: list[float] = []
-    never = 0
-    for n, row in enumerate(rows):
-        if "status" not in row:
-            raise ValueError(f"request_metrics row {n} has no 'status' column")
-        if str(row["status"]).strip().lower() != "completed":
-            never += 1
-            continue
-        if metric not in row:
-            raise ValueError(f"request_metrics row {n} has no {metric!r} column")
-        x = _number(row[metric])
-        if x is not None:
-            values.append(x)
-    return values, never
 
 
-def queue_metric_value(rows: Iterable[Mapping], metric: str, q: float) -> float | None:
-    """The worst (max) worker's ``duration_s``-weighted ``q`` quantile of a queue metric over
-    ``worker_timeline.csv`` rows (grouped by ``worker_id``); rows with an empty value are left
-    out; None when no worker has positive duration."""
+def _check_queue_metric(metric: str) -> None:
     if metric not in QUEUE_METRICS:
         if metric in REQUEST_METRICS:
             raise ValueError(f"{metric!r} is a request metric (request_metrics.csv), not a queue metric; "
                              f"queue metrics: {', '.join(QUEUE_METRICS)}")
         raise _unknown_metric(metric)
-    q = _check_q(q)
-    per_worker: dict[str, tuple[list[float], list[float]]] = {}
+
+
+def _request_columns(rows: list, metric: str) -> dict:
+    """The ``status`` and ``metric`` columns of ``request_metrics.csv`` rows (mappings); a
+    row without a ``status`` column, or a completed one without ``metric``, is an error."""
+    status, values = [], []
+    for n, row in enumerate(rows):
+        if "status" not in row:
+            raise ValueError(f"request_metrics row {n} has no 'status' column")
+        s = str(row["status"]).strip().lower()
+        if s == "completed" and metric not in row:
+            raise ValueError(f"request_metrics row {n} has no {metric!r} column")
+        status.append(s)
+        values.append(row.get(metric))
+    return {"status": status, metric: values}
+
+
+def _timeline_columns(rows: list, metric: str) -> dict:
+    """The ``worker_id``, ``duration_s`` and ``metric`` columns of ``worker_timeline.csv`` rows
+    (mappings); a row without one of them is an error."""
+    workers, durations, values = [], [], []
     for n, row in enumerate(rows):
         column = next((c for c in _QUEUE_COLUMNS[metric] if c in row), None)
         if column is None:
@@ -185,19 +186,83 @@ def queue_metric_value(rows: Iterable[Mapping], metric: str, q: float) -> float 
         for key in ("worker_id", "duration_s"):
             if key not in row:
                 raise ValueError(f"worker_timeline row {n} has no {key!r} column")
-        x = _number(row[column])
-        d = _number(row["duration_s"])
-        if x is None or d is None:
+        workers.append(row["worker_id"])
+        durations.append(row["duration_s"])
+        values.append(row[column])
+    return {"worker_id": workers, "duration_s": durations, metric: values}
+
+
+def _numbers(cells) -> list[float | None]:
+    """``_number`` of each cell."""
+    out = []
+    for c in cells:
+        k = c.__class__
+        if k is float:
+            out.append(None if c != c else c)
+        elif k is int:
+            out.append(float(c))
+        else:
+            out.append(_number(c))
+    return out
+
+
+def _request_values(columns: Mapping, metric: str) -> tuple[list[float], int]:
+    values: list[float] = []
+    never = 0
+    for s, c in zip(columns["status"], columns[metric]):
+        if s != "completed":
+            never += 1
             continue
-        vs, ws = per_worker.setdefault(str(row["worker_id"]).strip(), ([], []))
-        vs.append(x)
-        ws.append(d)
+        k = c.__class__  # (``_number``, numbers the short way)
+        x = (None if c != c else c) if k is float else float(c) if k is int else _number(c)
+        if x is not None:
+            values.append(x)
+    return values, never
+
+
+def _floats(cells) -> np.ndarray:
+    """``_number`` of each cell as float64, a missing one NaN."""
+    if set(map(type, cells)) <= {float, int}:  # (the simulator's own rows: numbers only)
+        return np.array(cells, dtype=np.float64)
+    return np.array(_numbers(cells), dtype=np.float64)
+
+
+def _queue_value(columns: Mapping, metric: str, q: float) -> float | None:
+    workers = columns["worker_id"]
+    if set(map(type, workers)) != {int}:  # (worker ids as the CSV text has them)
+        workers = [str(w).strip() for w in workers]
+    x = _floats(columns[metric])
+    d = _floats(columns["duration_s"])
+    if not len(x):
+        return None
+    keep = ~(np.isnan(x) | np.isnan(d))  # (missing values are left out)
+    ids, which = np.unique(np.asarray(workers)[keep], return_inverse=True)
+    x, d = x[keep], d[keep]
     best: float | None = None
-    for vs, ws in per_worker.values():
-        x = weighted_quantile(vs, ws, q)
-        if x is not None and (best is None or x > best):
-            best = x
+    for k in range(len(ids)):
+        mine = which == k
+        v = weighted_quantile(x[mine], d[mine], q)
+        if v is not None and (best is None or v > best):
+            best = v
     return best
+
+
+def request_metric_values(rows: Iterable[Mapping], metric: str) -> tuple[list[float], int]:
+    """``(values of the completed requests, number of requests that never completed)`` for a
+    request metric over ``request_metrics.csv`` rows. A request never completed when its
+    ``status`` is anything but ``completed``; a completed request with an empty value is left
+    out of both. A row without a ``status`` or ``metric`` column is an error."""
+    _check_request_metric(metric)
+    return _request_values(_request_columns(list(rows), metric), metric)
+
+
+def queue_metric_value(rows: Iterable[Mapping], metric: str, q: float) -> float | None:
+    """The worst (max) worker's ``duration_s``-weighted ``q`` quantile of a queue metric over
+    ``worker_timeline.csv`` rows (grouped by ``worker_id``); rows with an empty value are left
+    out; None when no worker has positive duration."""
+    _check_queue_metric(metric)
+    q = _check_q(q)
+    return _queue_value(_timeline_columns(list(rows), metric), metric, q)
 
 
 def evaluate_rules(rules: Iterable[SlaRule], request_rows: Iterable[Mapping] | None,
@@ -210,14 +275,33 @@ def evaluate_rules(rules: Iterable[SlaRule], request_rows: Iterable[Mapping] | N
     ``queue_metric_value`` (None -> failed). Missing rows (None) count as no rows."""
     request_rows = list(request_rows or [])
     timeline_rows = list(timeline_rows or [])
-    cache: dict[str, tuple[list[float], int]] = {}
+    rules = list(rules)
+    request_columns: dict = {}
+    timeline_columns: dict = {}
+    for rule in rules:
+        if isinstance(rule, SlaRule) and rule.metric not in request_columns and rule.metric not in timeline_columns:
+            if rule.kind == "request":
+                request_columns.update(_request_columns(request_rows, rule.metric))
+            else:
+                timeline_columns.update(_timeline_columns(timeline_rows, rule.metric))
+    return evaluate_columns(rules, request_columns, timeline_columns)
+
+
+def evaluate_columns(rules: Iterable[SlaRule], request_columns: Mapping, timeline_columns: Mapping
+                     ) -> tuple[bool, list[dict]]:
+    """``evaluate_rules`` on columns: ``request_columns`` maps ``status`` and each request
+    rule's metric, ``timeline_columns`` ``worker_id``, ``duration_s`` and each queue rule's
+    metric, to a column of cells (numbers, or CSV text; a status is ``completed`` exactly), as
+    a capacity trial's rows give them without a dict per row."""
     results = []
+    cache: dict[str, tuple[list[float], int]] = {}
     for rule in rules:
         if not isinstance(rule, SlaRule):
             raise TypeError(f"expected an SlaRule, not {type(rule).__name__}")
         if rule.kind == "request":
             if rule.metric not in cache:
-                cache[rule.metric] = request_metric_values(request_rows, rule.metric)
+                cache[rule.metric] = (_request_values(request_columns, rule.metric)
+                                      if request_columns.get("status") else ([], 0))
             values, never = cache[rule.metric]
             if values:
                 value = quantile(values + [math.inf] * never, rule.quantile)
@@ -225,7 +309,8 @@ def evaluate_rules(rules: Iterable[SlaRule], request_rows: Iterable[Mapping] | N
             else:
                 value, passed = None, False
         else:
-            value = queue_metric_value(timeline_rows, rule.metric, rule.quantile)
+            value = _queue_value(timeline_columns, rule.metric, rule.quantile) \
+                if timeline_columns.get("worker_id") else None
             passed = rule.check(value)
         results.append({"metric": rule.metric, "quantile": rule.quantile, "op": rule.op,
                         "threshold": rule.threshold, "value": value, "passed": passed})
