@@ -32,12 +32,18 @@ from concurrent.futures import ThreadPoolExecutor
 __all__ = ["Zygote", "ForkedProcess", "available", "prepare", "shared_zygote", "in_spawner_thread",
            "interpreter_flags", "import_paths"]
 
-# what a worker needs loaded before its first item (each import here is one a worker no longer pays)
-PRELOAD = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.metrics.timeline",
-           "aisim.simulator.metrics.csv_out", "aisim.simulator.checkpoints", "aisim.simulator.catalog.kv_capacity",
-           "numpy.random", "aisim.search.spica.trial", "aisim.search.capacity.runner", "aisim.search.capacity.early")
+# what a worker needs loaded before its first item (each import here is one a worker no longer
+# pays): what every trial imports, and per search the modules of its trials; ``prepare(search)``
+# loads one search's (the zygote is ready sooner), a zygote started by a fan-out loads them all
+PRELOAD_COMMON = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.metrics.timeline",
+                  "aisim.simulator.metrics.csv_out", "aisim.simulator.checkpoints",
+                  "aisim.simulator.catalog.kv_capacity", "numpy.random")
+PRELOAD_SEARCH = {"capacity": ("aisim.search.capacity.runner", "aisim.search.capacity.early"),
+                  "spica": ("aisim.search.spica.trial",)}
+PRELOAD = PRELOAD_COMMON + tuple(m for mods in PRELOAD_SEARCH.values() for m in mods)
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from aisim.search.zygote import _zygote_main; _zygote_main(int(sys.argv[2]), int(sys.argv[3]))")
+         "from aisim.search.zygote import _zygote_main; "
+         "_zygote_main(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]))")
 _MAX_MSG = 1 << 22
 
 
@@ -76,7 +82,7 @@ def interpreter_flags() -> list[str]:
 _SHARED: tuple[int, "Zygote"] | None = None  # (the pid that started it, the zygote)
 
 
-def shared_zygote() -> "Zygote | None":
+def shared_zygote(preload: tuple[str, ...] = PRELOAD) -> "Zygote | None":
     """This process's zygote, started on first use (call in the spawner thread); None where
     workers start as fresh interpreters (``available()`` False). One that died is replaced, and so
     is one whose aisim sources changed since it started (a long-lived session, a notebook, that
@@ -89,15 +95,16 @@ def shared_zygote() -> "Zygote | None":
             or _sources_mtime() > _SHARED[1].sources_mtime:
         import multiprocessing.util
 
-        _SHARED = (os.getpid(), Zygote([sys.executable, *interpreter_flags()]))
+        _SHARED = (os.getpid(), Zygote([sys.executable, *interpreter_flags()], preload))
         multiprocessing.util.Finalize(None, _SHARED[1].close, exitpriority=5)  # after the fan-outs' (10)
     return _SHARED[1]
 
 
-def prepare() -> None:
+def prepare(search: str | None = None) -> None:
     """Start this process's zygote now, so it imports the simulator while the caller loads its
-    config (the first local workers then start in milliseconds). Cheap to import and call."""
-    in_spawner_thread(shared_zygote)
+    config (the first local workers then start in milliseconds); ``search`` (a ``PRELOAD_SEARCH``
+    key): preload only what that search's trials import. Cheap to import and call."""
+    in_spawner_thread(shared_zygote, PRELOAD_COMMON + PRELOAD_SEARCH[search] if search else PRELOAD)
 
 
 _SOURCE_PACKAGES = ("aisim.simulator", "aisim.actors", "aisim.search")
@@ -128,12 +135,13 @@ class Zygote:
     """The parent's handle on its zygote: ``fork()`` a worker, ``reap(pid)`` its exit status. Safe
     to call from several threads (one request at a time). Start it from a long-lived thread."""
 
-    def __init__(self, argv_prefix: list[str]) -> None:
+    def __init__(self, argv_prefix: list[str], preload: tuple[str, ...] = PRELOAD) -> None:
         self.sources_mtime = _sources_mtime()  # (before it starts importing them)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             paths = json.dumps(import_paths())
-            self.proc = subprocess.Popen([*argv_prefix, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
+            self.proc = subprocess.Popen([*argv_prefix, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid()),
+                                          json.dumps(list(preload))],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
             mine.close()
@@ -234,7 +242,7 @@ class ForkedProcess:
 
 # -- in the zygote -------------------------------------------------------------------------------------
 
-def _zygote_main(fd: int, parent_pid: int) -> None:
+def _zygote_main(fd: int, parent_pid: int, preload: list[str]) -> None:
     """Import what workers need, then fork one per request until the parent closes the socket."""
     from aisim.search import fanout
 
@@ -243,7 +251,7 @@ def _zygote_main(fd: int, parent_pid: int) -> None:
     sock = socket.socket(fileno=fd)
     import importlib
 
-    for name in PRELOAD:
+    for name in preload:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the worker imports it again and reports the error

@@ -23,6 +23,7 @@ from aisim.actors.engine.timing import (
     TimingModel,
 )
 from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.messages import Capabilities
 from aisim.actors.router.policies import KvRouter, RandomRouter, RoundRobinRouter
 from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.measured import measured_timing
@@ -186,3 +187,14 @@ def build_decode_router(block_size: int, seed: int) -> KvRouter:
     """Decode placement is load-only: active decode blocks, no overlap credit, no prefill tokens."""
     return KvRouter(block_size, actor_rng(seed, STREAM_DECODE_ROUTER), overlap_score_credit=0.0,
                     track_prefill_tokens=False, track_active_blocks=True, name="decode_load")
+
+
+def capabilities(pool) -> Capabilities:
+    """What a rank of ``pool`` (a ``PoolPlan``) can hold, as the Planner's perf model reads it."""
+    sched = pool.scheduler
+    return Capabilities(
+        max_batched_tokens=sched.max_batched_tokens,
+        max_sequences=sched.max_sequences,
+        context_length=sched.context_length or 1 << 30,
+        max_kv_tokens=sched.num_gpu_blocks * sched.block_size,
+    )

@@ -13,6 +13,7 @@ import io
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.offload import G3Spec, HostOffloadSpec
@@ -27,10 +28,12 @@ from aisim.simulator.config.rules import block_size, check_config
 from aisim.simulator.coordinator import KvTransferModel
 from aisim.simulator.deployment import ParallelShape, size_kv
 from aisim.simulator.errors import InputError
-from aisim.simulator.planning import PlannerPlan, lower_planner
 from aisim.simulator.traffic.build import TrafficPlan, build_traffic
 from aisim.simulator.traffic.history import check_history
 from aisim.simulator.traffic.workload import Workload
+
+if TYPE_CHECKING:
+    from aisim.simulator.planning import PlannerPlan
 
 # the rank scheduler's capacity policy of each backend (actors.engine.capacity)
 CAPACITY_POLICY = {"vllm": "vllm", "trtllm": "guaranteed_no_evict", "sglang": "vllm"}  # (sglang: its own rank)
@@ -131,8 +134,11 @@ def plan_from_config(cfg: m.PredictConfig, config_dir: Path | None = None, captu
     e = cfg.engine
     pools, transfer = lower_engine(e)
     traffic = build_traffic(cfg.traffic, config_dir)
-    planner = (lower_planner(cfg.planner, pools, cfg.evaluation.sla, config_dir=config_dir)
-               if cfg.planner.policy == "enabled" else None)
+    planner = None
+    if cfg.planner.policy == "enabled":
+        from aisim.simulator.planning import lower_planner  # (its imports only where a Planner runs)
+
+        planner = lower_planner(cfg.planner, pools, cfg.evaluation.sla, config_dir=config_dir)
     plan = ReplayPlan(traffic, pools, router_spec(cfg.router), cfg.evaluation.sla, capture_per_request, fast_forward,
                       transfer, cfg.execution.seed, planner, execution=execution_plan(cfg.execution),
                       capture_worker_timeline=capture_worker_timeline)

@@ -36,6 +36,7 @@ from aisim.actors.planner.perf_model import (
 )
 from aisim.actors.planner.planner import Planner, PlannerSettings
 from aisim.actors.planner.predictors import PredictorSpec, PredictorUnavailable, check_available
+from aisim.simulator.builders import capabilities
 from aisim.simulator.config import models as m
 from aisim.simulator.config.planner_config import IDENTITY_EXCLUSIONS
 from aisim.simulator.config.retune import RetuneConfig
@@ -45,17 +46,6 @@ from aisim.simulator.errors import InputError
 log = logging.getLogger("aisim.planner")
 
 BUILTIN_PLUGINS = ["builtin_load_predict", "builtin_load_propose", "builtin_throughput_propose"]
-
-
-def capabilities(pool) -> Capabilities:
-    """What a rank of ``pool`` (a ``PoolPlan``) can hold, as the Planner's perf model reads it."""
-    sched = pool.scheduler
-    return Capabilities(
-        max_batched_tokens=sched.max_batched_tokens,
-        max_sequences=sched.max_sequences,
-        context_length=sched.context_length or 1 << 30,
-        max_kv_tokens=sched.num_gpu_blocks * sched.block_size,
-    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.host import HostPool
 from aisim.actors.engine.offload import OffloadRegistry
-from aisim.simulator.builders import build_decode_router, build_router, build_timing, build_workers
+from aisim.simulator.builders import build_decode_router, build_router, build_timing, build_workers, capabilities
 from aisim.simulator.catalog.models import resolve_model
 from aisim.simulator.coordinator import Coordinator, Pool
 from aisim.simulator.metrics.collector import RequestLog
@@ -23,7 +23,6 @@ from aisim.simulator.metrics.planner_html import write_planner_html
 from aisim.simulator.metrics.summary import PoolAccounting, RunCounters, completed_duration_ms, summarize
 from aisim.simulator.metrics.timeline import WorkerTimeline
 from aisim.simulator.plan import ExecutionPlan, ReplayPlan
-from aisim.simulator.planning import build_planner, capabilities, planner_report
 from aisim.simulator.runtime.local import LocalRuntime
 from aisim.simulator.traffic.workload import BlockHashStore
 
@@ -92,6 +91,8 @@ def _build_actors(plan: ReplayPlan) -> _Actors:
     actors = _Actors(pools, entry_router, decode_router, timings, provenance,
                      router_description=entry_router.describe())
     if plan.planner is not None:
+        from aisim.simulator.planning import build_planner  # (its imports only where a Planner runs)
+
         actors.planner = build_planner(plan.planner, plan.pools, timings, plan.capture_planner_details,
                                        plan.planner_field, plan.planner_warmup)
     return actors
@@ -325,6 +326,8 @@ def _report(plan: ReplayPlan, actors: _Actors, coord: Coordinator, log: RequestL
     }
     planner_obj = None
     if planner is not None:
+        from aisim.simulator.planning import planner_report
+
         planner_obj = planner_report(planner, coord.lifecycle_operations, plan.capture_planner_details)
         if retune is not None:
             planner_obj["retune_events"] = retune.events
