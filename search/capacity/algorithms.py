@@ -176,6 +176,15 @@ class AdaptivePlan:
         return SearchOutcome(self.highest_pass, list(self.trace), self.stopped)
 
     # -- speculation ---------------------------------------------------------------------------
+    def likely_next(self) -> float | None:
+        """While the search grows (no trial failed yet: a growing search mostly passes), the QPS
+        it needs after ``next_qps()`` if that passes; None otherwise."""
+        if self.done or self.lowest_fail is not None:
+            return None
+        twin = self._clone()
+        twin.tell(self._pending, TrialOutcome(passed=True))
+        return None if twin.done else twin.next_qps()
+
     def _clone(self) -> "AdaptivePlan":
         twin = copy.copy(self)
         twin.trace = list(self.trace)

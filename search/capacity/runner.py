@@ -1,15 +1,14 @@
 """Running a capacity search: jobs in parallel, each job's search sequential, every trial a replay.
 
-- Jobs are independent: they run concurrently, one job at a time per lane, ``max_parallel``
-  lanes (default: the CPU count, at most what the jobs can use). Each lane owns a one-worker
-  ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a trial never
-  pays a process start-up after the lane's first, and a job's trials are used one after another as the seed's adaptive and linear
-  algorithms need (``algorithms``: ``AdaptivePlan``, ``LinearPlan``). A lane with no job left is
-  lent to the jobs still running: while a job's lane runs the trial its search needs now, the lent
-  lanes run the ones it may need next (``speculative``: an adaptive search's next trial for either
-  verdict, the pass branch first; a sweep's next QPS); a trial is recorded (files, cache,
-  progress) only when the search uses it, in the search's order, so the outputs are those of one
-  trial after another. Results never depend on the lanes.
+- Lanes: ``max_parallel`` (default: the CPU count, at most what the jobs can use) lanes, each a
+  one-worker ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a
+  trial never pays a process start-up after its lane's first. The jobs share them: a free lane
+  takes the best trial worth starting (``_dispatch``): an adaptive search's trial now (a chain of
+  trials that run one after another), then the one a growing adaptive search needs next if this
+  passes, then a sweep's trials (independent, they fill what the chains leave), then any trial
+  an adaptive search may need next. A trial is recorded (files, cache, progress) only when its
+  search uses it, in the search's order (``algorithms``: ``AdaptivePlan``, ``LinearPlan``), so
+  the outputs are those of one trial after another; results never depend on the lanes.
 - A trial: the job's predict config at the trial's QPS (``config.trial_config``), replayed in the
   worker with per-request records and worker timelines captured; the worker returns the
   prediction and the request and timeline rows as data (``TrialRows``), the SLA is evaluated here
@@ -322,66 +321,60 @@ class _Job:
                              min_search_granularity_pct=cfg.search.min_search_granularity_pct,
                              max_qps_cap=cfg.search.max_qps_cap)
 
-    def search(self, lane: _Lane):
-        """The job's search, with the idle lanes of the search (``_Search.borrow``) running the
-        trials it may need next while this lane runs the one it needs now (``speculative``). The
-        trials are recorded in the order the search uses them, a speculative one only when used,
-        so the outputs are those of the trials run one after another."""
-        plan = self.plan()
-        ready: dict[float, _Replayed] = {}
-        ahead: dict[float, threading.Thread] = {}
+    # -- driven by the dispatcher (``_dispatch``), in its thread --------------------------------
+    def begin(self) -> None:
+        self.sequencer = self.plan()
+        self.ready: dict[float, _Replayed] = {}  # replayed, not used yet
+        self.running: set[float] = set()
+        self.result: JobResult | None = None
 
-        def run_ahead(helper: _Lane, qps: float) -> None:
-            try:
-                ready[qps] = self.replay(helper, qps)
-            except BaseException:  # noqa: BLE001 - the search replays it itself if it needs it
-                pass
-            finally:
-                self.s.give_back(helper)
+    def candidates(self, lanes: int) -> list[tuple[tuple, float]]:
+        """``(priority, qps)`` of the trials worth starting now (not replayed or running), lower
+        priorities first (``_dispatch`` has the order and why)."""
+        plan = self.sequencer
+        if self.result is not None or plan.done:
+            return []
+        points = _ahead(plan, lanes + len(self.running) + 1)
+        sweep = self.job.start_qps is None
+        likely = None if sweep else plan.likely_next()
+        out = []
+        for k, q in enumerate(points):
+            if q in self.ready or q in self.running:
+                continue
+            tier = 2 if sweep else 0 if k == 0 else 1 if q == likely else 3
+            out.append(((tier, self.index, k), q))
+        return out
 
+    def advance(self) -> None:
+        """Use the replayed trials the search needs, in its order; finish once it is done."""
+        plan = self.sequencer
         try:
-            while not plan.done:
+            while self.result is None and not plan.done and plan.next_qps() in self.ready:
                 q = plan.next_qps()
-                if q in ahead:
-                    ahead.pop(q).join()
-                if q not in ready:
-                    helpers = self.s.borrow()
-                    if helpers:
-                        nxt = [x for x in _ahead(plan, len(helpers) + len(ahead) + 1)[1:]
-                               if x not in ready and x not in ahead]
-                        for helper, x in zip(helpers, nxt):
-                            t = threading.Thread(target=run_ahead, args=(helper, x), daemon=True)
-                            ahead[x] = t
-                            t.start()
-                        for helper in helpers[len(nxt):]:
-                            self.s.give_back(helper)
-                    ready[q] = self.replay(lane, q)
-                plan.tell(q, self.record(ready.pop(q)))
-        finally:
-            for t in ahead.values():  # (a trial the search did not need: its lane comes back when it ends)
-                t.join()
-        return plan.outcome()
+                plan.tell(q, self.record(self.ready.pop(q)))
+            if self.result is None and plan.done:
+                self.finish(plan.outcome(), None)
+        except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
+            self.finish(None, exc)
 
-    def run(self, lane: _Lane) -> JobResult:
+    def finish(self, out, exc: BaseException | None) -> None:
+        """The job's result and ``job_summary.json`` (after its trials' files)."""
+        from aisim.search.trial import one_line
         from aisim.simulator.metrics.output import atomic_write_text, canonical_json
 
-        cfg = self.s.cfg
         job = self.job
         try:
-            try:
-                out = self.search(lane)
-            finally:
-                for f in self._writes:  # its trials' files, before its summary (a write error: the job's)
-                    f.result()
-            best = out.max_qps_under_sla if cfg.sla else None
-            result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
-        except Exception as exc:  # noqa: BLE001 - a job that raises is recorded and skipped
-            from aisim.search.trial import one_line
-
-            result = JobResult(job.name, self.key, job.mode, None, 0, one_line(exc))
+            for f in self._writes:  # its trials' files, before its summary (a write error: the job's)
+                f.result()
+        except Exception as write_exc:  # noqa: BLE001
+            exc = exc or write_exc
+        if exc is None:
+            best = out.max_qps_under_sla if self.s.cfg.sla else None
+            self.result = JobResult(job.name, self.key, job.mode, best, len(out.trace), None, out.trace, out.stopped)
+        else:
+            self.result = JobResult(job.name, self.key, job.mode, None, 0, one_line(exc))
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.dir / "job_summary.json", canonical_json(result.to_dict()) + "\n")
-        return result
+        atomic_write_text(self.dir / "job_summary.json", canonical_json(self.result.to_dict()) + "\n")
 
 
 def _ahead(plan, want: int) -> list[float]:
@@ -423,19 +416,8 @@ class _Search:
         self.progress = progress
         self._lock = threading.Lock()
         self.num_trials = 0
-        self._idle: list[_Lane] = []  # lanes with no job left, lent to the jobs still running
         # the used trials' cache entries and files, written in order off the jobs' paths
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="aisim-capacity-writer")
-
-    def borrow(self) -> list[_Lane]:
-        """Every idle lane (they come back with ``give_back``)."""
-        with self._lock:
-            lanes, self._idle = self._idle, []
-        return lanes
-
-    def give_back(self, lane: _Lane) -> None:
-        with self._lock:
-            self._idle.append(lane)
 
     def progress_event(self, job: str, qps: float, passed, timed_out: bool) -> None:
         with self._lock:
@@ -473,6 +455,83 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
         lock.release()
 
 
+def _dispatch(jobs: list[_Job], lanes_n: int, backend: str, ray_address: str | None) -> None:
+    """Run the jobs' searches on ``lanes_n`` lanes. Whenever a lane is free it takes the best
+    trial worth starting, in this order: an adaptive search's trial now (it heads a chain of
+    trials that can only run one after another), the trial a growing adaptive search needs
+    next if this one passes (growing searches mostly pass), a sweep's trials in list order
+    (they depend on nothing, so they fill the lanes the chains leave), then the trials an
+    adaptive search may need next for either verdict; ties by job order. A trial is used
+    (recorded) only when its search needs it, in the search's order (``_Job.advance``), so the
+    outputs are those of the trials run one after another; a trial started ahead that the search
+    never needs is discarded when it ends."""
+    for j in jobs:
+        j.begin()
+    free: list[_Lane | None] = [None] * lanes_n  # (a lane starts on its first trial, in its thread)
+    lanes: list[_Lane] = []
+    ended: queue.Queue = queue.Queue()
+    threads: list[threading.Thread] = []
+
+    def run(job: _Job, lane: _Lane | None, qps: float) -> None:
+        result = error = None
+        try:
+            if lane is None:
+                try:
+                    lane = _Lane(backend, ray_address)
+                except BaseException as exc:  # noqa: BLE001 - no worker: the search cannot run
+                    ended.put(exc)
+                    return
+                lanes.append(lane)
+            result = job.replay(lane, qps)
+        except BaseException as exc:  # noqa: BLE001 - the job's, if it needs this trial
+            error = exc
+        ended.put((job, qps, result, error, lane))
+
+    try:
+        while True:
+            for j in jobs:
+                j.advance()
+            if all(j.result is not None for j in jobs):
+                break
+            while free:
+                best = min((c + (j,) for j in jobs for c in j.candidates(len(free))),
+                           key=lambda c: c[0], default=None)
+                if best is None:
+                    break
+                _, q, j = best
+                j.running.add(q)
+                t = threading.Thread(target=run, args=(j, free.pop(), q), daemon=True)
+                threads.append(t)
+                t.start()
+            if len(free) == lanes_n:  # (nothing runs and nothing can start: a job is stuck)
+                raise AssertionError("capacity search: no trial to run")  # pragma: no cover
+            while True:  # (a timeout, so an interrupt reaches this thread)
+                try:
+                    item = ended.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    continue
+            while item is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                job, q, result, error, lane = item
+                free.append(lane)
+                job.running.discard(q)
+                if error is None:
+                    job.ready[q] = result
+                elif job.result is None and job.sequencer.next_qps() == q:  # (a trial ahead: replayed if needed)
+                    job.finish(None, error)
+                try:
+                    item = ended.get_nowait()
+                except queue.Empty:
+                    item = None
+        for t in threads:  # (trials ahead that no search needed: their lanes close after them)
+            t.join()
+    finally:
+        for lane in lanes:
+            lane.close()
+
+
 def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, cache_dir, use_cache,
               progress, report: bool) -> CapacityResult:
     from aisim.simulator.metrics.output import atomic_write_text, canonical_json
@@ -480,50 +539,15 @@ def _run_jobs(cfg, config_dir, out: Path, backend, ray_address, max_parallel, ca
     cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if use_cache else None
     search = _Search(cfg, config_dir, out, cache, progress)
     jobs = [_Job(search, job, i) for i, job in enumerate(cfg.jobs)]
-    # (more lanes than jobs: a job uses the idle ones for the trials it may need next, at most
-    # its list for a sweep, the trial now and both next ones for an adaptive search)
+    # (more lanes than trials worth running at once would idle: a sweep's list, an adaptive
+    # search's trial now and both next ones)
     useful = sum(len(j.qps_list) if j.job.start_qps is None else 3 for j in jobs)
     lanes_n = max(1, min(useful, max_parallel or os.cpu_count() or 1))
-    todo: queue.Queue = queue.Queue()
-    for j in jobs:
-        todo.put(j)
-    results: dict[int, JobResult] = {}
-    errors: list[BaseException] = []
-
-    def lane_main() -> None:
-        lane = None
-        try:
-            lane = _Lane(backend, ray_address)
-            while True:
-                try:
-                    j = todo.get_nowait()
-                except queue.Empty:
-                    search.give_back(lane)  # idle: lent to the jobs still running
-                    lane = None
-                    return
-                results[j.index] = j.run(lane)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-        finally:
-            if lane is not None:
-                lane.close()
-
     try:
-        if lanes_n == 1:
-            lane_main()
-        else:
-            threads = [threading.Thread(target=lane_main, daemon=True) for _ in range(lanes_n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
+        _dispatch(jobs, lanes_n, backend, ray_address)
     finally:
-        for lane in search.borrow():  # (every lent lane is back: a job waits for its trials ahead)
-            lane.close()
         search.writer.shutdown(wait=True)  # (each job waited for its own writes; after an interrupt, the rest)
-    if errors:
-        raise errors[0]
+    results = {j.index: j.result for j in jobs}
     result = CapacityResult([results[i] for i in range(len(jobs))], out)
     atomic_write_text(out / "capacity_search_results.json", canonical_json(result.to_dict()) + "\n")
     buf = io.StringIO()

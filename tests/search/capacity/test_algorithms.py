@@ -197,6 +197,16 @@ def test_speculative_points_breadth_first():
     assert (plan.next_qps(), plan.trace) == (2.0, [])
 
 
+def test_likely_next_is_the_pass_branch_while_growing_only():
+    plan = adaptive_plan(2.0, max_qps_cap=6.0)
+    assert plan.likely_next() == 4.0  # 2 passes -> 4
+    plan.tell(2.0, TrialOutcome(passed=True))
+    assert plan.likely_next() == 6.0  # 4 passes -> 8, capped at 6
+    plan.tell(4.0, TrialOutcome(passed=False))  # bisecting: either verdict as likely
+    assert plan.likely_next() is None
+    assert adaptive_plan(2.0, max_iterations=1).likely_next() is None  # no trial after this one
+
+
 def test_batched_search_equals_the_sequential_one():
     for threshold, kwargs in ((11.3, {}), (0.3, {}), (9.0, {"max_qps_cap": 10.0}), (11.3, {"max_iterations": 6})):
         seq = adaptive_search(Stub(threshold), 2.0, **kwargs)

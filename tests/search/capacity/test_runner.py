@@ -258,3 +258,28 @@ def test_idle_lanes_run_a_jobs_next_trials_and_change_no_output(kind, tmp_path, 
     assert _tree(two.output_dir) == _tree(one.output_dir)  # recorded only when used, in the search's order
     runs = {p.name for p in (tmp_path / "two" / "jobs").glob("*/runs/*")}
     assert len(runs) == len(job.search_trace)
+
+
+def test_a_growing_adaptive_chain_takes_the_lanes_before_a_sweep(tmp_path, monkeypatch):
+    """Two lanes, an adaptive job and a sweep: the first two trials started are the adaptive
+    job's first and the one it needs if that passes (its chain), not the sweep's first."""
+    import threading
+
+    import aisim.search.capacity.runner as runner
+
+    started: list[tuple[str, float]] = []
+    lock = threading.Lock()
+    replay = runner._Job.replay
+
+    def counted(self, lane, qps):
+        with lock:
+            started.append((self.job.name, qps))
+        return replay(self, lane, qps)
+
+    monkeypatch.setattr(runner._Job, "replay", counted)
+    monkeypatch.chdir(EXAMPLE.parent)
+    r = run_capacity_search(example(), tmp_path / "o", use_cache=False, max_parallel=2)
+    assert set(started[:2]) == {("round_robin", 4.0), ("round_robin", 8.0)}
+    assert {q for name, q in started if name == "kv_router_grid"} == {20.0, 30.0, 40.0}
+    assert [j.max_qps_under_sla for j in r.jobs] == [37.0, 30.0]
+
