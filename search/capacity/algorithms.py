@@ -176,14 +176,21 @@ class AdaptivePlan:
         return SearchOutcome(self.highest_pass, list(self.trace), self.stopped)
 
     # -- speculation ---------------------------------------------------------------------------
-    def likely_next(self) -> float | None:
-        """While the search grows (no trial failed yet: a growing search mostly passes), the QPS
-        it needs after ``next_qps()`` if that passes; None otherwise."""
+    def likely_path(self, n: int) -> list[float]:
+        """While the search grows (no trial failed yet: a growing search mostly passes), the next
+        ``n`` QPS it needs after ``next_qps()`` if every trial passes (fewer where it would stop);
+        empty otherwise."""
+        out: list[float] = []
         if self.done or self.lowest_fail is not None:
-            return None
-        twin = self._clone()
-        twin.tell(self._pending, TrialOutcome(passed=True))
-        return None if twin.done else twin.next_qps()
+            return out
+        twin = self
+        while len(out) < n:
+            twin = twin._clone()
+            twin.tell(twin._pending, TrialOutcome(passed=True))
+            if twin.done:
+                break
+            out.append(twin.next_qps())
+        return out
 
     def _clone(self) -> "AdaptivePlan":
         twin = copy.copy(self)

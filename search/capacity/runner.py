@@ -4,8 +4,8 @@
   one-worker ``search.fanout`` Fanout (a local worker process started once, or Ray tasks), so a
   trial never pays a process start-up after its lane's first. The jobs share them: a free lane
   takes the best trial worth starting (``_dispatch``): an adaptive search's trial now (a chain of
-  trials that run one after another), then the one a growing adaptive search needs next if this
-  passes, then a sweep's trials (independent, they fill what the chains leave), then any trial
+  trials that run one after another), then the ones a growing adaptive search needs next if its
+  trials pass, then a sweep's trials (independent, they fill what the chains leave), then any trial
   an adaptive search may need next. A trial is recorded (files, cache, progress) only when its
   search uses it, in the search's order (``algorithms``: ``AdaptivePlan``, ``LinearPlan``), so
   the outputs are those of one trial after another; results never depend on the lanes.
@@ -334,15 +334,17 @@ class _Job:
         plan = self.sequencer
         if self.result is not None or plan.done:
             return []
-        points = _ahead(plan, lanes + len(self.running) + 1)
+        want = lanes + len(self.running) + len(self.ready) + 1
         sweep = self.job.start_qps is None
-        likely = None if sweep else plan.likely_next()
+        likely = [] if sweep else plan.likely_path(want)
+        points = _ahead(plan, want)
+        points += [q for q in likely if q not in points]
         out = []
         for k, q in enumerate(points):
             if q in self.ready or q in self.running:
                 continue
-            tier = 2 if sweep else 0 if k == 0 else 1 if q == likely else 3
-            out.append(((tier, self.index, k), q))
+            tier = 2 if sweep else 0 if k == 0 else 1 if q in likely else 3
+            out.append(((tier, self.index, likely.index(q) if tier == 1 else k), q))
         return out
 
     def advance(self) -> None:
@@ -458,8 +460,8 @@ def run_capacity_search(config, output_dir: Path | str, *, backend: str = "local
 def _dispatch(jobs: list[_Job], lanes_n: int, backend: str, ray_address: str | None) -> None:
     """Run the jobs' searches on ``lanes_n`` lanes. Whenever a lane is free it takes the best
     trial worth starting, in this order: an adaptive search's trial now (it heads a chain of
-    trials that can only run one after another), the trial a growing adaptive search needs
-    next if this one passes (growing searches mostly pass), a sweep's trials in list order
+    trials that can only run one after another), the trials a growing adaptive search needs
+    next if its trials pass, nearest first (growing searches mostly pass), a sweep's trials in list order
     (they depend on nothing, so they fill the lanes the chains leave), then the trials an
     adaptive search may need next for either verdict; ties by job order. A trial is used
     (recorded) only when its search needs it, in the search's order (``_Job.advance``), so the

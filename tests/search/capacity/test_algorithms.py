@@ -197,14 +197,16 @@ def test_speculative_points_breadth_first():
     assert (plan.next_qps(), plan.trace) == (2.0, [])
 
 
-def test_likely_next_is_the_pass_branch_while_growing_only():
-    plan = adaptive_plan(2.0, max_qps_cap=6.0)
-    assert plan.likely_next() == 4.0  # 2 passes -> 4
+def test_likely_path_is_the_all_pass_branch_while_growing_only():
+    plan = adaptive_plan(2.0, max_qps_cap=12.0)
+    assert plan.likely_path(1) == [4.0]  # 2 passes -> 4
+    assert plan.likely_path(5) == [4.0, 8.0, 12.0]  # then 8, then 16 capped at 12, then done (cap)
     plan.tell(2.0, TrialOutcome(passed=True))
-    assert plan.likely_next() == 6.0  # 4 passes -> 8, capped at 6
+    assert plan.likely_path(2) == [8.0, 12.0]
     plan.tell(4.0, TrialOutcome(passed=False))  # bisecting: either verdict as likely
-    assert plan.likely_next() is None
-    assert adaptive_plan(2.0, max_iterations=1).likely_next() is None  # no trial after this one
+    assert plan.likely_path(3) == []
+    assert adaptive_plan(2.0, max_iterations=1).likely_path(3) == []  # no trial after this one
+    assert (plan.next_qps(), len(plan.trace)) == (3.0, 2)  # untouched
 
 
 def test_batched_search_equals_the_sequential_one():
