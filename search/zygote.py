@@ -35,7 +35,8 @@ __all__ = ["Zygote", "ForkedProcess", "available", "prepare", "shared_zygote", "
 # what a worker needs loaded before its first item (each import here is one a worker no longer
 # pays): what every trial imports, and per search the modules of its trials; ``prepare(search)``
 # loads one search's (the zygote is ready sooner), a zygote started by a fan-out loads them all
-PRELOAD_COMMON = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.metrics.timeline",
+PRELOAD_COMMON = ("aisim.simulator.run", "aisim.search.trial", "aisim.simulator.config.loading",
+                  "aisim.simulator.metrics.timeline",
                   "aisim.simulator.metrics.csv_out", "aisim.simulator.checkpoints",
                   "aisim.simulator.catalog.kv_capacity", "numpy.random")
 PRELOAD_SEARCH = {"capacity": ("aisim.search.capacity.runner", "aisim.search.capacity.early"),
