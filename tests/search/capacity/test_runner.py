@@ -283,3 +283,16 @@ def test_a_growing_adaptive_chain_takes_the_lanes_before_a_sweep(tmp_path, monke
     assert {q for name, q in started if name == "kv_router_grid"} == {20.0, 30.0, 40.0}
     assert [j.max_qps_under_sla for j in r.jobs] == [37.0, 30.0]
 
+
+def test_a_lane_that_cannot_start_stops_the_search_with_its_error(tmp_path, monkeypatch):
+    """No worker, no search: the lane's error reaches the caller (as before lanes were shared),
+    rather than each job recording it."""
+    import aisim.search.capacity.runner as runner
+
+    def broken(self, backend, ray_address):
+        raise RuntimeError("no workers here")
+
+    monkeypatch.setattr(runner._Lane, "__init__", broken)
+    with pytest.raises(RuntimeError, match="no workers here"):
+        run_capacity_search(example(), tmp_path / "o", use_cache=False, max_parallel=2)
+
