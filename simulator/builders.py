@@ -29,6 +29,7 @@ from aisim.simulator.catalog.hardware import get_hardware
 from aisim.simulator.catalog.measured import measured_timing
 from aisim.simulator.catalog.models import load_geometry, resolve_model
 from aisim.simulator.errors import InputError
+from aisim.simulator.metrics.timeline import TimelineSpool
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def build_workers(pool, first_id: int, timing: TimingModel, fast_forward: bool =
             for r in ranks:
                 r.pool_label = pool_label
         workers.append(EngineWorker(first_id + i, ranks, fast_forward=fast_forward, record_timeline=record_timeline,
-                                    track_queue=track_queue))
+                                    track_queue=track_queue,
+                                    timeline_spool=TimelineSpool() if record_timeline else None))
     return workers
 
 

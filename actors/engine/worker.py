@@ -28,7 +28,10 @@ used are the blocks held by live requests (``KVCache.num_active``: shared + priv
 inactive blocks count as free, as in vLLM's KV usage). A fast-forwarded decode run allocates
 its blocks lazily, so within a run the KV usage is sampled at its start (before the run's first
 pass's allocations), at any enqueue that cuts into it and at its end, not block by block.
-Recording only reads state: it never changes results.
+Recording only reads state: it never changes results. A ``timeline_spool`` (the replay's, e.g.
+``simulator.metrics.timeline.TimelineSpool``: ``limit``, ``append(columns)``, ``columns(tail)``)
+takes the older samples past its ``limit``, so a long replay's timeline is not held in memory;
+the worker keeps its last two samples (coalescing rewrites them).
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class EngineWorker:
 
     def __init__(self, worker_id: int, ranks: list[RankScheduler], fast_forward: bool = True,
                  max_run_passes: int = MAX_RUN_PASSES, record_timeline: bool = False,
-                 track_queue: bool = False) -> None:
+                 track_queue: bool = False, timeline_spool=None) -> None:
         self.worker_id = worker_id
         self.ranks = ranks
         # KV events published at pass ends: (rank, kind, hashes); only when the ranks record them
@@ -148,6 +151,7 @@ class EngineWorker:
             and not self.records_kv_events and ranks[0].joins_runs and not self._spec
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
+        self._spool = timeline_spool if record_timeline else None
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
         # forward-pass records carry the queue as of their pass's scheduling (the Planner reads
         # them): per rank, the queue when the current pass or run started and when the last ended
@@ -517,23 +521,31 @@ class EngineWorker:
         ws.append(waiting)
         rs.append(running)
         ks.append(used)
+        if self._spool is not None and n + 1 >= self._spool.limit:
+            cut = n - 1  # (all but the last two samples)
+            self._spool.append(times[:cut], ws[:cut], rs[:cut], ks[:cut])
+            del times[:cut], ws[:cut], rs[:cut], ks[:cut]
 
     def export_timeline(self, role: str | None = None, end_ms: float | None = None,
                         as_bytes: bool = True) -> dict | None:
         """The timeline as plain data (``simulator.metrics.timeline.WorkerTimeline.from_plain``),
         None when not recorded. Columns are native-endian bytes of the arrays ('d' and 'q',
-        msgpack-safe), or the arrays themselves (not copies) with ``as_bytes=False``."""
+        msgpack-safe), or the arrays themselves (not copies) with ``as_bytes=False`` (a spooled
+        timeline's: the spool's columns, every sample)."""
         tl = self.timeline
         if tl is None:
             return None
-        conv = (lambda a: a.tobytes()) if as_bytes else (lambda a: a)
+        cols = tuple(tl) if self._spool is None else self._spool.columns(*tl)  # (spilled: every sample)
+        conv = (lambda a: a.tobytes() if isinstance(a, array) else np.asarray(a).tobytes()) if as_bytes \
+            else (lambda a: a)
+        times, waiting, running, used = (conv(c) for c in cols)
         return {
             "worker_id": self.worker_id,
             "role": role,
-            "times_ms": conv(tl.times_ms),
-            "waiting": conv(tl.waiting),
-            "running": conv(tl.running),
-            "kv_blocks_used": conv(tl.kv_blocks_used),
+            "times_ms": times,
+            "waiting": waiting,
+            "running": running,
+            "kv_blocks_used": used,
             "kv_blocks_total": self.kv_blocks_total,
             "start_ms": 0.0,
             "end_ms": end_ms,

@@ -35,6 +35,11 @@ import numpy as np
 
 from aisim.simulator.metrics.output import atomic_write_csv, csv_lines
 from aisim.simulator.metrics.stats import weighted_sum
+from aisim.simulator.spill import READ_ELEMENTS, ColumnFile, SpilledArray
+
+#: samples a worker's timeline keeps in memory; past this its older samples go to scratch files
+#: (``TimelineSpool``; tests lower it)
+SPILL_SAMPLES = 1 << 16
 
 METRICS = ("waiting", "running", "kv_blocks_used", "kv_usage")
 CSV_COLUMNS = ("worker_id", "role", "start_s", "duration_s", "queue_depth_waiting", "queue_depth_running",
@@ -49,11 +54,77 @@ class Interval(NamedTuple):
     kv_usage: float
 
 
-def _column(data, dtype) -> np.ndarray:
-    """bytes (native-endian, as ``array.tobytes``) / array / list / ndarray -> a 1-d ndarray."""
+def _column(data, dtype):
+    """bytes (native-endian, as ``array.tobytes``) / array / list / ndarray -> a 1-d ndarray; a
+    ``SpilledArray`` of that dtype stays one (read a chunk at a time)."""
+    if isinstance(data, SpilledArray) and data.dtype == np.dtype(dtype):
+        return data
     if isinstance(data, (bytes, bytearray, memoryview)):
         return np.frombuffer(data, dtype=dtype)
     return np.array(data, dtype=dtype)  # a copy: a view would pin an array.array's buffer
+
+
+def _search(col, value: float, side: str) -> int:
+    """``np.searchsorted`` on a sorted column (a spilled one by bisection, a value per read)."""
+    if isinstance(col, np.ndarray):
+        return int(np.searchsorted(col, value, side=side))
+    lo, hi = 0, len(col)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        x = col[mid]
+        if x < value or (side == "right" and x == value):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _in_order(times) -> bool:
+    if isinstance(times, np.ndarray):
+        return not (len(times) > 1 and bool(np.any(np.diff(times) < 0)))
+    last = None
+    for chunk in times.chunks():
+        if len(chunk) and ((last is not None and chunk[0] < last) or bool(np.any(np.diff(chunk) < 0))):
+            return False
+        last = chunk[-1] if len(chunk) else last
+    return True
+
+
+class TimelineSpool:
+    """A worker's older timeline samples in scratch files (``simulator.spill``), so a long
+    replay's timelines do not stay in memory: the worker hands over its columns past ``limit``
+    samples (``append``; it keeps the last two, which coalescing may rewrite) and, when exported,
+    the rest (``columns``): the columns are then ``SpilledArray``s, which ``WorkerTimeline`` reads
+    a chunk at a time to write ``worker_timeline.csv``."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = max(3, SPILL_SAMPLES if limit is None else int(limit))  # (the worker keeps two)
+        self._files: tuple[ColumnFile, ...] | None = None
+        self._frozen: tuple[SpilledArray, ...] | None = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._files is not None
+
+    def append(self, times_ms, waiting, running, kv_blocks_used) -> None:
+        """Samples (buffers of float64 / int64 values) after those appended before."""
+        if self._frozen is not None:
+            raise RuntimeError("the timeline was exported already")
+        if self._files is None:
+            self._files = (ColumnFile(np.float64), ColumnFile(np.int64), ColumnFile(np.int64), ColumnFile(np.int64))
+        for f, col in zip(self._files, (times_ms, waiting, running, kv_blocks_used)):
+            f.append(np.frombuffer(col, dtype=f.dtype))
+
+    def columns(self, times_ms, waiting, running, kv_blocks_used) -> tuple:
+        """Every sample: the spilled ones, then these (the worker's last ones), as the four
+        columns; the given columns themselves when nothing was spilled. Once spilled, the first
+        call appends them and later calls return the same columns."""
+        if self._files is None:
+            return times_ms, waiting, running, kv_blocks_used
+        if self._frozen is None:
+            self.append(times_ms, waiting, running, kv_blocks_used)
+            self._frozen = tuple(f.freeze() for f in self._files)
+        return self._frozen
 
 
 class WorkerTimeline:
@@ -76,8 +147,13 @@ class WorkerTimeline:
         n = len(self.times_ms)
         if not (len(self.waiting) == len(self.running) == len(self.kv_blocks_used) == n):
             raise ValueError("timeline columns differ in length")
-        if n > 1 and bool(np.any(np.diff(self.times_ms) < 0)):
+        if not _in_order(self.times_ms):
             raise ValueError("timeline times are not in order")
+
+    @property
+    def spilled(self) -> bool:
+        """Its columns live in scratch files (a long replay's, ``TimelineSpool``)."""
+        return isinstance(self.times_ms, SpilledArray)
 
     # -- plain data -----------------------------------------------------------------------------
     @classmethod
@@ -96,10 +172,10 @@ class WorkerTimeline:
         return {
             "worker_id": self.worker_id,
             "role": self.role,
-            "times_ms": self.times_ms.tobytes(),
-            "waiting": self.waiting.tobytes(),
-            "running": self.running.tobytes(),
-            "kv_blocks_used": self.kv_blocks_used.tobytes(),
+            "times_ms": np.asarray(self.times_ms).tobytes(),
+            "waiting": np.asarray(self.waiting).tobytes(),
+            "running": np.asarray(self.running).tobytes(),
+            "kv_blocks_used": np.asarray(self.kv_blocks_used).tobytes(),
             "kv_blocks_total": self.kv_blocks_total,
             "start_ms": self.start_ms,
             "end_ms": self.end_ms,
@@ -114,29 +190,46 @@ class WorkerTimeline:
     def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(start_ms, duration_ms, waiting, running, kv_blocks_used) of the intervals of positive
         duration in ``[start_ms, end_ms)``."""
+        parts = list(self._segment_chunks(None))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate(cols) for cols in zip(*parts))
+
+    def _segment_chunks(self, size: int | None) -> Iterator[tuple]:
+        """``_segments`` in pieces of at most ``size`` samples (None: one piece): the same values,
+        an interval's duration being the next interval's start (or ``end_ms``) minus its own."""
         t0, t1 = self.start_ms, self.end_ms
         times = self.times_ms
         if t1 <= t0:
             e = np.empty(0)
             ei = np.empty(0, dtype=np.int64)
-            return e, e, ei, ei, ei
+            yield e, e, ei, ei, ei
+            return
         # the state at t0: the last sample at or before it (idle before the first)
-        i0 = int(np.searchsorted(times, t0, side="right"))
-        i1 = int(np.searchsorted(times, t1, side="left"))  # samples at or after t1 never hold
+        i0 = _search(times, t0, "right")
+        i1 = _search(times, t1, "left")  # samples at or after t1 never hold
         z = np.zeros(1, dtype=np.int64)
         if i0 > 0:
             first = (self.waiting[i0 - 1 : i0], self.running[i0 - 1 : i0], self.kv_blocks_used[i0 - 1 : i0])
         else:
             first = (z, z, z)
-        starts = np.concatenate(([t0], times[i0:i1]))
-        w = np.concatenate((first[0], self.waiting[i0:i1]))
-        r = np.concatenate((first[1], self.running[i0:i1]))
-        k = np.concatenate((first[2], self.kv_blocks_used[i0:i1]))
-        dur = np.diff(np.concatenate((starts, [t1])))
-        keep = dur > 0
-        if not keep.all():
-            starts, dur, w, r, k = starts[keep], dur[keep], w[keep], r[keep], k[keep]
-        return starts, dur, w, r, k
+        a = i0
+        while True:
+            b = i1 if size is None else min(a + size, i1)
+            starts, w, r, k = times[a:b], self.waiting[a:b], self.running[a:b], self.kv_blocks_used[a:b]
+            if a == i0:  # (the interval from t0)
+                starts = np.concatenate(([t0], starts))
+                w = np.concatenate((first[0], w))
+                r = np.concatenate((first[1], r))
+                k = np.concatenate((first[2], k))
+            dur = np.diff(np.concatenate((starts, [times[b] if b < i1 else t1])))
+            keep = dur > 0
+            if not keep.all():
+                starts, dur, w, r, k = starts[keep], dur[keep], w[keep], r[keep], k[keep]
+            yield starts, dur, w, r, k
+            if b >= i1:
+                return
+            a = b
 
     def _usage(self, used: np.ndarray) -> np.ndarray:
         total = self.kv_blocks_total
@@ -178,12 +271,14 @@ class WorkerTimeline:
         return weighted_sum(v, d) / total if total > 0 else None
 
     def iter_rows(self) -> Iterator[tuple]:
-        """CSV rows, one per interval (``CSV_COLUMNS``), made as they are consumed."""
-        starts, dur, w, r, k = self._segments()
-        usage = self._usage(k)
+        """CSV rows, one per interval (``CSV_COLUMNS``), made as they are consumed (a spilled
+        timeline a chunk of samples at a time)."""
         wid, role = self.worker_id, self.role or ""
-        for a, d, x, y, b, u in zip(starts.tolist(), dur.tolist(), w.tolist(), r.tolist(), k.tolist(), usage.tolist()):
-            yield (wid, role, a / 1000.0, d / 1000.0, x, y, b, u)
+        for starts, dur, w, r, k in self._segment_chunks(READ_ELEMENTS if self.spilled else None):
+            usage = self._usage(k)
+            for a, d, x, y, b, u in zip(starts.tolist(), dur.tolist(), w.tolist(), r.tolist(), k.tolist(),
+                                        usage.tolist()):
+                yield (wid, role, a / 1000.0, d / 1000.0, x, y, b, u)
 
     def to_rows(self) -> list[tuple]:
         """CSV rows, one per interval: ``CSV_COLUMNS``."""

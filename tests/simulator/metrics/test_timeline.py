@@ -130,3 +130,78 @@ def test_csv(tmp_path):
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["timeline.csv"]  # no temporary file left
     assert a.to_rows() == [(1, "aggregated", 0.0, 3.0, 0, 1, 2, 0.2), (1, "aggregated", 3.0, 1.0, 4, 2, 5, 0.5)]
+
+
+def spooled(wid, samples, end_ms, limit, total=10, start_ms=0.0):
+    """The timeline as a worker with a spool of ``limit`` samples exports it: the samples past
+    the limit handed over as they come (all but the last two), the rest at the end."""
+    from aisim.simulator.metrics.timeline import TimelineSpool
+
+    spool = TimelineSpool(limit)
+    held = (array("d"), array("q"), array("q"), array("q"))
+    for s in samples:
+        for col, x in zip(held, s):
+            col.append(x)
+        if len(held[0]) >= spool.limit:
+            cut = len(held[0]) - 2
+            spool.append(*(col[:cut] for col in held))
+            for col in held:
+                del col[:cut]
+    cols = spool.columns(*held)
+    assert spool.spilled == (len(samples) >= spool.limit)
+    return WorkerTimeline(wid, "aggregated", *cols, total, end_ms, start_ms)
+
+
+@pytest.mark.parametrize("window", [None, (1234.5, 8000.0), (0.0, 50.0), (9000.0, 9999.0)])
+def test_a_spooled_timeline_gives_the_same_rows_read_a_chunk_at_a_time(window, monkeypatch):
+    import aisim.simulator.metrics.timeline as tlmod
+
+    rng = np.random.default_rng(5)
+    times = np.cumsum(rng.integers(0, 40, 300)).astype(float)  # (zero steps: intervals of no duration)
+    samples = [(float(t), int(w), int(r), int(k)) for t, w, r, k in
+               zip(times, rng.integers(0, 9, 300), rng.integers(0, 5, 300), rng.integers(0, 10, 300))]
+    end = float(times[-1]) + 10.0
+    whole = timeline(3, samples, end)
+    spilled = spooled(3, samples, end, limit=16)
+    assert spilled.spilled and not whole.spilled
+    if window is not None:
+        whole, spilled = whole.window(*window), spilled.window(*window)
+    monkeypatch.setattr(tlmod, "READ_ELEMENTS", 7)  # rows a few samples at a time
+    assert spilled.to_rows() == whole.to_rows()
+    for metric in ("waiting", "kv_usage"):
+        assert spilled.weighted_quantile(metric, 0.95) == whole.weighted_quantile(metric, 0.95)
+    assert spilled.to_plain() == whole.to_plain()
+
+
+def test_a_short_timeline_is_not_spooled_and_stays_in_memory():
+    tl = spooled(0, SIMPLE, 4000.0, limit=3)
+    assert not tl.spilled and tl.intervals() == timeline(0, SIMPLE, 4000.0).intervals()
+
+
+@pytest.mark.parametrize("wire", [False, True])
+def test_a_replay_whose_timelines_spill_writes_the_same_worker_timeline_csv(wire, tmp_path, monkeypatch):
+    """The quickstart with timelines spooled past 8 samples a worker (in process, and through the
+    msgpack wire form a Ray host uses): the same worker_timeline.csv, the same summary."""
+    import dataclasses
+
+    import aisim.simulator.metrics.timeline as tlmod
+    from aisim import plan_from_config, run_plan
+    from aisim.cli import QUICKSTART
+    from aisim.simulator.config.loading import load_config
+
+    cfg, config_dir = load_config(None, [], default_path=QUICKSTART)
+    plan = plan_from_config(cfg, config_dir, capture_worker_timeline=True)
+    if wire:
+        plan = dataclasses.replace(plan, execution=dataclasses.replace(plan.execution, wire=True))
+    held = run_plan(plan)
+    monkeypatch.setattr(tlmod, "SPILL_SAMPLES", 8)
+    monkeypatch.setattr(tlmod, "READ_ELEMENTS", 50)
+    spilled = run_plan(plan)
+    assert any(tl.spilled for tl in spilled.timelines) != wire  # (the wire carries them whole)
+    assert max(len(tl.times_ms) for tl in held.timelines) > 50  # (several chunks a worker)
+    write_csv(tmp_path / "held.csv", held.timelines)
+    write_csv(tmp_path / "spilled.csv", spilled.timelines)
+    assert (tmp_path / "held.csv").read_bytes() == (tmp_path / "spilled.csv").read_bytes()
+    strip = ("wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s")
+    assert {k: v for k, v in spilled.summary.items() if k not in strip} == \
+        {k: v for k, v in held.summary.items() if k not in strip}
