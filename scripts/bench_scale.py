@@ -9,7 +9,8 @@ timing, block 64, 29,249 KV blocks per worker, ``--router`` over ``--workers``.
 
 Each repeat runs `python -m aisim predict` in a fresh child process and reports its wall time, CPU
 time (user + system), peak RSS and requests/s; ``--outputs`` also writes prediction.json,
-requests.jsonl and request_metrics.csv (``--output-dir --capture-per-request --csv``).
+requests.jsonl, request_metrics.csv and worker_timeline.csv (``--output-dir --capture-per-request
+--csv``).
 
     python scripts/bench_scale.py --requests 200000
     python scripts/bench_scale.py --requests 1000000 --router kv_router --workers 64
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
                     help="where the repeated traces are written and kept (default: %(default)s)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--outputs", action="store_true",
-                    help="also write prediction.json, requests.jsonl and request_metrics.csv")
+                    help="also write prediction.json, requests.jsonl, request_metrics.csv and worker_timeline.csv")
     ap.add_argument("--compare", metavar="REV", help="run this tree and git revision REV side by side, interleaved")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
