@@ -116,6 +116,11 @@ class Fanout:
         """The ids of this Fanout's live local worker processes (a diagnostic; empty on Ray)."""
         return []
 
+    def abort(self) -> None:
+        """Stop at once what a ``map`` in another thread runs, where the backend can: its items
+        end failed (their worker died) and it returns; the Fanout stays usable (new workers start
+        on the next ``map``). Ray: nothing is stopped, the tasks finish."""
+
     def close(self) -> None:
         self._closed = True
 
@@ -228,6 +233,10 @@ class LocalFanout(Fanout):
         if self._closed:
             raise RuntimeError("this Fanout is closed")
         self._pool.grow(min(self.max_parallel, n or self.max_parallel))
+
+    def abort(self) -> None:
+        for w in list(self._pool.all):  # (the map reads their pipes' end at once)
+            w.proc.kill()
 
     def close(self) -> None:
         super().close()

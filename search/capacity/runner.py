@@ -466,7 +466,8 @@ def _dispatch(jobs: list[_Job], lanes_n: int, backend: str, ray_address: str | N
     adaptive search may need next for either verdict; ties by job order. A trial is used
     (recorded) only when its search needs it, in the search's order (``_Job.advance``), so the
     outputs are those of the trials run one after another; a trial started ahead that the search
-    never needs is discarded when it ends."""
+    never needs is discarded when it ends, and one still running once every search is done is
+    stopped (``Fanout.abort``: local workers are killed; Ray tasks finish)."""
     for j in jobs:
         j.begin()
     free: list[_Lane | None] = [None] * lanes_n  # (a lane starts on its first trial, in its thread)
@@ -527,7 +528,10 @@ def _dispatch(jobs: list[_Job], lanes_n: int, backend: str, ray_address: str | N
                     item = ended.get_nowait()
                 except queue.Empty:
                     item = None
-        for t in threads:  # (trials ahead that no search needed: their lanes close after them)
+        for lane in lanes:  # (trials ahead that no search needed: stopped, not waited for)
+            if lane not in free:
+                lane.fan.abort()
+        for t in threads:
             t.join()
     finally:
         for lane in lanes:

@@ -151,6 +151,23 @@ def test_unpicklable_work_is_refused_before_anything_runs(local2):
         fanout("dask", 2)
 
 
+def test_abort_stops_a_map_running_in_another_thread_and_the_fanout_goes_on(local2):
+    local2.map(tasks.square, [1, 2])  # both workers up
+    workers = local2.worker_pids()
+    out: list = []
+    t = threading.Thread(target=lambda: out.extend(local2.map(tasks.sleep_for, [60.0])))
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.5)
+    local2.abort()
+    t.join(20)
+    assert not t.is_alive() and time.monotonic() - t0 < 20  # not the 60 s the item asked for
+    [r] = out
+    assert (r.status, r.category) == ("failed", "runtime") and "killed by signal 9" in r.message
+    assert wait_gone(workers) == set()  # the idle one too: killed and reaped
+    assert local2.map(tasks.square, [1, 2, 3]) == [1, 4, 9]  # fresh workers
+
+
 # -- timeouts ---------------------------------------------------------------------------------------
 
 def test_a_timeout_returns_timeout_records_and_kills_the_workers_that_ran_them(local2, tmp_path):

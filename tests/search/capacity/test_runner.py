@@ -296,3 +296,69 @@ def test_a_lane_that_cannot_start_stops_the_search_with_its_error(tmp_path, monk
     with pytest.raises(RuntimeError, match="no workers here"):
         run_capacity_search(example(), tmp_path / "o", use_cache=False, max_parallel=2)
 
+
+
+def test_a_trial_ahead_still_running_when_every_search_is_done_is_stopped(monkeypatch):
+    """The dispatcher with two lanes and a job that needs trial 1 and starts trial 2 ahead: once
+    the job is done, trial 2's lane is aborted rather than waited for."""
+    import threading
+    import time
+
+    import aisim.search.capacity.runner as runner
+
+    class Fan:
+        def __init__(self):
+            self.aborted = threading.Event()
+
+        def abort(self):
+            self.aborted.set()
+
+        def close(self):
+            pass
+
+    class Lane:
+        def __init__(self, backend, ray_address):
+            self.fan = Fan()
+
+        def close(self):
+            pass
+
+    class Plan:
+        done = False
+
+        def next_qps(self):
+            return None if self.done else 1.0
+
+    class Job:
+        index = 0
+
+        def begin(self):
+            self.sequencer, self.running, self.ready, self.result = Plan(), set(), {}, None
+            self.ahead_lane = None
+
+        def candidates(self, lanes):
+            todo = [] if self.result is not None else [q for q in (1.0, 2.0) if q not in self.running | set(self.ready)]
+            return [((0 if q == 1.0 else 3, 0, 0), q) for q in todo]
+
+        def advance(self):
+            if 1.0 in self.ready:
+                self.sequencer.done = True
+                self.result = "done"
+
+        def finish(self, out, exc):
+            self.result = exc
+
+        def replay(self, lane, qps):
+            if qps == 2.0:  # a long trial ahead: ends only when its lane is aborted
+                self.ahead_lane = lane
+                assert lane.fan.aborted.wait(30)
+                return "stopped"
+            time.sleep(0.2)
+            return "used"
+
+    monkeypatch.setattr(runner, "_Lane", Lane)
+    job = Job()
+    t0 = time.monotonic()
+    runner._dispatch([job], 2, "local", None)
+    assert time.monotonic() - t0 < 10 and job.result == "done"
+    assert job.ahead_lane is not None and job.ahead_lane.fan.aborted.is_set()
