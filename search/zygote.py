@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import queue
 import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["Zygote", "ForkedProcess", "available", "prepare", "shared_zygote", "in_spawner_thread",
            "interpreter_flags", "import_paths"]
@@ -52,18 +52,37 @@ _MAX_MSG = 1 << 22
 # PR_SET_PDEATHSIG fires when the *thread* that started the process ends, so the zygote and fresh
 # workers are started from one helper thread that lives as long as the process, never from a
 # caller's (maybe short-lived) thread.
-_SPAWNER: tuple[int, ThreadPoolExecutor] | None = None
+_SPAWNER: tuple[int, "queue.SimpleQueue"] | None = None  # (the pid that started it, its call queue)
 _SPAWNER_LOCK = threading.Lock()
 
 
+def _spawner_loop(calls: "queue.SimpleQueue") -> None:
+    while True:
+        fn, args, done = calls.get()
+        try:
+            done.append((True, fn(*args)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            done.append((False, exc))
+        done[0].set()
+
+
 def in_spawner_thread(fn, *args):
-    """``fn(*args)`` run in this process's spawner thread (the caller waits for it)."""
+    """``fn(*args)`` run in this process's spawner thread (the caller waits for it). The thread
+    is a daemon: it lives as long as the process and never holds the process's exit."""
     global _SPAWNER
     with _SPAWNER_LOCK:
         if _SPAWNER is None or _SPAWNER[0] != os.getpid():  # (a forked child has no such thread)
-            _SPAWNER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="aisim-fanout-spawner"))
-        spawner = _SPAWNER[1]
-    return spawner.submit(fn, *args).result()
+            calls: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_spawner_loop, args=(calls,), name="aisim-fanout-spawner", daemon=True).start()
+            _SPAWNER = (os.getpid(), calls)
+        calls = _SPAWNER[1]
+    done: list = [threading.Event()]
+    calls.put((fn, args, done))
+    done[0].wait()
+    ok, value = done[1]
+    if not ok:
+        raise value
+    return value
 
 
 def import_paths() -> list[str]:
