@@ -106,3 +106,32 @@ def test_off_a_terminal_the_table_honours_columns():
     narrow = aisim("predict", env={**ENV, "COLUMNS": "100"})
     assert max(map(len, wide.stdout.splitlines())) > 120
     assert max(map(len, narrow.stdout.splitlines())) <= 100
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment holds ``AISIM_TEST_MARK=mark``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as fh:
+                    if f"AISIM_TEST_MARK={mark}".encode() in fh.read().split(b"\0"):
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.parametrize("flags", [[], ["--max-parallel", "1"], ["--backend", "local"], ["--help"]])
+def test_a_capacity_run_leaves_no_process_behind(tmp_path, flags):
+    """The zygote starts before the flags are parsed and the process ends without the
+    interpreter's teardown: still nothing of it (zygote, workers) outlives the command."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    mark = f"{os.getpid()}-{len(flags)}-{tmp_path.name}"
+    env = dict(ENV, AISIM_TEST_MARK=mark)
+    p = aisim("capacity", "-c", str(CONFIGS / "capacity-search.yaml"), "--output-dir", str(tmp_path / "o"),
+              "--no-cache", *flags, env=env)
+    assert p.returncode == 0, p.stderr
+    assert ("max QPS under SLA 37" in p.stdout) != ("--help" in flags)
+    assert _processes_marked(mark) == []
