@@ -59,6 +59,8 @@ REQUEST_CSV_COLUMNS = (
 
 def _num(x) -> float | None:
     """A finite number, or None (missing, null, NaN, inf)."""
+    if x.__class__ is float:  # (the usual case, the short way: inf - inf and nan - nan are nan)
+        return x if x - x == 0.0 else None
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -70,10 +72,6 @@ def _num(x) -> float | None:
 
 def _cell(x):
     return "" if x is None else x
-
-
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000.0
 
 
 def _diff(a: float | None, b: float | None) -> float | None:
@@ -107,10 +105,12 @@ def row_of(uuid, status, worker, arrival_ms, admit_ms, first_ms, last_ms, input_
         if itl is None:
             itl = tpot
         e2e = _diff(last, arrival)
-    return tuple(_cell(v) for v in (
-        uuid, status, worker, _seconds(arrival), _seconds(admit), _seconds(first), _seconds(last),
-        input_len, n, reused, delay, ttft, tpot, itl, e2e,
-    ))
+    return ("" if uuid is None else uuid, "" if status is None else status, "" if worker is None else worker,
+            "" if arrival is None else arrival / 1000.0, "" if admit is None else admit / 1000.0,
+            "" if first is None else first / 1000.0, "" if last is None else last / 1000.0,
+            "" if input_len is None else input_len, "" if n is None else n, "" if reused is None else reused,
+            "" if delay is None else delay, "" if ttft is None else ttft, "" if tpot is None else tpot,
+            "" if itl is None else itl, "" if e2e is None else e2e)
 
 
 def request_rows(records: Iterable[dict]) -> Iterator[tuple]:
