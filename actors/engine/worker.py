@@ -152,6 +152,7 @@ class EngineWorker:
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self._spool = timeline_spool if record_timeline else None
+        self._rank = ranks[0] if len(ranks) == 1 else None  # (the timeline's samples read it directly)
         self.kv_blocks_total = sum(r.kv.capacity for r in ranks)
         # forward-pass records carry the queue as of their pass's scheduling (the Planner reads
         # them): per rank, the queue when the current pass or run started and when the last ended
@@ -492,11 +493,15 @@ class EngineWorker:
         """Append the current (waiting, running, KV blocks used), coalesced: a sample equal to
         the previous state is skipped; one at the previous sample's time replaces it (the last
         state at an instant wins) and is dropped when that restores the state before it."""
-        waiting = running = used = 0
-        for r in self.ranks:
-            waiting += len(r.waiting)
-            running += len(r.running)
-            used += r.kv.num_active
+        r = self._rank
+        if r is not None:  # (one rank: no sums)
+            waiting, running, used = len(r.waiting), len(r.running), r.kv.num_active
+        else:
+            waiting = running = used = 0
+            for r in self.ranks:
+                waiting += len(r.waiting)
+                running += len(r.running)
+                used += r.kv.num_active
         times, ws, rs, ks = self.timeline
         n = len(times)
         if n and times[n - 1] == now_ms:
