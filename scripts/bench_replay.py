@@ -180,8 +180,10 @@ def compare_command(rev: str, repeats: int, argv, result_file: str, answers, hom
     b = statistics.median(r["wall_s"] for r in runs["baseline"])
     t = statistics.median(r["wall_s"] for r in runs["this"])
     same = all(r["answers"] == runs["baseline"][0]["answers"] for r in runs["baseline"] + runs["this"])
+    pairs = [a["wall_s"] / c["wall_s"] for a, c in zip(runs["baseline"], runs["this"])]  # (run next to each other)
     print(f"{what}, {os.cpu_count()} CPUs, median of {repeats}, whole process")
-    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x; same answers: {same}")
+    print(f"{rev}: {b:.2f} s; this tree: {t:.2f} s -> {b / t:.2f}x (each repeat's pair: median "
+          f"{statistics.median(pairs):.2f}x, range {min(pairs):.2f}-{max(pairs):.2f}); same answers: {same}")
     return 0 if same else 1
 
 
