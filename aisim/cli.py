@@ -846,9 +846,12 @@ def _start_zygote_early(args: list[str]) -> None:
         if len(name) >= 4 and "--backend".startswith(name):
             if (value if eq else (args[i + 1] if i + 1 < len(args) else "")) != "local":
                 return
-    from aisim.search.zygote import prepare
+    try:
+        from aisim.search.zygote import prepare
 
-    prepare(search)
+        prepare(search)
+    except Exception:  # noqa: BLE001 - the command's own start reports it, in one line
+        pass
 
 
 # commands whose process may end without the interpreter's teardown (``run``): they keep no
