@@ -207,17 +207,9 @@ def _numbers(cells) -> list[float | None]:
 
 
 def _request_values(columns: Mapping, metric: str) -> tuple[list[float], int]:
-    values: list[float] = []
-    never = 0
-    for s, c in zip(columns["status"], columns[metric]):
-        if s != "completed":
-            never += 1
-            continue
-        k = c.__class__  # (``_number``, numbers the short way)
-        x = (None if c != c else c) if k is float else float(c) if k is int else _number(c)
-        if x is not None:
-            values.append(x)
-    return values, never
+    status = columns["status"]
+    cells = [c for s, c in zip(status, columns[metric]) if s == "completed"]  # (only these are read)
+    return [x for x in _numbers(cells) if x is not None], len(status) - len(cells)
 
 
 def _floats(cells) -> np.ndarray:

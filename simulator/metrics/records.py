@@ -34,7 +34,7 @@ class RecordSpool:
 
     def __init__(self, uuid_of=None, rows: bool = False) -> None:
         self.uuid_of = uuid_of
-        # ``rows``: each record kept only as its request_metrics.csv row (``csv_out.request_row``),
+        # ``rows``: each record kept only as its request_metrics.csv row (``csv_out.row_of``, ``add_row``),
         # no JSON line: what a capacity trial reads (``records()`` is then a list of rows)
         self.rows: list | None = [] if rows else None
         self.arrival = array("d")
@@ -51,11 +51,7 @@ class RecordSpool:
         self.rows.append(row)
 
     def add(self, index: int, arrival_ms: float, record: dict) -> None:
-        if self.rows is not None:
-            from aisim.simulator.metrics.csv_out import request_row
-
-            self.add_row(index, arrival_ms, request_row(record))
-            return
+        """A record kept as its JSON line (not ``rows``: those keep rows, ``add_row``)."""
         self.arrival.append(arrival_ms)
         self.index.append(index)
         self.start.append(self._written + len(self._buf))

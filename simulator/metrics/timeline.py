@@ -26,6 +26,7 @@ seconds from the first arrival), ``duration_s``, ``queue_depth_waiting``, ``queu
 
 from __future__ import annotations
 
+import bisect
 import io
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -68,15 +69,7 @@ def _search(col, value: float, side: str) -> int:
     """``np.searchsorted`` on a sorted column (a spilled one by bisection, a value per read)."""
     if isinstance(col, np.ndarray):
         return int(np.searchsorted(col, value, side=side))
-    lo, hi = 0, len(col)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        x = col[mid]
-        if x < value or (side == "right" and x == value):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return (bisect.bisect_right if side == "right" else bisect.bisect_left)(col, value)
 
 
 def _in_order(times) -> bool:
