@@ -640,20 +640,21 @@ def _validate(args, t0: float, signals: _Signals) -> int:
     return 0
 
 
-def _prepare_local_workers(args, search: str) -> None:
-    """A search on the local backend: start the worker zygote now, so it imports the simulator
-    (and what ``search``'s trials import) while this process loads the config (search.zygote)."""
+def _prepare_local_workers(args) -> None:
+    """A search on the local backend: start the worker zygote now (unless ``_start_zygote_early``
+    did), so it imports the simulator and what the command's trials import while this process
+    loads the config (search.zygote)."""
     if args.ray_address is None and args.backend in (None, "local"):
         from aisim.search.zygote import prepare
 
-        prepare(search)
+        prepare(_ZYGOTE_SEARCHES[args.command])
 
 
 def _capacity(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim capacity``: exit 0, or 1 when a job errored."""
     import json
 
-    _prepare_local_workers(args, "capacity")
+    _prepare_local_workers(args)
     from aisim.search.capacity.runner import run_capacity_search
     from aisim.simulator.errors import InputError
 
@@ -723,7 +724,7 @@ def _print_search_space(args) -> int:
 def _recommend(args, t0: float, signals: _Signals) -> int:
     """Run ``aisim recommend``."""
     if not args.print_search_space:
-        _prepare_local_workers(args, "spica")
+        _prepare_local_workers(args)
     from aisim.search.spica.loop import STUDY_FILE, run_search
     from aisim.simulator.errors import InputError
 
