@@ -129,23 +129,74 @@ def atomic_write_lines(path: Path, rows) -> None:
 
 
 _CSV_BATCH_ROWS = 1024
+_CSV_QUOTED = re.compile(r'[,"\x00-\x1f]')  # (a string with any of these: the csv module formats its batch)
+_CELL_KINDS = frozenset((float, int, str))
 
 
 def csv_lines(header: Iterable, rows: Iterable[Iterable]) -> Iterable[str]:
     """``header`` then every row as CSV text (the ``csv`` module's quoting, ``\\n`` line ends), in
     chunks of up to ``_CSV_BATCH_ROWS`` lines: the rows are formatted as they are consumed, never
-    all collected."""
+    all collected. A batch of plain cells is formatted by columns (``_csv_columns``), the same text."""
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
-    it = itertools.chain((header,), rows)
+    out.writerow(header)
+    head = buf.getvalue()
+    it = iter(rows)
+    size = max(1, _CSV_BATCH_ROWS - 1)  # (the header's chunk: as many lines as the others)
     while True:
-        batch = list(itertools.islice(it, _CSV_BATCH_ROWS))
+        batch = list(itertools.islice(it, size))
+        size = _CSV_BATCH_ROWS
         if not batch:
+            if head:
+                yield head
             return
-        buf.seek(0)
-        buf.truncate()
-        out.writerows(batch)
-        yield buf.getvalue()
+        text = _csv_columns(batch)
+        if text is None:
+            buf.seek(0)
+            buf.truncate()
+            out.writerows(batch)
+            text = buf.getvalue()
+        if head:
+            text = head + text
+            head = ""
+        yield text
+
+
+def _csv_columns(batch: list) -> str | None:
+    """The ``csv`` module's text for ``batch`` when every row has the same two or more cells and
+    each column holds str, int and float cells only (a column of numbers may hold "" for a missing
+    value; no string needs quoting), else None. Numbers are formatted a column at a time by orjson,
+    whose floats are the shortest round-trip digits, as ``repr``'s; the forms where the two spell
+    them differently (an exponent, a leading 0.0000, NaN and infinities) are taken from ``str``,
+    which is what the csv module writes."""
+    n = len(batch[0])
+    if n < 2 or len(set(map(len, batch))) != 1:
+        return None
+    import orjson
+
+    cols = []
+    for col in zip(*batch):
+        kinds = set(map(type, col))
+        if kinds == {str}:
+            if _CSV_QUOTED.search("".join(col)):
+                return None
+            cols.append(col)
+            continue
+        if not kinds <= _CELL_KINDS:
+            return None
+        try:
+            text = orjson.dumps(col).decode()
+        except TypeError:  # (an int beyond 64 bits)
+            return None
+        if str in kinds:
+            text = text.replace('""', "")
+            if '"' in text:  # (a string other than "" among numbers)
+                return None
+        cells = text[1:-1].split(",")
+        if float in kinds and ("e" in text or "0.0000" in text or "null" in text):
+            cells = [str(x) if "e" in c or "0.0000" in c or c == "null" else c for c, x in zip(cells, col)]
+        cols.append(cells)
+    return "\n".join(map(",".join, zip(*cols))) + "\n"
 
 
 def atomic_write_csv(path: Path, header: Iterable, rows: Iterable[Iterable]) -> None:

@@ -122,3 +122,38 @@ def test_both_files_from_records_and_timelines(tmp_path):
         "0,aggregated,1.5,0.5,0,3,8,0.8",
     ]) + "\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["request_metrics.csv", "worker_timeline.csv"]
+
+
+def _csv_module_text(rows) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+def test_plain_batches_are_formatted_by_columns_as_the_csv_module_would():
+    import random
+    import struct
+
+    from aisim.simulator.metrics.output import _csv_columns
+
+    # every float form where orjson and repr spell a number differently, and the ones around them
+    edge = [1e-05, -1e-05, 4.173028964621065e-05, 0.0001, 0.00012, 1e-07, 1e15, 1e16, -1.5e16, 9999999999999998.0,
+            5e-324, 1.7976931348623157e308, 0.0, -0.0, 100.0, math.nan, math.inf, -math.inf, 0.1 + 0.2, 10.00001]
+    rows = [(f"req-{i}", "completed", i, x, "" if i % 3 else x, 2**40 + i) for i, x in enumerate(edge)]
+    assert _csv_columns(rows) == _csv_module_text(rows)
+    assert "\nreq-1,completed,1,-1e-05,,1099511627777\n" in _csv_columns(rows) and ",nan,nan," in _csv_columns(rows)
+    rng = random.Random(7)
+    floats = [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20000)]
+    floats += [rng.random() * 10 ** rng.randint(-9, 18) for _ in range(20000)]
+    rows = [(x, -x, "", i) if i % 7 == 0 else (x, -x, x * 3, i) for i, x in enumerate(floats)]
+    assert _csv_columns(rows) == _csv_module_text(rows)
+    # anything else goes to the csv module (None here): a string needing quotes, a non-empty
+    # string among numbers, a bool, None, an int beyond 64 bits, rows of unequal length, one column
+    for odd in ([("a,b", 1.0)], [('say "x"', 1.0)], [("a\nb", 1.0)], [(1.5, 1.0), ("x", 2.0)], [(True, 1.0)], [(None, 1.0)],
+                [(2**70, 1.0)], [(1, 2.0), (1, 2.0, 3)], [(1.0,)]):
+        assert _csv_columns(odd) is None, odd
+    lines = "".join(csv_lines(("a", "b"), [("x,y", 1.0), ("z", 2.5)]))
+    assert lines == 'a,b\n"x,y",1.0\nz,2.5\n'
