@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from operator import mul
+from heapq import heapify, heappop, heappush
+from operator import itemgetter, mul
 
 from aisim.actors.engine.capacity import POLICIES
 from aisim.actors.engine.gaps import GapSink
@@ -1041,6 +1042,11 @@ class RankScheduler(RankQueues):
         if not done:  # pragma: no cover - the horizon guarantees it
             raise AssertionError("fast-forward run ran out of KV blocks")
 
+    def run_blocks(self, batch: list, computed: list[int]) -> "RunBlocks":
+        """The blocks of a decode run's batch (``grow_run`` with one ``upto`` for all), grown as its
+        passes are scheduled, touching only the requests that need a block."""
+        return RunBlocks(self, batch, computed)
+
     def blocks_bound(self, computed: list[int], remaining: list[int], k: int) -> int:
         """At most ``k`` decode passes of requests with ``computed`` tokens, request i leaving
         after ``remaining[i]`` of them, before one would need a block that is not free or
@@ -1059,3 +1065,56 @@ class RankScheduler(RankQueues):
         if req.num_generated == 0 and self._never_fits(req):
             return False
         return self._fit(req, req.prompt_len + req.num_generated) is None
+
+
+_POSITION = itemgetter(1)
+
+
+class RunBlocks:
+    """``RankScheduler.grow_run(batch, computed, upto)`` for a run's successive ``upto`` (they only
+    grow): a heap of (the first ``upto`` at which a request needs ``kv.grow``, its position in the
+    batch, the request, its tokens computed at the run's start), so a call grows the requests due,
+    in batch order, as the scan over the whole batch would, and looks at no other. A request's due
+    pass changes only when it grows (here); one that left the batch (completed) is dropped when due."""
+
+    __slots__ = ("rank", "heap")
+
+    def __init__(self, rank: RankScheduler, batch: list, computed: list[int]) -> None:
+        self.rank = rank
+        due = self._due
+        self.heap = [(due(r, c), i, r, c) for i, (r, c) in enumerate(zip(batch, computed))]
+        heapify(self.heap)
+
+    def _due(self, req: Request, c: int) -> int:
+        """The least ``upto`` with kv.grow's test true for ``c + upto`` tokens (``grow_run``'s)."""
+        kv = self.rank.kv
+        bs = kv.block_size
+        k = (req.num_held + req.num_private) * bs - c + 1
+        if kv.prefix_caching:
+            k2 = (req.num_full_registered + 1) * bs - c
+            if k2 < k:
+                return k2
+        return k
+
+    def grow(self, upto: int) -> None:
+        heap = self.heap
+        if not heap or heap[0][0] > upto:
+            return
+        due = []
+        while heap and heap[0][0] <= upto:
+            due.append(heappop(heap))
+        if len(due) > 1:
+            due.sort(key=_POSITION)
+        due = [e for e in due if e[2].status == RUNNING]
+        if not due:
+            return
+        kv = self.rank.kv
+        items = [(r, c + upto) for _, _, r, c in due]
+        done = kv.grow_decode(items)
+        if done is None:
+            done = all([kv.grow(req, t, req.hashes) for req, t in items])
+        if not done:  # pragma: no cover - the horizon guarantees it
+            raise AssertionError("fast-forward run ran out of KV blocks")
+        f = self._due
+        for _, i, r, c in due:
+            heappush(heap, (f(r, c), i, r, c))

@@ -835,6 +835,10 @@ class SGLangRank(RankQueues):
                 clipped += 1
         return k
 
+    def run_blocks(self, batch: list, computed: list[int]) -> "_RunPages":
+        """``grow_run`` for a run's successive passes (``RankScheduler.run_blocks``' form)."""
+        return _RunPages(self, batch, computed)
+
     def grow_run(self, batch: list, computed: list[int], upto: int) -> None:
         """A decode run's pages up to pass ``upto``: each request's for ``computed + upto`` tokens."""
         page = self.page
@@ -858,3 +862,18 @@ class SGLangRank(RankQueues):
         tree_tokens = t.evictable_tokens + t.protected_tokens
         assert tree_tokens % t.page == 0
         assert t.free_pages + tree_tokens // t.page + owned == t.num_pages, (t.free_pages, tree_tokens, owned)
+
+
+class _RunPages:
+    """A run's pages grown as its passes are scheduled (``SGLangRank.grow_run`` on the entry's lists,
+    which lose the requests that leave)."""
+
+    __slots__ = ("rank", "batch", "computed")
+
+    def __init__(self, rank, batch: list, computed: list[int]) -> None:
+        self.rank = rank
+        self.batch = batch
+        self.computed = computed
+
+    def grow(self, upto: int) -> None:
+        self.rank.grow_run(self.batch, self.computed, upto)

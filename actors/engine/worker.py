@@ -65,7 +65,7 @@ class DecodeRun:
     unless more are planned and nothing cut it short."""
 
     __slots__ = ("start_ms", "ends", "num_passes", "num_planned", "n_sched", "n_done", "ranks", "batch_size",
-                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joined", "drawn")
+                 "held_events", "segments", "exit_passes", "next_exit", "bound", "joined", "drawn", "blocks")
 
     def __init__(self, start_ms: float, num_planned: int, ranks: list, segments: dict, drawn: bool = False) -> None:
         self.start_ms = start_ms
@@ -90,6 +90,7 @@ class DecodeRun:
         # token), pass 1 its first decode step (its second)
         self.joined: tuple | None = None
         self.drawn = drawn  # (speculative decoding: the ranks' segments are _SpecSegments)
+        self.blocks: list | None = None  # per entry, its rank's run_blocks (made when first scheduled)
 
     @property
     def end_ms(self) -> float:
@@ -678,8 +679,11 @@ class EngineWorker:
             for rank, batch, c0, _, _ in run.ranks:
                 rank.grow_run(batch, c0, run.segments[id(rank)].advanced_all(upto))
             return
-        for rank, batch, c0, _, _ in run.ranks:
-            rank.grow_run(batch, c0, upto)
+        blocks = run.blocks
+        if blocks is None:
+            blocks = run.blocks = [rank.run_blocks(batch, c0) for rank, batch, c0, _, _ in run.ranks]
+        for b in blocks:
+            b.grow(upto)
 
     def _apply_run(self, run: DecodeRun, sched_upto: int, done_upto: int) -> None:
         """Apply the run's passes up to ``sched_upto`` started and ``done_upto`` ended, in time

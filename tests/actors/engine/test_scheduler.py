@@ -258,3 +258,49 @@ def test_a_pass_that_only_preempts_is_scheduled_again_at_once():
                     (17.0, [(1, 1)]), (27.0, [(0, 5)]), (28.0, [(0, 1)]), (29.0, [(0, 1)])]
     assert (a.status, a.terminal_ms, b.status, b.terminal_ms) == (COMPLETED, 29.0, COMPLETED, 17.0)
     assert rank.num_preemptions == 1 and not rank.has_work
+
+
+def _decoding_rank():
+    """A rank (4-token blocks, prefix caching, a cache that evicts) whose nine requests have all
+    finished their prompts, at different offsets within their blocks."""
+    cfg = SchedulerConfig(max_batched_tokens=512, max_sequences=16, block_size=4, num_gpu_blocks=200)
+    rank = RankScheduler(cfg, FixedTiming(100, 10), record_kv_events=True)
+    src = _Chains(shared=3)
+    for i in range(9):
+        rank.enqueue(Request(i, src, 0.0, 13 + 7 * i, 60))
+    t = 0.0
+    while not (len(rank.running) == 9 and all(r.prefill_done for r in rank.running)):
+        rp = rank.schedule(t)
+        rank.finish(rp, t, t + rp.duration_ms, GapSink(), [])
+        t += rp.duration_ms
+    rank.kv.events.clear()
+    return rank
+
+
+def test_run_blocks_grow_the_requests_a_scan_of_the_batch_would_in_its_order():
+    from aisim.actors.engine.request import COMPLETED
+
+    def run(use_heap: bool):
+        rank = _decoding_rank()
+        batch = list(rank.running)
+        c0 = [r.num_computed for r in batch]
+        blocks = rank.run_blocks(batch, c0) if use_heap else None
+        out = []
+        for upto in (1, 2, 3, 7, 8, 9, 15, 16, 30, 31, 32, 45):
+            if upto == 9:  # two requests leave the batch (as a run's completions do)
+                for i in (4, 1):
+                    batch[i].status = COMPLETED
+                    rank.release_completed([batch[i]], [])
+                    del batch[i], c0[i]
+            if use_heap:
+                blocks.grow(upto)
+            else:
+                rank.grow_run(batch, c0, upto)
+            out.append((upto, list(rank.kv.events), rank.kv.num_active, rank.kv.num_inactive,
+                        [(r.index, r.num_held, r.num_private, r.num_full_registered) for r in batch]))
+            rank.kv.events.clear()
+        return out
+
+    heap, scan = run(True), run(False)
+    assert heap == scan
+    assert sum(1 for x in scan if x[1]) >= 8  # blocks were stored at most steps
