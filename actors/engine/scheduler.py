@@ -282,8 +282,15 @@ class RankScheduler(RankQueues):
         elif num_running:
             # the leading decode requests at once when they all fit and every block they need is
             # there (the same outcome as one by one: no allocation fails, so nobody is preempted)
-            if lead is not None and self._lead_at == self.pass_count and running[: len(lead)] == lead:
-                taken = self._cached_lead(lead, budget)
+            if lead is not None and self._lead_at == self.pass_count:
+                if running[: len(lead)] == lead:
+                    taken = self._cached_lead(lead, budget)
+                else:  # (requests of the lead completed in its pass: the others lead on)
+                    kept = [r for r in lead if r.status == RUNNING]
+                    if running[: len(kept)] == kept and all([r.status == COMPLETED for r in lead if r.status != RUNNING]):
+                        taken = self._cached_lead(kept, budget, len(lead) - len(kept))
+                    else:
+                        taken = self._new_lead(budget)
             else:
                 taken = self._new_lead(budget)
             if taken is not None:
@@ -507,10 +514,10 @@ class RankScheduler(RankQueues):
         self._lead_due = None
         return items[:], kv, sq
 
-    def _cached_lead(self, lead: list, budget: int) -> tuple | None:
+    def _cached_lead(self, lead: list, budget: int, num_gone: int = 0) -> tuple | None:
         """``_new_lead`` when the last pass's lead leads again, each request one token further
-        (and any that finished their prompt in it appended): the same outcome from the kept sums
-        and the requests due for a block."""
+        (and any that finished their prompt in it appended; ``num_gone`` of it completed in it and
+        left ``lead``): the same outcome from the kept sums and the requests due for a block."""
         running = self.running
         d0 = len(lead)
         d = d0
@@ -520,24 +527,34 @@ class RankScheduler(RankQueues):
         if d > budget:
             return self._new_lead(budget)
         q = self.pass_count
+        items = self._lead_items
+        # every request of the last lead generated one token since: k -> k + 1
+        kv = self._lead_kv
+        sq = self._lead_sq + 2 * kv + d0 + num_gone
+        kv += d0 + num_gone
+        if num_gone:  # (their sums go; their entries due for a block are dropped when due)
+            known = [r.prompt_len + r.num_generated for r, _ in items if r.status != RUNNING]
+            kv -= sum(known)
+            sq -= sum(map(mul, known, known))
+            items = [e for e in items if e[0].status == RUNNING]
         due = self._lead_due
         if due is None:
-            due = self._lead_due = {}
+            due = self._lead_due = {_NEXT_POSITION: d0}
             self._add_due(enumerate(lead), q)
-        # every request of the lead generated one token since: k -> k + 1
-        kv = self._lead_kv
-        sq = self._lead_sq + 2 * kv + d0
-        kv += d0
         if d > d0:
             new = running[d0:d]
             known = [r.prompt_len + r.num_generated for r in new]
             kv += sum(known)
             sq += sum(map(mul, known, known))
-            self._add_due(enumerate(new, d0), q)
+            at = due[_NEXT_POSITION]
+            self._add_due(enumerate(new, at), q)
+            due[_NEXT_POSITION] = at + d - d0
             lead = lead + new
-            self._lead_items = self._lead_items + [(r, 1) for r in new]
+            items = items + [(r, 1) for r in new]
+        self._lead_items = items
         now = due.pop(q, None)
         if now is not None:
+            now = [e for e in now if e[1].status == RUNNING]  # (not those that completed since they were filed)
             now.sort()  # lead order: the order of the registrations (KV events, insertion order)
             grow = self._needing_blocks([r for _, r in now])
             if grow and not self.kv.grow_decode(grow):
@@ -1068,6 +1085,7 @@ class RankScheduler(RankQueues):
 
 
 _POSITION = itemgetter(1)
+_NEXT_POSITION = -1  # (RankScheduler._lead_due's key for the position the next lead request gets: no pass count)
 
 
 class RunBlocks:
@@ -1081,8 +1099,14 @@ class RunBlocks:
 
     def __init__(self, rank: RankScheduler, batch: list, computed: list[int]) -> None:
         self.rank = rank
-        due = self._due
-        self.heap = [(due(r, c), i, r, c) for i, (r, c) in enumerate(zip(batch, computed))]
+        bs = rank.kv.block_size
+        # (``_due`` inline)
+        if rank.kv.prefix_caching:
+            self.heap = [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
+                         for i, (r, c) in enumerate(zip(batch, computed))]
+        else:
+            self.heap = [((r.num_held + r.num_private) * bs + 1 - c, i, r, c)
+                         for i, (r, c) in enumerate(zip(batch, computed))]
         heapify(self.heap)
 
     def _due(self, req: Request, c: int) -> int:

@@ -192,6 +192,7 @@ def _step_rank(keep_lead: bool, speculation=None) -> tuple[list, tuple]:
         if speculation is not None:
             events = [sorted(h for kind, hs in events if kind == k for h in hs) for k in (1, 2)]
         out.append(([(r.index, n) for r, n in rp.items], rp.num_lead if speculation is None else None, rp.shape,
+                    rp.var_decode_kv_tokens,
                     rp.num_preempted, events, rank.kv.num_active, rank.kv.num_inactive, [r.index for r in done],
                     [(r.index, r.num_computed, r.num_generated, r.spec_passes, r.num_held, r.num_private,
                       r.num_full_registered) for r in rank.running]))
@@ -199,12 +200,22 @@ def _step_rank(keep_lead: bool, speculation=None) -> tuple[list, tuple]:
     return out, gaps.to_wire()
 
 
-def test_a_lead_kept_from_the_last_pass_schedules_exactly_as_one_built_afresh():
+def test_a_lead_kept_from_the_last_pass_schedules_exactly_as_one_built_afresh(monkeypatch):
+    gone = []
+    cached = RankScheduler._cached_lead
+
+    def counting(self, lead, budget, num_gone=0):
+        gone.append(num_gone)
+        return cached(self, lead, budget, num_gone)
+
+    monkeypatch.setattr(RankScheduler, "_cached_lead", counting)
     kept, _ = _step_rank(keep_lead=True)
     fresh, _ = _step_rank(keep_lead=False)
     assert len(kept) > 200
     assert sum(1 for x in kept if x[1] >= 3) > 80  # passes with a lead of several requests
-    assert any(x[3] for x in kept)  # preemptions happen too
+    assert any(x[4] for x in kept)  # preemptions happen too
+    # the lead is kept across the passes in which some of its requests completed, too
+    assert sum(1 for n in gone if n) >= 5 and len(gone) > 100
     assert kept == fresh
 
 
