@@ -16,8 +16,10 @@ quantile lies in ``[x[floor(h)], x[ceil(h)]]`` (0-indexed), so:
 Both counts needed grow with ``n``, so using ``N`` for ``n`` only ever waits longer: a decision
 taken is the decision of the full replay. At checkpoints (``simulator.checkpoints``) an upper-limit
 rule on TTFT, the scheduling delay or E2E latency also counts the requests in flight whose value
-is already past the threshold (no first token / not admitted / not finished after ``now -
-arrival``): each either ends with such a value or never completes, failing the rule either way.
+is already past the threshold: no first token / not admitted / not finished after ``now -
+arrival``, or a first token / first admission already there with a TTFT / delay past it (final:
+the row computes it from the same two times); each either ends with such a value or never
+completes, failing the rule either way.
 ``==`` rules and the queue rules (worker timelines) are never decided early; a trial that passes
 always runs to the end. A threshold is compared with a relative margin of 1e-12 so a value equal
 to it within rounding never decides.
@@ -29,7 +31,7 @@ import math
 
 from aisim.simulator.checkpoints import Monitor, as_row
 
-__all__ = ["SlaMonitor", "needed"]
+__all__ = ["SlaMonitor", "needed", "proves"]
 
 _EPS = 1e-12
 TIME_CHECKPOINTS = 50  # checkpoints per arrival span of virtual time, besides one per 2% of the requests ended
@@ -58,6 +60,24 @@ def _beyond(op: str, threshold: float):
     if op == ">=":
         return lambda v: v < threshold - margin
     return lambda v: v <= threshold - margin  # ">"
+
+
+def proves(bound: dict | None, rule) -> bool:
+    """Whether a trial decided early with ``bound`` (``_Rule.bound``'s; None: a request was rejected)
+    fails ``rule`` too: any request rule after a rejection; else a rule on the same metric and
+    quantile on the same side whose threshold the proved bound passes as well (a stricter one: the
+    quantile is past ``T``, so past any ``T'`` nearer; at ``T' = T`` only where the proof's
+    comparison is at least as strict as the rule's)."""
+    if bound is None:
+        return rule.kind == "request"
+    if rule.kind != "request" or (rule.metric, rule.quantile) != (bound["metric"], bound["quantile"]):
+        return False
+    op, t, new = bound["op"], bound["threshold"], rule.threshold
+    if op in ("<=", "<") and rule.op in ("<=", "<"):  # proved: quantile > t (>= t for "<")
+        return new < t or (new == t and (op == "<=" or rule.op == "<"))
+    if op in (">=", ">") and rule.op in (">=", ">"):  # proved: quantile < t (<= t for ">")
+        return new > t or (new == t and (op == ">=" or rule.op == ">"))
+    return False
 
 
 class _Rule:
@@ -111,16 +131,21 @@ class SlaMonitor(Monitor):
     def at_checkpoint(self, now_ms: float, ended: int, in_flight) -> str | None:
         """Add the requests in flight whose value is already beyond an upper-limit rule's
         threshold: a request without a first token at ``now`` reports a TTFT >= now - arrival,
-        one not yet admitted a scheduling delay >= that, any an E2E latency >= that (or it never
-        completes, which fails the rule too)."""
+        one not yet admitted a scheduling delay >= that, any an E2E latency >= that; one with its
+        first token (admission) reports the TTFT (delay) it has now (or it never completes,
+        which fails the rule too)."""
         uppers = [r for r in self.rules if r.rule.op in ("<=", "<") and r.rule.metric in _ELAPSED]
         if not uppers:
             return None
         held = in_flight()
         for r in uppers:
             field, scale = _ELAPSED[r.rule.metric]
-            extra = sum(1 for item in held if (field is None or item[field] is None)
-                        and r.test((now_ms - item[0]) / scale))
+            test = r.test
+            if field is None:
+                extra = sum(1 for item in held if test((now_ms - item[0]) / scale))
+            else:  # (a first token / admission already there: its value is final, as the row computes it)
+                extra = sum(1 for item in held if test(((now_ms if item[field] is None else item[field]) - item[0])
+                                                       / scale))
             if r.count + extra >= r.need:
                 b = r.bound(self.num_requests)
                 b["values_beyond"] = r.count + extra

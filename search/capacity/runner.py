@@ -127,15 +127,14 @@ class TrialRows:
             return None
 
     def still_decides(self, rules) -> bool:
-        """A trial decided early answers ``rules`` only if the rule it proved to fail is one of
-        them (a rejection: any request rule); else it must be replayed in full."""
+        """A trial decided early answers ``rules`` only if what it proved fails one of them
+        (``early.proves``: the rule itself or a stricter one on the same quantile; a rejection: any
+        request rule); else it must be replayed in full."""
         if self.decided is None:
             return True
-        bound = self.decided["bound"]
-        if bound is None:
-            return any(r.kind == "request" for r in rules)
-        return any((r.metric, r.quantile, r.op, r.threshold) ==
-                   (bound["metric"], bound["quantile"], bound["op"], bound["threshold"]) for r in rules)
+        from aisim.search.capacity.early import proves
+
+        return any(proves(self.decided["bound"], r) for r in rules)
 
 
 def run_capacity_trial(item: dict) -> TrialRows | dict:
@@ -171,12 +170,11 @@ def run_capacity_trial(item: dict) -> TrialRows | dict:
 def _early_results(rules, decided: dict) -> list[dict]:
     """``sla_results`` of a trial decided early: the rule it proved to fail (no full quantile: the
     bound instead), the others not evaluated (``passed`` None)."""
-    bound = decided["bound"]
+    from aisim.search.capacity.early import proves
+
     out = []
     for r in rules:
-        proved = (bound is None and r.kind == "request") or (
-            bound is not None and (r.metric, r.quantile, r.op, r.threshold) ==
-            (bound["metric"], bound["quantile"], bound["op"], bound["threshold"]))
+        proved = proves(decided["bound"], r)
         out.append({"metric": r.metric, "quantile": r.quantile, "op": r.op, "threshold": r.threshold, "value": None,
                     "passed": False if proved else None, **({"decided_early": True} if proved else {})})
     return out

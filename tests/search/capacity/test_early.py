@@ -164,6 +164,11 @@ def test_a_trial_decided_early_is_replayed_when_the_sla_no_longer_holds_its_rule
     again = _run(cfg, tmp_path / "b", True, cache)  # the same SLA: the cached decision answers
     [t] = again.jobs[0].search_trace
     assert t["cached"] and t["decided_early"] and t["passed"] is False
+    cfg["sla"][0]["threshold"] = 500  # stricter: the proved p90 TTFT > 1000 fails it too, no replay
+    stricter = _run(cfg, tmp_path / "s", True, cache)
+    [t] = stricter.jobs[0].search_trace
+    assert t["cached"] and t["decided_early"] and t["passed"] is False
+    assert t["sla_results"][0]["passed"] is False and t["sla_results"][0]["decided_early"]
     cfg["sla"][0]["threshold"] = 1e7  # the proved rule is gone: a full verdict needs the replay
     third = _run(cfg, tmp_path / "c", True, cache)
     [t] = third.jobs[0].search_trace
@@ -207,6 +212,53 @@ def test_requests_in_flight_count_once_their_elapsed_time_passes_the_threshold()
     e2e._next = 0
     assert e2e.check(720.0, 0, lambda: [(300.0, 320.0, 310.0), (350.0, None, None), (500.0, None, None)]) \
         == "q0.5 e2e_latency_ms > 200: 0 ended and 3 in flight of at most 4 requests"
+
+
+def test_requests_in_flight_with_their_first_token_count_their_final_ttft_and_delay():
+    m = SlaMonitor([SlaRule("ttft_ms", 0.9, 100.0, "<=")], 10)  # needs 2 values > 100
+    assert feed(m, [record(0, 150.0)]) is None
+    # decoding: TTFT 320 - 100 = 220 ms, final although the request has not ended; the other's
+    # TTFT is 80 ms (not counted, however long it has been in flight since)
+    held = [(100.0, 320.0, 110.0), (400.0, 480.0, 410.0)]
+    m._next = 0
+    assert m.check(5000.0, 1, lambda: held) == "q0.9 ttft_ms > 100: 1 ended and 1 in flight of at most 10 requests"
+    held = [(100.0, 200.0, 110.0), (400.0, 480.0, 410.0)]  # TTFT exactly 100: never counts
+    m = SlaMonitor([SlaRule("ttft_ms", 0.9, 100.0, "<=")], 10)
+    feed(m, [record(0, 150.0)])
+    m._next = 0
+    assert m.check(5000.0, 1, lambda: held) is None
+    # the scheduling delay (seconds) of an admitted request: (admission - arrival) / 1000
+    d = SlaMonitor([SlaRule("request_scheduling_delay", 0.5, 0.25, "<=")], 2)  # needs 2 - floor(0.5) = 2
+    d._next = 0
+    assert d.check(900.0, 0, lambda: [(0.0, None, 300.0), (100.0, None, 340.0)]) is None  # 0.3 s, 0.24 s
+    d._next = 0
+    assert d.check(900.0, 0, lambda: [(0.0, None, 300.0), (100.0, None, 360.0)]) \
+        == "q0.5 request_scheduling_delay > 0.25: 0 ended and 2 in flight of at most 2 requests"
+
+
+def test_a_proved_bound_fails_the_same_rule_and_stricter_ones_on_its_side():
+    from aisim.search.capacity.early import proves
+
+    def bound(op, t, metric="ttft_ms", q=0.9):
+        return {"metric": metric, "quantile": q, "op": op, "threshold": t}
+
+    upper = bound("<=", 1000.0)  # proved: p90 TTFT > 1000
+    assert proves(upper, SlaRule("ttft_ms", 0.9, 1000.0, "<="))
+    assert proves(upper, SlaRule("ttft_ms", 0.9, 150.0, "<="))
+    assert proves(upper, SlaRule("ttft_ms", 0.9, 1000.0, "<"))  # (> 1000 is >= 1000)
+    assert not proves(upper, SlaRule("ttft_ms", 0.9, 1500.0, "<="))  # a looser threshold needs the quantile
+    assert not proves(upper, SlaRule("ttft_ms", 0.95, 150.0, "<="))  # another quantile
+    assert not proves(upper, SlaRule("e2e_latency_ms", 0.9, 150.0, "<="))
+    assert not proves(upper, SlaRule("ttft_ms", 0.9, 150.0, ">="))  # the other side
+    assert not proves(upper, SlaRule("queue_depth_waiting", 0.9, 1.0, "<="))
+    strict = bound("<", 1000.0)  # proved: p90 >= 1000, which does not fail "<= 1000"
+    assert proves(strict, SlaRule("ttft_ms", 0.9, 1000.0, "<")) and proves(strict, SlaRule("ttft_ms", 0.9, 999.0, "<="))
+    assert not proves(strict, SlaRule("ttft_ms", 0.9, 1000.0, "<="))
+    lower = bound(">=", 50.0, "tpot_ms", 0.1)  # proved: the quantile < 50
+    assert proves(lower, SlaRule("tpot_ms", 0.1, 60.0, ">=")) and proves(lower, SlaRule("tpot_ms", 0.1, 50.0, ">"))
+    assert not proves(lower, SlaRule("tpot_ms", 0.1, 40.0, ">="))
+    assert not proves(bound(">", 50.0, "tpot_ms", 0.1), SlaRule("tpot_ms", 0.1, 50.0, ">="))
+    assert proves(None, SlaRule("ttft_ms", 0.9, 1.0, "<=")) and not proves(None, SlaRule("queue_depth_waiting", 0.9, 1.0, "<="))
 
 
 def test_time_checkpoints_see_a_queue_that_ends_no_request():
