@@ -45,12 +45,15 @@ def test_capacity_takes_set_and_an_sla_change_reuses_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = run_capacity_search(CONFIGS / "capacity-search.yaml", tmp_path / "a", cache_dir=cache,
                                 overrides=["jobs=[{name: rr, qps_list: [10, 40]}]"])
-    assert [j.job_name for j in first.jobs] == ["rr"] and first.jobs[0].max_qps_under_sla == 10  # 40 fails the queue rule
+    assert [j.job_name for j in first.jobs] == ["rr"] and first.jobs[0].max_qps_under_sla == 10
+    assert first.jobs[0].search_trace[1]["decided_early"]  # 40 QPS: proved p90 TTFT > 1000 ms
+    # a stricter p90 TTFT: 10 QPS re-judged from its cached rows, 40 QPS answered by its proof
     strict = run_capacity_search(CONFIGS / "capacity-search.yaml", tmp_path / "b", cache_dir=cache,
                                  overrides=["jobs=[{name: rr, qps_list: [10, 40]}]",
-                                            "sla=[{metric: ttft_ms, quantile: 0.5, threshold: 0.001, op: \"<=\"}]"])
+                                            "sla=[{metric: ttft_ms, quantile: 0.9, threshold: 0.001, op: \"<=\"}]"])
     trace = strict.jobs[0].search_trace
     assert strict.jobs[0].max_qps_under_sla is None and all(t["cached"] for t in trace)
+    assert [t.get("decided_early", False) for t in trace] == [False, True]
     p = aisim("capacity", "-c", "configs/capacity-search.yaml", "--output-dir", str(tmp_path / "c"),
               "--set", "search.nope=1", cwd=ROOT)
     assert p.returncode == 2 and "search.nope" in p.stderr and p.stderr.count("\n") == 1
