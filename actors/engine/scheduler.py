@@ -532,12 +532,14 @@ class RankScheduler(RankQueues):
         kv = self._lead_kv
         sq = self._lead_sq + 2 * kv + d0 + num_gone
         kv += d0 + num_gone
+        due = self._lead_due
         if num_gone:  # (their sums go; their entries due for a block are dropped when due)
             known = [r.prompt_len + r.num_generated for r, _ in items if r.status != RUNNING]
             kv -= sum(known)
             sq -= sum(map(mul, known, known))
             items = [e for e in items if e[0].status == RUNNING]
-        due = self._lead_due
+            if due is not None:
+                due[_STALE] = True
         if due is None:
             due = self._lead_due = {_NEXT_POSITION: d0}
             self._add_due(enumerate(lead), q)
@@ -554,7 +556,8 @@ class RankScheduler(RankQueues):
         self._lead_items = items
         now = due.pop(q, None)
         if now is not None:
-            now = [e for e in now if e[1].status == RUNNING]  # (not those that completed since they were filed)
+            if _STALE in due:  # (not those that completed since they were filed)
+                now = [e for e in now if e[1].status == RUNNING]
             now.sort()  # lead order: the order of the registrations (KV events, insertion order)
             grow = self._needing_blocks([r for _, r in now])
             if grow and not self.kv.grow_decode(grow):
@@ -1085,29 +1088,41 @@ class RankScheduler(RankQueues):
 
 
 _POSITION = itemgetter(1)
+SCAN_PASSES = 4  # a decode run's blocks grown this many passes on or more: a scan of the batch, not RunBlocks
 _NEXT_POSITION = -1  # (RankScheduler._lead_due's key for the position the next lead request gets: no pass count)
+_STALE = -2  # (its key, present once requests of the lead completed: their entries may remain)
 
 
 class RunBlocks:
     """``RankScheduler.grow_run(batch, computed, upto)`` for a run's successive ``upto`` (they only
-    grow): a heap of (the first ``upto`` at which a request needs ``kv.grow``, its position in the
-    batch, the request, its tokens computed at the run's start), so a call grows the requests due,
-    in batch order, as the scan over the whole batch would, and looks at no other. A request's due
-    pass changes only when it grows (here); one that left the batch (completed) is dropped when due."""
+    grow) a few passes apart: a heap of (the first ``upto`` at which a request needs ``kv.grow``,
+    its position in the batch, the request, its tokens computed at the run's start), so a call
+    grows the requests due, in batch order, as the scan over the whole batch would, and looks at no
+    other (a request's due pass changes only when it grows; one that left the batch, completed, is
+    dropped when due). For a step of ``SCAN_PASSES`` or more the worker scans instead
+    (``grow_run``: about as many requests are due as the batch holds, and the heap's work per
+    request due costs more) and drops this object (its heap is stale)."""
 
-    __slots__ = ("rank", "heap")
+    __slots__ = ("rank", "batch", "computed", "heap")
 
     def __init__(self, rank: RankScheduler, batch: list, computed: list[int]) -> None:
         self.rank = rank
+        self.batch = batch  # (the run entry's own lists: they lose the requests that leave)
+        self.computed = computed
+        self.heap = self._build()
+
+    def _build(self) -> list:
+        rank = self.rank
         bs = rank.kv.block_size
         # (``_due`` inline)
         if rank.kv.prefix_caching:
-            self.heap = [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
-                         for i, (r, c) in enumerate(zip(batch, computed))]
+            heap = [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
+                    for i, (r, c) in enumerate(zip(self.batch, self.computed))]
         else:
-            self.heap = [((r.num_held + r.num_private) * bs + 1 - c, i, r, c)
-                         for i, (r, c) in enumerate(zip(batch, computed))]
-        heapify(self.heap)
+            heap = [((r.num_held + r.num_private) * bs + 1 - c, i, r, c)
+                    for i, (r, c) in enumerate(zip(self.batch, self.computed))]
+        heapify(heap)
+        return heap
 
     def _due(self, req: Request, c: int) -> int:
         """The least ``upto`` with kv.grow's test true for ``c + upto`` tokens (``grow_run``'s)."""

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, Request
-from aisim.actors.engine.scheduler import GapSink, RankPass, RankScheduler
+from aisim.actors.engine.scheduler import SCAN_PASSES, GapSink, RankPass, RankScheduler
 from aisim.actors.engine.speculation import accepted_block, stream_of
 from aisim.actors.engine.timing import PassShape
 
@@ -678,6 +678,11 @@ class EngineWorker:
         if run.drawn:
             for rank, batch, c0, _, _ in run.ranks:
                 rank.grow_run(batch, c0, run.segments[id(rank)].advanced_all(upto))
+            return
+        if upto - run.n_sched >= SCAN_PASSES:  # (many requests due: a scan of each batch)
+            run.blocks = None
+            for rank, batch, c0, _, _ in run.ranks:
+                rank.grow_run(batch, c0, upto)
             return
         blocks = run.blocks
         if blocks is None:
