@@ -219,7 +219,9 @@ class RankScheduler(RankQueues):
         # further and holds the same blocks unless it grew, so the next pass takes them as they
         # are (see ``_cached_lead``): its sums follow from the last ones, and only the requests
         # due for a block (``_lead_due``: pass count -> [(lead position, request)], built on the
-        # first reuse) are looked at.
+        # first reuse, with the next position under ``_NEXT_POSITION`` and ``_STALE`` once requests
+        # of the lead completed) are looked at. Requests of the lead that complete in its pass
+        # leave it; the others lead on.
         self._lead: list[Request] | None = None
         self._lead_items: list = []
         self._lead_kv = self._lead_sq = 0
