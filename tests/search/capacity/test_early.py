@@ -154,6 +154,26 @@ def test_random_sla_sets_give_the_same_answers_with_early_decisions(tmp_path, se
     assert _trace(_run(cfg, tmp_path / "early", True)) == _trace(_run(cfg, tmp_path / "full", False))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_disaggregated_trials_give_the_same_answers_with_early_decisions(tmp_path, seed):
+    # a request in flight on a decode worker carries its first token (TTFT final) and its first
+    # admission, the prefill's: the bounds read the times its row will report
+    rng = random.Random(seed)
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    dis = yaml.safe_load((ROOT / "configs" / "disaggregated-1p1d.yaml").read_text())
+    cfg["benchmark_base"]["engine"], cfg["benchmark_base"]["router"] = dis["engine"], dis["router"]
+    cfg["benchmark_base"]["traffic"]["stop"] = {"requests": 400}
+    cfg["jobs"] = [{"name": "grid", "qps_list": [4, 12, 16, 24]}]
+    metric = rng.choice(["ttft_ms", "request_scheduling_delay"])
+    cfg["sla"] = [{"metric": metric, "quantile": rng.choice([0.5, 0.9, 0.99]), "op": rng.choice(["<=", "<"]),
+                   "threshold": round(rng.uniform(0.05, 1.0) * {"ttft_ms": 2000, "request_scheduling_delay": 1}[metric], 3)}]
+    early = _run(cfg, tmp_path / "early", True)
+    assert _trace(early) == _trace(_run(cfg, tmp_path / "full", False))
+    decided = [t for t in early.jobs[0].search_trace if t.get("decided_early")]
+    assert decided and decided[0]["bound"]["in_flight_beyond"] > 0  # (24 QPS, with requests in flight)
+
+
 def test_a_trial_decided_early_is_replayed_when_the_sla_no_longer_holds_its_rule(tmp_path):
     cfg = yaml.safe_load(EXAMPLE.read_text())
     cfg["jobs"] = [{"name": "grid", "qps_list": [64]}]
