@@ -1116,7 +1116,7 @@ class RunBlocks:
     def _build(self) -> list:
         rank = self.rank
         bs = rank.kv.block_size
-        # (``_due`` inline)
+        # (``_due`` inline: one comprehension, no call per request)
         if rank.kv.prefix_caching:
             heap = [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
                     for i, (r, c) in enumerate(zip(self.batch, self.computed))]
@@ -1127,15 +1127,13 @@ class RunBlocks:
         return heap
 
     def _due(self, req: Request, c: int) -> int:
-        """The least ``upto`` with kv.grow's test true for ``c + upto`` tokens (``grow_run``'s)."""
+        """The least ``upto`` with kv.grow's test true for ``c + upto`` tokens (``grow_run``'s):
+        past the held and private blocks, or (prefix caching) filling the next full block."""
         kv = self.rank.kv
         bs = kv.block_size
-        k = (req.num_held + req.num_private) * bs - c + 1
         if kv.prefix_caching:
-            k2 = (req.num_full_registered + 1) * bs - c
-            if k2 < k:
-                return k2
-        return k
+            return min((req.num_held + req.num_private) * bs + 1, (req.num_full_registered + 1) * bs) - c
+        return (req.num_held + req.num_private) * bs + 1 - c
 
     def grow(self, upto: int) -> None:
         heap = self.heap

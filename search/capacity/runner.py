@@ -168,8 +168,8 @@ def run_capacity_trial(item: dict) -> TrialRows | dict:
 
 # -- the parent side --------------------------------------------------------------------------------
 def _early_results(rules, decided: dict) -> list[dict]:
-    """``sla_results`` of a trial decided early: the rule it proved to fail (no full quantile: the
-    bound instead), the others not evaluated (``passed`` None)."""
+    """``sla_results`` of a trial decided early: the rules its bound proves to fail (``early.proves``:
+    no full quantile, the bound instead), the others not evaluated (``passed`` None)."""
     from aisim.search.capacity.early import proves
 
     out = []
