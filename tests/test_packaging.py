@@ -66,6 +66,13 @@ def test_a_wheel_in_a_fresh_venv_runs_the_bundled_configs(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         top = {name.split("/")[0] for name in z.namelist()}
     assert top == {"aisim", "aisim-0.1.0.dist-info"}, top
+    # every data file of the package's folders is in it (a missing hf_quant_config.json priced FP8 as BF16)
+    tracked = subprocess.run(["git", "ls-files", "simulator", "actors", "search", "configs"], capture_output=True,
+                             text=True, cwd=ROOT, check=True).stdout.split()
+    with zipfile.ZipFile(wheel) as z:
+        packed = set(z.namelist())
+    missing = [f for f in tracked if f"aisim/{f}" not in packed and "/__pycache__/" not in f]
+    assert tracked and missing == [], missing
     probe = ("import importlib.util as u, aisim.simulator, aisim.actors, aisim.search, aisim.configs;"
              "print(aisim.simulator.__file__); print(aisim.configs.__file__);"
              "print(*[n for n in ('simulator', 'actors', 'search', 'configs') if u.find_spec(n)])")
