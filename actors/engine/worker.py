@@ -816,13 +816,8 @@ class EngineWorker:
                 req.status = COMPLETED
                 req.terminal_ms = end
                 leaving.append(req)
-            if run.drawn:  # (each advanced its own tokens)
-                segs = run.segments[id(rank)]
-                for req, i, t in zip(leaving, at, segs.advanced(leaving, left)):
-                    req.num_computed = c0[i] + t
-                    req.num_generated = g0[i] + t
-                    segs.set_progress(req, left, t)
-                segs.drop(at)
+            if run.drawn:  # (each advanced its own tokens: all it had left)
+                run.segments[id(rank)].leave(leaving, at, left, c0, g0)
             rank.release_completed(leaving, self.exits)
             for i in reversed(at):  # (the entry's own lists: see DecodeRun)
                 del batch[i], c0[i], g0[i], remaining[i]
@@ -1010,8 +1005,8 @@ class _SpecSegments:
     (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
     requests: numpy sums and accumulates along the first axis fastest.)"""
 
-    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "R", "c", "h", "p0", "states", "s0", "avail",
-                 "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
+    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "R", "R_list", "c", "h", "p0", "p0_list", "states",
+                 "s0", "avail", "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
         batch = entry[1]
@@ -1022,9 +1017,11 @@ class _SpecSegments:
         self.live_rows = list(range(len(batch)))  # (the entry's batch, in its order, as rows: exits delete)
         self.known = np.array(known, dtype=np.int64)
         self.R = np.array(remaining, dtype=np.int64)
+        self.R_list = remaining
         self.c = np.array(entry[2], dtype=np.int64)
         self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
-        self.p0 = np.array([r.spec_passes for r in batch], dtype=np.uint64)
+        self.p0_list = [r.spec_passes for r in batch]
+        self.p0 = np.array(self.p0_list, dtype=np.uint64)
         self.states = np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64)
         self.s0 = [r.spec_tokens for r in batch]
         self.avail = rank.kv.num_reclaimable
@@ -1122,7 +1119,10 @@ class _SpecSegments:
             return 0
         left = self.R - self.buf[self.built]
         left = left[left > 0]
-        return int(left.min() if self.stop_first else left.max()) if len(left) else 0
+        if not len(left):
+            return 0
+        n = int(left.min() if self.stop_first else left.max())
+        return min(n, int(n / (1.0 + self.spec.mean_accepted) * 1.25) + 4)
 
     def metrics(self, j: int) -> tuple:
         n, kv = self.n_pass[j], self.kv[j]
@@ -1146,17 +1146,23 @@ class _SpecSegments:
             j = e
         return out
 
-    def advanced(self, reqs: list, j: int) -> list[int]:
-        """The tokens each of ``reqs`` (members of the plan's batch) advanced in the run's first j passes."""
-        rows = self.rows
-        return self.buf[j, [rows[id(r)] for r in reqs]].tolist()
-
     def advanced_all(self, j: int) -> list[int]:
-        """``advanced`` for the entry's batch as it is now."""
-        return self.buf[j, self.live_rows].tolist()
+        """The tokens each request of the entry's batch as it is now advanced in the run's first j passes."""
+        live = self.live_rows
+        return self.buf[j].tolist() if len(live) == len(self.R_list) else self.buf[j, live].tolist()
 
-    def drop(self, at: list[int]) -> None:
-        """The entry's batch loses its positions ``at`` (ascending): their requests left."""
+    def leave(self, reqs: list, at: list[int], j: int, c0: list[int], g0: list[int]) -> None:
+        """``reqs`` (the entry's batch positions ``at``, ascending) completed at the run's j-th pass,
+        each having advanced all the tokens it had left (``R``, where ``build`` found them leaving):
+        their token counts and speculative counters; the entry's batch loses them."""
+        rows, R, p0, s0 = self.rows, self.R_list, self.p0_list, self.s0
+        for req, i in zip(reqs, at):
+            row = rows[id(req)]
+            t = R[row]
+            req.num_computed = c0[i] + t
+            req.num_generated = g0[i] + t
+            req.spec_passes = p0[row] + j
+            req.spec_tokens = s0[row] + t
         for i in reversed(at):
             del self.live_rows[i]
 
@@ -1164,7 +1170,7 @@ class _SpecSegments:
         """``req``'s speculative counters after the run's first j passes, in which it emitted t tokens
         (j: its own passes in the run)."""
         row = self.rows[id(req)]
-        req.spec_passes = int(self.p0[row]) + j
+        req.spec_passes = self.p0_list[row] + j
         req.spec_tokens = self.s0[row] + t
 
     def tokens(self, a: int, b: int) -> int:
