@@ -114,14 +114,31 @@ def accepted(spec: Speculation, state: int, p: int) -> int:
     return always + sum(1 for c in cuts if z < c)
 
 
+# (the constants as numpy scalars, made once: uint64 array arithmetic wraps silently, as the
+# stream's arithmetic modulo 2^64 wants)
+_ONE, _GOLDEN, _MIX1, _MIX2 = np.uint64(1), np.uint64(GOLDEN), np.uint64(MIX1), np.uint64(MIX2)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def _mix_array(z: np.ndarray) -> np.ndarray:
     """``_mix`` of each element, in place."""
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(MIX1)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(MIX2)
-    z ^= z >> np.uint64(31)
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
     return z
+
+
+def block_bases(states: np.ndarray, first_pass: np.ndarray) -> np.ndarray:
+    """The stream positions (before mixing) of the requests whose stream states are ``states`` at
+    their decode passes ``first_pass`` (uint64 arrays): ``accepted_from``'s ``bases``."""
+    return states + (first_pass + _ONE) * _GOLDEN
+
+
+def advance_bases(bases: np.ndarray, num_passes: int) -> np.ndarray:
+    """``bases`` ``num_passes`` decode passes later."""
+    return bases + np.uint64((num_passes * GOLDEN) & MASK)
 
 
 def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray, num_passes: int,
@@ -129,16 +146,26 @@ def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray
     """``accepted`` (+ ``plus``) for the requests whose stream states are ``states`` (uint64, one
     column each) at their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1``
     (rows), as an int64 array of shape (num_passes, requests): the same numbers."""
+    return accepted_from(spec, block_bases(states, first_pass), num_passes, plus)
+
+
+def accepted_from(spec: Speculation, bases: np.ndarray, num_passes: int, plus: int = 0) -> np.ndarray:
+    """``accepted_block`` from the requests' ``block_bases``."""
     always, cuts = spec.cutoffs
-    # (uint64 array arithmetic wraps silently, as the stream's arithmetic modulo 2^64 wants)
-    z = _steps(num_passes)[:, None] + (states + (first_pass + np.uint64(1)) * np.uint64(GOLDEN))
+    z = _steps(num_passes)[:, None] + bases
     _mix_array(z)
     if not cuts:
         return np.full(z.shape, always + plus, dtype=np.int64)
-    out = np.add(z < np.uint64(cuts[0]), always + plus, dtype=np.int64)
-    for c in cuts[1:]:
-        out += z < np.uint64(c)
-    return out
+    if len(cuts) == 1:
+        return np.add(z < np.uint64(cuts[0]), always + plus, dtype=np.int64)
+    # #{c : z < c} = len(cuts) - #{c <= z}: one binary search over the ascending cutoffs
+    out = np.searchsorted(_ascending(cuts), z, side="right")
+    return np.subtract(always + plus + len(cuts), out, out=out)
+
+
+@functools.lru_cache(maxsize=64)
+def _ascending(cuts: tuple[int, ...]) -> np.ndarray:
+    return np.array(sorted(cuts), dtype=np.uint64)
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,7 +45,7 @@ import numpy as np
 
 from aisim.actors.engine.request import COMPLETED, Request
 from aisim.actors.engine.scheduler import SCAN_PASSES, GapSink, RankPass, RankScheduler
-from aisim.actors.engine.speculation import accepted_block, stream_of
+from aisim.actors.engine.speculation import accepted_from, advance_bases, block_bases, stream_of
 from aisim.actors.engine.timing import PassShape
 
 MAX_RUN_PASSES = 4096
@@ -995,7 +995,7 @@ class _Segments:
 class _SpecSegments:
     """``_Segments`` of a rank with speculative decoding: request i advances ``T[j, i]`` tokens in
     the run's first j passes (its bursts, drawn for a block of passes at once from the requests'
-    acceptance streams: ``actors.engine.speculation.accepted_block``, the numbers stepping draws),
+    acceptance streams: ``actors.engine.speculation.accepted_from``, the numbers stepping draws),
     so the batch's KV tokens grow unevenly and a request leaves after the pass at which ``T``
     reaches its ``remaining`` tokens. ``build`` draws the passes as the run's end times are
     computed and lowers ``k`` where stepping would do otherwise: at the first completion when
@@ -1005,7 +1005,7 @@ class _SpecSegments:
     (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
     requests: numpy sums and accumulates along the first axis fastest.)"""
 
-    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "R", "R_list", "c", "h", "p0", "p0_list", "states",
+    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
                  "s0", "avail", "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
@@ -1016,13 +1016,14 @@ class _SpecSegments:
         self.rows = {id(r): i for i, r in enumerate(batch)}
         self.live_rows = list(range(len(batch)))  # (the entry's batch, in its order, as rows: exits delete)
         self.known = np.array(known, dtype=np.int64)
+        self.known_list = known
         self.R = np.array(remaining, dtype=np.int64)
         self.R_list = remaining
         self.c = np.array(entry[2], dtype=np.int64)
         self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
         self.p0_list = [r.spec_passes for r in batch]
-        self.p0 = np.array(self.p0_list, dtype=np.uint64)
-        self.states = np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64)
+        self.bases = block_bases(np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64),
+                                 np.array(self.p0_list, dtype=np.uint64))  # (the streams at the run's first pass)
         self.s0 = [r.spec_tokens for r in batch]
         self.avail = rank.kv.num_reclaimable
         self.bs = rank.config.block_size
@@ -1045,9 +1046,9 @@ class _SpecSegments:
         w = upto - a
         R = self.R
         Ta = self.buf[a]
-        full = accepted_block(self.spec, self.states, self.p0 + np.uint64(a), w, 1)  # bursts
+        full = accepted_from(self.spec, advance_bases(self.bases, a) if a else self.bases, w, 1)  # bursts
+        full[0] += Ta
         np.cumsum(full, axis=0, out=full)
-        full += Ta
         np.minimum(full, R, out=full)  # T at passes a + 1 .. upto
         live = Ta < R  # (the batch at pass a)
         n_live = int(np.count_nonzero(live))
@@ -1098,12 +1099,13 @@ class _SpecSegments:
             if len(out_rows):
                 batch, remaining = self.entry[1], self.entry[4]
                 reqs = self.reqs
+                known, R = self.known_list, self.R_list
                 for col, row in sorted(zip(out_cols.tolist(), out_rows.tolist())):
                     if col >= stop:
                         break
                     remaining[batch.index(reqs[row])] = a + col + 1
-                    self.known_live -= int(self.known[row])
-                    self.R_gone += int(R[row])
+                    self.known_live -= known[row]
+                    self.R_gone += R[row]
                     if not self.exits or self.exits[-1] != a + col:
                         self.exits.append(a + col)
         self.built = a + stop
