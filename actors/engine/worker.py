@@ -1067,25 +1067,33 @@ class _SpecSegments:
                 first = int(out_cols.min()) + 1
                 if first < stop:
                     stop = first
-        colsum = full[:stop].sum(axis=1)  # tokens advanced after each pass, summed
-        kv = np.empty(stop, dtype=np.int64)  # (their sum at each pass's start, + the live's known - the gone's R)
+        cs = full[:stop].sum(axis=1).tolist()  # tokens advanced after each pass, summed (F's next entries)
+        leavers = sorted(zip(out_cols.tolist(), out_rows.tolist())) if len(out_rows) else []
+        # the batch at each pass's start: its size and KV tokens (T's sums + the live's known - the gone's
+        # R); one leaving before the block's last pass leaves both from the pass after its last
+        n_pass: list[int] = []
+        kv: list[int] = []
         if stop:
-            base = self.known_live - self.R_gone
-            kv[0] = self.F[a] + base
-            np.add(colsum[:-1], base, out=kv[1:])
-        n_pass = None
-        if len(out_rows):
-            soon = out_cols < stop - 1  # (leaving before the last pass: the batch shrinks within the block)
-            if soon.any():
-                after = out_cols[soon] + 1
-                rows = out_rows[soon]
-                n_pass = n_live - np.bincount(after, minlength=stop).cumsum()
-                # (each leaver's known + remaining tokens, out of the sums from the pass after its last;
-                # integer sums, exact in float64 weights)
-                kv -= np.rint(np.bincount(after, weights=(self.known[rows] + R[rows]).astype(np.float64),
-                                          minlength=stop).cumsum()).astype(np.int64)
-                if not n_pass[-1]:  # (the batch emptied: the run ends where it did)
-                    stop = int(np.flatnonzero(n_pass == 0)[0])
+            known, R = self.known_list, self.R_list
+            sums = [self.F[a]] + cs[:-1]
+            off = self.known_live - self.R_gone
+            n = n_live
+            p = 0
+            for col, row in leavers:
+                if col >= stop - 1:
+                    break
+                q = col + 1
+                n_pass += [n] * (q - p)
+                kv += [x + off for x in sums[p:q]]
+                n -= 1
+                off -= known[row] + R[row]
+                p = q
+                if not n:  # (the batch emptied: the run ends where it did)
+                    stop = q
+                    break
+            if n:
+                n_pass += [n] * (stop - p)
+                kv += [x + off for x in sums[p:]]
         if stop < w:
             self.k = a + stop
         if stop:
@@ -1093,14 +1101,13 @@ class _SpecSegments:
             if a + stop >= len(buf):
                 self.buf = buf = np.concatenate([buf, np.zeros((max(len(buf), stop), buf.shape[1]), dtype=np.int64)])
             buf[a + 1:a + 1 + stop] = full[:stop]
-            self.n_pass += [n_live] * stop if n_pass is None else n_pass[:stop].tolist()
-            self.kv += kv[:stop].tolist()
-            self.F += colsum[:stop].tolist()
-            if len(out_rows):
+            self.n_pass += n_pass
+            self.kv += kv
+            self.F += cs[:stop]
+            if leavers:
                 batch, remaining = self.entry[1], self.entry[4]
                 reqs = self.reqs
-                known, R = self.known_list, self.R_list
-                for col, row in sorted(zip(out_cols.tolist(), out_rows.tolist())):
+                for col, row in leavers:
                     if col >= stop:
                         break
                     remaining[batch.index(reqs[row])] = a + col + 1
@@ -1150,8 +1157,9 @@ class _SpecSegments:
 
     def advanced_all(self, j: int) -> list[int]:
         """The tokens each request of the entry's batch as it is now advanced in the run's first j passes."""
+        row = self.buf[j].tolist()
         live = self.live_rows
-        return self.buf[j].tolist() if len(live) == len(self.R_list) else self.buf[j, live].tolist()
+        return row if len(live) == len(row) else [row[i] for i in live]
 
     def leave(self, reqs: list, at: list[int], j: int, c0: list[int], g0: list[int]) -> None:
         """``reqs`` (the entry's batch positions ``at``, ascending) completed at the run's j-th pass,
