@@ -192,11 +192,24 @@ SPECS = {"mtp": {"nextn": 2, "nextn_accepted": 1.4},
 @pytest.mark.parametrize("spec", list(SPECS))
 @pytest.mark.parametrize("worker", [{}, {"parallelism": {"attention_data": 2}}, {"scheduler": {"preemption_mode": "fifo"}}],
                          ids=["one_rank", "two_ranks", "fifo"])
-def test_fast_forwarded_runs_equal_stepping_pass_by_pass(tmp_path, spec, worker):
+def test_fast_forwarded_runs_equal_stepping_pass_by_pass(tmp_path, spec, worker, monkeypatch):
+    from aisim.simulator.metrics.collector import RequestLog
+
+    ended = []  # (each request's speculative counters as it ends: the Planner's accept length reads them)
+    add = RequestLog.add
+
+    def logged(log, req, *args):
+        ended.append((req.index, req.spec_passes, req.spec_tokens))
+        return add(log, req, *args)
+
+    monkeypatch.setattr(RequestLog, "add", logged)
     plan = plan_from_config(validate_config(busy(tmp_path, SPECS[spec], **worker)), capture_per_request=True)
-    on, off = run_plan(plan), run_plan(dataclasses.replace(plan, fast_forward=False))
+    on = run_plan(plan)
+    counters, ended = sorted(ended), []
+    off = run_plan(dataclasses.replace(plan, fast_forward=False))
     assert on.diagnostics["num_fast_forward_runs"] > 10 and off.diagnostics["num_fast_forward_runs"] == 0
     assert canonical_json(without_wall(on.to_dict())) == canonical_json(without_wall(off.to_dict()))
+    assert len(counters) == 80 and counters == sorted(ended)
     s = on.summary
     assert s["num_preemptions"] > 0  # (a tight cache: blocks run out mid-burst too)
     assert s["completed_requests"] == 80 and s["median_itl_ms"] == 0.0  # (most gaps are inside bursts)
