@@ -1003,7 +1003,7 @@ class _SpecSegments:
     rank's batch is empty (the entry's ``remaining`` learns each request's passes as they are
     drawn; ``T`` is ``buf``). Per pass: batch size and KV tokens; ``F``: the sums of ``T`` by pass
     (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
-    requests: numpy sums and accumulates along the first axis fastest.)"""
+    requests.)"""
 
     __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
                  "s0", "avail", "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
@@ -1074,7 +1074,7 @@ class _SpecSegments:
         n_pass: list[int] = []
         kv: list[int] = []
         if stop:
-            known, R = self.known_list, self.R_list
+            known, rest = self.known_list, self.R_list
             sums = [self.F[a]] + cs[:-1]
             off = self.known_live - self.R_gone
             n = n_live
@@ -1086,7 +1086,7 @@ class _SpecSegments:
                 n_pass += [n] * (q - p)
                 kv += [x + off for x in sums[p:q]]
                 n -= 1
-                off -= known[row] + R[row]
+                off -= known[row] + rest[row]
                 p = q
                 if not n:  # (the batch emptied: the run ends where it did)
                     stop = q
@@ -1112,7 +1112,7 @@ class _SpecSegments:
                         break
                     remaining[batch.index(reqs[row])] = a + col + 1
                     self.known_live -= known[row]
-                    self.R_gone += R[row]
+                    self.R_gone += rest[row]
                     if not self.exits or self.exits[-1] != a + col:
                         self.exits.append(a + col)
         self.built = a + stop
@@ -1123,7 +1123,8 @@ class _SpecSegments:
 
     def horizon(self) -> int:
         """Passes the run may still take here (from those built): up to the first completion when
-        something waits, else the last (each pass emits a token at least)."""
+        something waits, else the last, at the mean burst (+25%, +4; never more than at one token a
+        pass). Only sizes the next block: a completion later than this costs another block."""
         if self.built >= self.k:
             return 0
         left = self.R - self.buf[self.built]
