@@ -1056,8 +1056,13 @@ class RankScheduler(RankQueues):
             items = [(req, c + u) for req, c, u in zip(batch, computed, upto)
                      if c + u > (req.num_held + req.num_private) * bs
                      or (caching and c + u >= (req.num_full_registered + 1) * bs)]
-        if not items:
-            return
+        if items:
+            self._grow_run_items(items)
+
+    def _grow_run_items(self, items: list) -> None:
+        """Grow a decode run's ``(request, tokens)`` items (a run's blocks are free or evictable
+        by its horizon: they cannot run out)."""
+        kv = self.kv
         done = kv.grow_decode(items)
         if done is None:
             done = all([kv.grow(req, t, req.hashes) for req, t in items])
@@ -1111,29 +1116,20 @@ class RunBlocks:
         self.rank = rank
         self.batch = batch  # (the run entry's own lists: they lose the requests that leave)
         self.computed = computed
-        self.heap = self._build()
+        self.heap = self._entries(zip(range(len(batch)), batch, computed))
+        heapify(self.heap)
 
-    def _build(self) -> list:
-        rank = self.rank
-        bs = rank.kv.block_size
-        # (``_due`` inline: one comprehension, no call per request)
-        if rank.kv.prefix_caching:
-            heap = [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
-                    for i, (r, c) in enumerate(zip(self.batch, self.computed))]
-        else:
-            heap = [((r.num_held + r.num_private) * bs + 1 - c, i, r, c)
-                    for i, (r, c) in enumerate(zip(self.batch, self.computed))]
-        heapify(heap)
-        return heap
-
-    def _due(self, req: Request, c: int) -> int:
-        """The least ``upto`` with kv.grow's test true for ``c + upto`` tokens (``grow_run``'s):
-        past the held and private blocks, or (prefix caching) filling the next full block."""
+    def _entries(self, members) -> list:
+        """Heap entries of ``(position, request, computed)`` members: first the least ``upto`` with
+        kv.grow's test true for ``computed + upto`` tokens (``grow_run``'s): past the held and
+        private blocks, or (prefix caching) filling the next full block. (One comprehension, no
+        call per request.)"""
         kv = self.rank.kv
         bs = kv.block_size
         if kv.prefix_caching:
-            return min((req.num_held + req.num_private) * bs + 1, (req.num_full_registered + 1) * bs) - c
-        return (req.num_held + req.num_private) * bs + 1 - c
+            return [(min((r.num_held + r.num_private) * bs + 1, (r.num_full_registered + 1) * bs) - c, i, r, c)
+                    for i, r, c in members]
+        return [((r.num_held + r.num_private) * bs + 1 - c, i, r, c) for i, r, c in members]
 
     def grow(self, upto: int) -> None:
         heap = self.heap
@@ -1147,13 +1143,6 @@ class RunBlocks:
         due = [e for e in due if e[2].status == RUNNING]
         if not due:
             return
-        kv = self.rank.kv
-        items = [(r, c + upto) for _, _, r, c in due]
-        done = kv.grow_decode(items)
-        if done is None:
-            done = all([kv.grow(req, t, req.hashes) for req, t in items])
-        if not done:  # pragma: no cover - the horizon guarantees it
-            raise AssertionError("fast-forward run ran out of KV blocks")
-        f = self._due
-        for _, i, r, c in due:
-            heappush(heap, (f(r, c), i, r, c))
+        self.rank._grow_run_items([(r, c + upto) for _, _, r, c in due])
+        for e in self._entries([(i, r, c) for _, i, r, c in due]):
+            heappush(heap, e)

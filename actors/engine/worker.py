@@ -1166,14 +1166,12 @@ class _SpecSegments:
         """``reqs`` (the entry's batch positions ``at``, ascending) completed at the run's j-th pass,
         each having advanced all the tokens it had left (``R``, where ``build`` found them leaving):
         their token counts and speculative counters; the entry's batch loses them."""
-        rows, R, p0, s0 = self.rows, self.R_list, self.p0_list, self.s0
+        rows, rest = self.rows, self.R_list
         for req, i in zip(reqs, at):
-            row = rows[id(req)]
-            t = R[row]
+            t = rest[rows[id(req)]]
             req.num_computed = c0[i] + t
             req.num_generated = g0[i] + t
-            req.spec_passes = p0[row] + j
-            req.spec_tokens = s0[row] + t
+            self.set_progress(req, j, t)
         for i in reversed(at):
             del self.live_rows[i]
 
