@@ -90,6 +90,9 @@ class Request:
         "spec_passes",
         "spec_tokens",
         "spec_stream",
+        "spec_ahead",
+        "spec_ahead_at",
+        "spec_ahead_end",
     )
 
     def __init__(
@@ -142,6 +145,9 @@ class Request:
         self.spec_passes = 0
         self.spec_tokens = 0
         self.spec_stream: int | None = None
+        self.spec_ahead: list | tuple = ()  # bursts drawn ahead for its passes spec_ahead_at .. spec_ahead_end - 1
+        self.spec_ahead_at = 0
+        self.spec_ahead_end = 0
 
     def block_hashes(self, block_size: int) -> memoryview:
         """Chained hashes of the full blocks of prompt + output (computed once, kept while live),

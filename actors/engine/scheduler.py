@@ -43,8 +43,15 @@ from aisim.actors.engine.request import (
     WAITING,
     Request,
 )
-from aisim.actors.engine.speculation import GOLDEN, MASK, MIX1, MIX2, accepted, stream_of
+from aisim.actors.engine.speculation import accepted, draw_ahead, stream_of
 from aisim.actors.engine.timing import PassShape, TimingModel
+
+# speculative leads draw their requests' bursts ahead (``speculation.draw_ahead``): for this many
+# passes, once at least AHEAD_BATCH of the lead have run out (the others then draw one by one),
+# taking along those that run out within AHEAD_ALIGN passes (so the lead runs out together)
+AHEAD_PASSES = 16
+AHEAD_BATCH = 4
+AHEAD_ALIGN = 8
 
 _AGAIN = object()  # (RankScheduler._schedule: the pass only preempted; schedule again)
 
@@ -461,29 +468,26 @@ class RankScheduler(RankQueues):
         limit = self.context_limit
         bs = self.config.block_size
         caching = self.kv.prefix_caching
-        always, cuts = spec.cutoffs
+        lead = running[:d]
+        need = [r for r in lead if r.spec_passes >= r.spec_ahead_end]
+        if need:
+            if len(need) >= AHEAD_BATCH:
+                draw_ahead(spec, [r for r in lead if r.spec_passes + AHEAD_ALIGN >= r.spec_ahead_end], AHEAD_PASSES)
+            else:  # (a few: one pass each, as they come)
+                for r in need:
+                    p = r.spec_passes
+                    r.spec_ahead = [1 + accepted(spec, stream_of(spec, r), p)]
+                    r.spec_ahead_at = p
+                    r.spec_ahead_end = p + 1
         items = []
         grow = []
         kv = sq = 0
-        for r in running[:d]:
-            # (``accepted`` inline: the request's next draw, its drafts all verified)
-            state = r.spec_stream
-            if state is None:
-                state = stream_of(spec, r)
-            z = (state + (r.spec_passes + 1) * GOLDEN) & MASK
-            z = ((z ^ (z >> 30)) * MIX1) & MASK
-            z = ((z ^ (z >> 27)) * MIX2) & MASK
-            z ^= z >> 31
-            b = always + 1
-            for cut in cuts:
-                if z < cut:
-                    b += 1
-            known = r.prompt_len + r.num_generated
-            room = r.max_output - r.num_generated
-            if limit - known < room:
-                room = limit - known
-            if room < b:
-                b = room
+        for r in lead:
+            b = r.spec_ahead[r.spec_passes - r.spec_ahead_at]
+            g = r.num_generated
+            known = r.prompt_len + g
+            if r.max_output - g < b or limit - known < b:  # (near its end: what it may still emit)
+                b = min(b, r.max_output - g, limit - known)
             items.append((r, b))
             c = r.num_computed + b
             if c > (r.num_held + r.num_private) * bs or (caching and c >= (r.num_full_registered + 1) * bs):

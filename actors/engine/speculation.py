@@ -17,7 +17,8 @@ Determinism: each request has its own SplitMix64 stream, seeded from (seed, requ
 (``Request.spec_stream``); the ``p``-th decode pass of the request (``Request.spec_passes``) takes
 the stream's ``p``-th output. The draws do not depend on the batch, the rank, the order passes are
 stepped in or on whether a decode run fast-forwards them (a run draws a whole block of passes for
-its batch as one numpy expression, bit for bit what stepping draws one at a time).
+its batch as one numpy expression, bit for bit what stepping draws one at a time; a stepped pass's
+leading decode requests read bursts drawn ahead for several passes, ``draw_ahead``).
 """
 
 from __future__ import annotations
@@ -147,6 +148,18 @@ def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray
     column each) at their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1``
     (rows), as an int64 array of shape (num_passes, requests): the same numbers."""
     return accepted_from(spec, block_bases(states, first_pass), num_passes, plus)
+
+
+def draw_ahead(spec: Speculation, reqs: list, num_passes: int) -> None:
+    """Draw each of ``reqs``' bursts (1 + accepted) for its next ``num_passes`` decode passes at once
+    (``Request.spec_ahead``): what ``accepted`` gives them one by one."""
+    states = np.array([stream_of(spec, r) for r in reqs], dtype=np.uint64)
+    first = [r.spec_passes for r in reqs]
+    cols = accepted_block(spec, states, np.array(first, dtype=np.uint64), num_passes, 1).T.tolist()
+    for r, col, p in zip(reqs, cols, first):
+        r.spec_ahead = col
+        r.spec_ahead_at = p
+        r.spec_ahead_end = p + num_passes
 
 
 def accepted_from(spec: Speculation, bases: np.ndarray, num_passes: int, plus: int = 0) -> np.ndarray:

@@ -502,15 +502,21 @@ class MeasuredTiming(TimingModel):
                 dy = r0[j + 1] - y0
                 part = seq[p:q] if p or q < num_passes else seq
                 if r1 is None:
-                    out += [shared + (y0 + dy * ((x - x0) / dx)) for x in part]
+                    if scale is None:
+                        out += [shared + (y0 + dy * ((x - x0) / dx)) for x in part]
+                    else:
+                        out += [(shared + (y0 + dy * ((x - x0) / dx))) * scale for x in part]
                 else:  # between two batch rows: (d, t as decode_attention computes them)
                     z0 = r1[j]
                     dz = r1[j + 1] - z0
-                    out += [shared + ((d := y0 + dy * (t := (x - x0) / dx)) + ((z0 + dz * t) - d) * w) for x in part]
+                    if scale is None:
+                        out += [shared + ((d := y0 + dy * (t := (x - x0) / dx)) + ((z0 + dz * t) - d) * w)
+                                for x in part]
+                    else:
+                        out += [(shared + ((d := y0 + dy * (t := (x - x0) / dx)) + ((z0 + dz * t) - d) * w)) * scale
+                                for x in part]
                 p = q
             j += 1
-        if scale is not None:
-            return [x * scale for x in out]
         return out
 
 
@@ -532,6 +538,7 @@ class SpeculativeMeasuredTiming(MeasuredTiming):
         self._by_tokens = {}
         self._verify = int(verify)
         self._scale = float(scale)
+        self._run_scale = None if scale == 1.0 else self._scale  # (x * 1.0 is x: runs skip it)
         self._attn_q = self._verify if attention_per_token else 1
         self._spec_rows: dict[int, tuple] = {}
         self.timing_source = f"{base.timing_source}; speculative decoding: {verify} tokens per decoding request"
@@ -559,6 +566,6 @@ class SpeculativeMeasuredTiming(MeasuredTiming):
         rows = self._rows_of(num_decode)
         if len(kv_tokens) < _VECTOR_RUN:
             return self._lengths_scalar(list(map(truediv, kv_tokens, repeat(num_decode, len(kv_tokens)))), rows,
-                                        self._scale)
+                                        self._run_scale)
         seq = np.asarray(kv_tokens, dtype=np.int64) / num_decode
-        return self._lengths_ms(seq, rows, self._scale)
+        return self._lengths_ms(seq, rows, self._run_scale)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
+from operator import neg
 from typing import NamedTuple
 
 import numpy as np
@@ -1067,7 +1068,8 @@ class _SpecSegments:
                 first = int(out_cols.min()) + 1
                 if first < stop:
                     stop = first
-        cs = full[:stop].sum(axis=1).tolist()  # tokens advanced after each pass, summed (F's next entries)
+        cs_arr = full[:stop].sum(axis=1)  # tokens advanced after each pass, summed (F's next entries)
+        cs = cs_arr.tolist()
         leavers = sorted(zip(out_cols.tolist(), out_rows.tolist())) if len(out_rows) else []
         # the batch at each pass's start: its size and KV tokens (T's sums + the live's known - the gone's
         # R); one leaving before the block's last pass leaves both from the pass after its last
@@ -1075,8 +1077,9 @@ class _SpecSegments:
         kv: list[int] = []
         if stop:
             known, rest = self.known_list, self.R_list
-            sums = [self.F[a]] + cs[:-1]
             off = self.known_live - self.R_gone
+            offs = [off]  # (the offset from each leaver's pass on: the batch's size steps down with it)
+            steps = []
             n = n_live
             p = 0
             for col, row in leavers:
@@ -1084,22 +1087,33 @@ class _SpecSegments:
                     break
                 q = col + 1
                 n_pass += [n] * (q - p)
-                kv += [x + off for x in sums[p:q]]
+                steps.append(q - p)
                 n -= 1
                 off -= known[row] + rest[row]
+                offs.append(off)
                 p = q
                 if not n:  # (the batch emptied: the run ends where it did)
                     stop = q
                     break
             if n:
                 n_pass += [n] * (stop - p)
-                kv += [x + off for x in sums[p:]]
+                steps.append(stop - p)
+            else:
+                del offs[-1]
+            # KV tokens at each pass's start: the tokens advanced before it + the offset then
+            sums = np.empty(stop, dtype=np.int64)
+            sums[0] = self.F[a]
+            sums[1:] = cs_arr[:stop - 1]
+            sums += np.repeat(np.array(offs, dtype=np.int64), steps) if len(offs) > 1 else offs[0]
+            kv = sums.tolist()
         if stop < w:
             self.k = a + stop
         if stop:
             buf = self.buf
             if a + stop >= len(buf):
-                self.buf = buf = np.concatenate([buf, np.zeros((max(len(buf), stop), buf.shape[1]), dtype=np.int64)])
+                grown = np.zeros((a + 1 + max(len(buf), stop), buf.shape[1]), dtype=np.int64)
+                grown[:a + 1] = buf[:a + 1]  # (the rows past ``built`` are never read)
+                self.buf = buf = grown
             buf[a + 1:a + 1 + stop] = full[:stop]
             self.n_pass += n_pass
             self.kv += kv
@@ -1149,9 +1163,8 @@ class _SpecSegments:
         j = m
         while j < upto:
             n = n_pass[j]
-            e = j + 1
-            while e < upto and n_pass[e] == n:
-                e += 1
+            # (the batch only shrinks in a run: the first pass after j with fewer requests)
+            e = bisect_right(n_pass, -n, j + 1, upto, key=neg)
             out.extend(timing.decode_passes_ms(n, self.kv[j:e], total))
             j = e
         return out

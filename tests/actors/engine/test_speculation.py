@@ -4,6 +4,7 @@ a lone request's token times, the draft tokens' budget, runs against stepping, t
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -63,6 +64,12 @@ def test_the_n_gram_acceptance_sequence_from_a_seed():
     assert block[:, 1].tolist() == expected
     assert block[:, 0].tolist() == [accepted_by_hand([0.8, 0.6, 0.4], x) for x in uniforms(7, 1, 17)[5:]]
     assert (sp.accepted_block(NGRAM, states, np.zeros(3, dtype=np.uint64), 12, plus=1)[:, 1] == np.array(expected) + 1).all()
+    # a speculative lead's requests drawn ahead (their bursts, 1 + accepted, for the next passes)
+    reqs = [SimpleNamespace(index=i, spec_stream=None, spec_passes=p) for i, p in ((1, 5), (3, 0), (8, 2))]
+    sp.draw_ahead(NGRAM, reqs, 12)
+    assert reqs[1].spec_ahead == [a + 1 for a in expected]
+    assert (reqs[1].spec_ahead_at, reqs[1].spec_ahead_end) == (0, 12) and reqs[0].spec_ahead_end == 17
+    assert reqs[0].spec_ahead == (block[:, 0] + 1).tolist()
 
 
 def test_the_conditional_rates_give_the_documented_mean_burst():
