@@ -11,14 +11,26 @@ the replay without speculation (the issue's bound: 1.3x) and the numbers specula
 
     python scripts/bench_speculation.py                  # 3 repeats
     python scripts/bench_speculation.py --repeat 5 --json
+    python scripts/bench_speculation.py --instructions   # one replay's instructions (callgrind)
+
+Wall time on a shared 2-core machine moves by +-3% between runs; ``--instructions`` counts what one
+replay executes instead (valgrind's callgrind, reproducible to ~0.01%: a process replaying three
+times minus one replaying once, halved, so start-up and the first replay's warm-up cancel), the
+variants two processes at a time. About 3 minutes per variant here.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,16 +56,61 @@ def config(trace: Path, variant: str, minutes: float) -> dict:
             "evaluation": {"sla": {"ttft_ms": 2000, "itl_ms": 50}}}
 
 
+def instructions(args) -> int:
+    """Each variant's instructions per replay (see the module doc) and its ratio to ``none``."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1")
+    work = Path(tempfile.mkdtemp(prefix="aisim-bench-spec-"))
+
+    def count(job: tuple[str, int]) -> int:
+        variant, replays = job
+        out = work / f"{variant}-{replays}.out"
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+               "--trace", str(args.trace), "--minutes", str(args.minutes), "--replays", str(replays), variant]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode:
+            raise SystemExit(f"callgrind run of {variant} failed: {p.stderr.strip()[-1500:]}")
+        m = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
+        return int(m.group(1))
+
+    try:
+        jobs = [(v, n) for v in VARIANTS for n in (1, 3)]
+        with ThreadPoolExecutor(2) as pool:
+            counts = dict(zip(jobs, pool.map(count, jobs)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    per = {v: (counts[(v, 3)] - counts[(v, 1)]) // 2 for v in VARIANTS}
+    rows = [{"variant": v, "instructions": per[v], "vs_none": round(per[v] / per["none"], 3)} for v in VARIANTS]
+    if print_head(bench_meta(1), rows, args.json):
+        return 0
+    print(f"{'variant':8s} {'instructions':>15s} {'vs none':>8s}")
+    for r in rows:
+        print(f"{r['variant']:8s} {r['instructions']:15,d} {r['vs_none']:7.3f}x")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
+    ap.add_argument("--replays", type=int, help=argparse.SUPPRESS)  # (a counted child: replay N times)
+    ap.add_argument("variant", nargs="?", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     offline_home()
+    if args.instructions:
+        return instructions(args)
     from aisim import plan_from_config, run_plan
     from aisim.simulator.config.loading import validate_config
+
+    if args.replays:
+        plan = plan_from_config(validate_config(config(args.trace, args.variant or "none", args.minutes)))
+        for _ in range(args.replays):
+            run_plan(plan)
+        return 0
 
     plans = {v: plan_from_config(validate_config(config(args.trace, v, args.minutes))) for v in VARIANTS}
     for v in VARIANTS:  # (warm: measured tables loaded, code paths compiled)
