@@ -82,8 +82,11 @@ def instructions(args) -> int:
         shutil.rmtree(work, ignore_errors=True)
     per = {v: (counts[(v, 3)] - counts[(v, 1)]) // 2 for v in VARIANTS}
     rows = [{"variant": v, "instructions": per[v], "vs_none": round(per[v] / per["none"], 3)} for v in VARIANTS]
-    if print_head(bench_meta(1), rows, args.json):
+    meta = bench_meta(1)
+    if args.json:
+        print_head(meta, rows, True)
         return 0
+    print(f"{meta['machine']}, {meta['date']}, one replay's instructions (callgrind: 3 replays - 1, halved)")
     print(f"{'variant':8s} {'instructions':>15s} {'vs none':>8s}")
     for r in rows:
         print(f"{r['variant']:8s} {r['instructions']:15,d} {r['vs_none']:7.3f}x")
