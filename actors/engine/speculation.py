@@ -110,14 +110,18 @@ def stream_of(spec: Speculation, req) -> int:
 def accepted(spec: Speculation, state: int, p: int) -> int:
     """Drafts accepted at the ``p``-th decode pass of the request whose stream state is ``state``:
     the thresholds its uniform number lies below (compared exactly in integers, ``Speculation.cutoffs``)."""
-    always, cuts = spec.cutoffs
+    n, cuts = spec.cutoffs
     z = _mix((state + (p + 1) * GOLDEN) & MASK)
-    return always + sum(1 for c in cuts if z < c)
+    for c in cuts:  # (non-increasing: the thresholds are)
+        if z >= c:
+            break
+        n += 1
+    return n
 
 
 # (the constants as numpy scalars, made once: uint64 array arithmetic wraps silently, as the
 # stream's arithmetic modulo 2^64 wants)
-_ONE, _GOLDEN, _MIX1, _MIX2 = np.uint64(1), np.uint64(GOLDEN), np.uint64(MIX1), np.uint64(MIX2)
+_MIX1, _MIX2 = np.uint64(MIX1), np.uint64(MIX2)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
@@ -131,10 +135,11 @@ def _mix_array(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def block_bases(states: np.ndarray, first_pass: np.ndarray) -> np.ndarray:
+def block_bases(states: list[int], first_pass: list[int]) -> np.ndarray:
     """The stream positions (before mixing) of the requests whose stream states are ``states`` at
-    their decode passes ``first_pass`` (uint64 arrays): ``accepted_from``'s ``bases``."""
-    return states + (first_pass + _ONE) * _GOLDEN
+    their decode passes ``first_pass``, as a uint64 array: ``accepted_from``'s ``bases``. (In
+    Python integers: cheaper than numpy's three array operations for a batch.)"""
+    return np.array([(s + (p + 1) * GOLDEN) & MASK for s, p in zip(states, first_pass)], dtype=np.uint64)
 
 
 def advance_bases(bases: np.ndarray, num_passes: int) -> np.ndarray:
@@ -142,10 +147,10 @@ def advance_bases(bases: np.ndarray, num_passes: int) -> np.ndarray:
     return bases + np.uint64((num_passes * GOLDEN) & MASK)
 
 
-def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray, num_passes: int,
+def accepted_block(spec: Speculation, states: list[int], first_pass: list[int], num_passes: int,
                    plus: int = 0) -> np.ndarray:
-    """``accepted`` (+ ``plus``) for the requests whose stream states are ``states`` (uint64, one
-    column each) at their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1``
+    """``accepted`` (+ ``plus``) for the requests whose stream states are ``states`` (one column
+    each) at their decode passes ``first_pass[i]`` .. ``first_pass[i] + num_passes - 1``
     (rows), as an int64 array of shape (num_passes, requests): the same numbers."""
     return accepted_from(spec, block_bases(states, first_pass), num_passes, plus)
 
@@ -153,27 +158,30 @@ def accepted_block(spec: Speculation, states: np.ndarray, first_pass: np.ndarray
 def draw_ahead(spec: Speculation, reqs: list, num_passes: int) -> None:
     """Draw each of ``reqs``' bursts (1 + accepted) for its next ``num_passes`` decode passes at once
     (``Request.spec_ahead``): what ``accepted`` gives them one by one."""
-    states = np.array([stream_of(spec, r) for r in reqs], dtype=np.uint64)
     first = [r.spec_passes for r in reqs]
-    cols = accepted_block(spec, states, np.array(first, dtype=np.uint64), num_passes, 1).T.tolist()
+    cols = accepted_block(spec, [stream_of(spec, r) for r in reqs], first, num_passes, 1).T.tolist()
     for r, col, p in zip(reqs, cols, first):
         r.spec_ahead = col
         r.spec_ahead_at = p
         r.spec_ahead_end = p + num_passes
 
 
-def accepted_from(spec: Speculation, bases: np.ndarray, num_passes: int, plus: int = 0) -> np.ndarray:
-    """``accepted_block`` from the requests' ``block_bases``."""
+def accepted_from(spec: Speculation, bases: np.ndarray, num_passes: int, plus: int = 0,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """``accepted_block`` from the requests' ``block_bases`` (into ``out`` when given: int64, its shape)."""
     always, cuts = spec.cutoffs
     z = _steps(num_passes)[:, None] + bases
     _mix_array(z)
     if not cuts:
-        return np.full(z.shape, always + plus, dtype=np.int64)
+        if out is None:
+            out = np.empty(z.shape, dtype=np.int64)
+        out.fill(always + plus)
+        return out
     if len(cuts) == 1:
-        return np.add(z < np.uint64(cuts[0]), always + plus, dtype=np.int64)
+        return np.add(z < np.uint64(cuts[0]), always + plus, dtype=np.int64, out=out)
     # #{c : z < c} = len(cuts) - #{c <= z}: one binary search over the ascending cutoffs
-    out = np.searchsorted(_ascending(cuts), z, side="right")
-    return np.subtract(always + plus + len(cuts), out, out=out)
+    k = np.searchsorted(_ascending(cuts), z, side="right")
+    return np.subtract(always + plus + len(cuts), k, out=k if out is None else out)
 
 
 @functools.lru_cache(maxsize=64)

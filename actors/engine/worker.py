@@ -1006,7 +1006,7 @@ class _SpecSegments:
     (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
     requests.)"""
 
-    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
+    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
                  "s0", "avail", "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
@@ -1016,21 +1016,19 @@ class _SpecSegments:
         self.reqs = list(batch)  # (row i: the plan's i-th request)
         self.rows = {id(r): i for i, r in enumerate(batch)}
         self.live_rows = list(range(len(batch)))  # (the entry's batch, in its order, as rows: exits delete)
-        self.known = np.array(known, dtype=np.int64)
         self.known_list = known
         self.R = np.array(remaining, dtype=np.int64)
         self.R_list = remaining
-        self.c = np.array(entry[2], dtype=np.int64)
-        self.h = np.array([r.num_held + r.num_private for r in batch], dtype=np.int64)
+        self.c = entry[2]  # (lists: arrays when the blocks are checked, rarely)
+        self.h = [r.num_held + r.num_private for r in batch]
         self.p0_list = [r.spec_passes for r in batch]
-        self.bases = block_bases(np.array([stream_of(self.spec, r) for r in batch], dtype=np.uint64),
-                                 np.array(self.p0_list, dtype=np.uint64))  # (the streams at the run's first pass)
+        self.bases = block_bases([stream_of(self.spec, r) for r in batch], self.p0_list)  # (the streams at the run's first pass)
         self.s0 = [r.spec_tokens for r in batch]
         self.avail = rank.kv.num_reclaimable
         self.bs = rank.config.block_size
         self.stop_first = bool(rank.waiting or rank.policy.pending)
         self.k = k
-        self.buf = np.zeros((65, len(batch)), dtype=np.int64)  # T's rows 0 .. built (capacity doubles)
+        self.buf = None  # T's rows 0 .. built and more (the first block's; later blocks append)
         self.built = 0
         self.n_pass: list[int] = []
         self.kv: list[int] = []
@@ -1046,37 +1044,44 @@ class _SpecSegments:
             return
         w = upto - a
         R = self.R
-        Ta = self.buf[a]
-        full = accepted_from(self.spec, advance_bases(self.bases, a) if a else self.bases, w, 1)  # bursts
-        full[0] += Ta
-        np.cumsum(full, axis=0, out=full)
-        np.minimum(full, R, out=full)  # T at passes a + 1 .. upto
-        live = Ta < R  # (the batch at pass a)
-        n_live = int(np.count_nonzero(live))
+        known, rest = self.known_list, self.R_list
+        # T's rows a .. upto: the tokens each request advanced before the block, then its bursts summed
+        T = np.empty((w + 1, len(rest)), dtype=np.int64)
+        if a:
+            accepted_from(self.spec, advance_bases(self.bases, a), w, 1, out=T[1:])
+            T[0] = self.buf[a]
+            live = T[0] < R  # (the batch at pass a)
+            n_live = int(np.count_nonzero(live))
+        else:  # (the run's first block: T is 0 and every request has tokens left)
+            accepted_from(self.spec, self.bases, w, 1, out=T[1:])
+            T[0] = 0
+            live = None
+            n_live = len(rest)
+        np.cumsum(T, axis=0, out=T)
+        np.minimum(T, R, out=T)
         stop = w if n_live else 0
-        # blocks: pass j takes what c + T[j + 1] tokens need beyond the blocks held at the start
+        # blocks: pass a + j takes what c + T[a + j + 1] tokens need beyond the blocks held at the start
         # (at most verify tokens a pass each: nothing to check while that fits for every request)
         if len(R) * (self.spec.verify_tokens * upto // self.bs + 1) > self.avail:
-            need = np.maximum(-(-(self.c + full) // self.bs) - self.h, 0).sum(axis=1)
+            c, h = np.array(self.c, dtype=np.int64), np.array(self.h, dtype=np.int64)
+            need = np.maximum(-(-(c + T[1:]) // self.bs) - h, 0).sum(axis=1)
             over = np.flatnonzero(need > self.avail)
             if len(over) and over[0] < stop:
                 stop = int(over[0])
-        out_rows = np.flatnonzero((full[-1] >= R) & live)  # (T only grows: those reaching R in the block)
-        if len(out_rows):
-            out_cols = (full[:, out_rows] >= R[out_rows]).argmax(axis=0)  # the pass (from a) after which each leaves
-            if self.stop_first:
-                first = int(out_cols.min()) + 1
-                if first < stop:
-                    stop = first
-        cs_arr = full[:stop].sum(axis=1)  # tokens advanced after each pass, summed (F's next entries)
-        cs = cs_arr.tolist()
-        leavers = sorted(zip(out_cols.tolist(), out_rows.tolist())) if len(out_rows) else []
+        # those reaching their R in the block (T only grows), each leaving after the pass (from a) ``col``
+        out = T[w] >= R
+        rows = np.flatnonzero(out if live is None else out & live)
+        leavers = []
+        if len(rows):
+            cols = (T[1:, rows] >= R[rows]).argmax(axis=0)
+            leavers = sorted(zip(cols.tolist(), rows.tolist()))
+            if self.stop_first and leavers[0][0] + 1 < stop:
+                stop = leavers[0][0] + 1
         # the batch at each pass's start: its size and KV tokens (T's sums + the live's known - the gone's
         # R); one leaving before the block's last pass leaves both from the pass after its last
-        n_pass: list[int] = []
-        kv: list[int] = []
         if stop:
-            known, rest = self.known_list, self.R_list
+            sums = T[:stop + 1].sum(axis=1)  # (tokens advanced before passes a .. a + stop)
+            n_pass: list[int] = []
             off = self.known_live - self.R_gone
             offs = [off]  # (the offset from each leaver's pass on: the batch's size steps down with it)
             steps = []
@@ -1100,40 +1105,32 @@ class _SpecSegments:
                 steps.append(stop - p)
             else:
                 del offs[-1]
-            # KV tokens at each pass's start: the tokens advanced before it + the offset then
-            sums = np.empty(stop, dtype=np.int64)
-            sums[0] = self.F[a]
-            sums[1:] = cs_arr[:stop - 1]
-            sums += np.repeat(np.array(offs, dtype=np.int64), steps) if len(offs) > 1 else offs[0]
-            kv = sums.tolist()
+            self.n_pass += n_pass
+            self.kv += (sums[:stop] + (np.repeat(offs, steps) if len(offs) > 1 else offs[0])).tolist()
+            self.F += sums[1:stop + 1].tolist()
         if stop < w:
             self.k = a + stop
-        if stop:
-            buf = self.buf
-            if a + stop >= len(buf):
-                grown = np.zeros((a + 1 + max(len(buf), stop), buf.shape[1]), dtype=np.int64)
-                grown[:a + 1] = buf[:a + 1]  # (the rows past ``built`` are never read)
-                self.buf = buf = grown
-            buf[a + 1:a + 1 + stop] = full[:stop]
-            self.n_pass += n_pass
-            self.kv += kv
-            self.F += cs[:stop]
-            if leavers:
-                batch, remaining = self.entry[1], self.entry[4]
-                reqs = self.reqs
-                for col, row in leavers:
-                    if col >= stop:
-                        break
-                    remaining[batch.index(reqs[row])] = a + col + 1
-                    self.known_live -= known[row]
-                    self.R_gone += rest[row]
-                    if not self.exits or self.exits[-1] != a + col:
-                        self.exits.append(a + col)
+        if not a:
+            self.buf = T  # (the rows past ``built`` are never read)
+        elif stop:
+            self.buf = np.concatenate((self.buf[:a + 1], T[1:]))
+        if stop and leavers:
+            batch, remaining = self.entry[1], self.entry[4]
+            reqs = self.reqs
+            whole = len(batch) == len(reqs)  # (nobody left the batch yet: its positions are the rows)
+            for col, row in leavers:
+                if col >= stop:
+                    break
+                remaining[row if whole else batch.index(reqs[row])] = a + col + 1
+                self.known_live -= known[row]
+                self.R_gone += rest[row]
+                if not self.exits or self.exits[-1] != a + col:
+                    self.exits.append(a + col)
         self.built = a + stop
 
     def first_pass_ms(self, rank) -> float:
         """The duration of the run's first pass here (before any is built: an estimate's basis)."""
-        return rank.timing.decode_ms(len(self.R), int(self.known.sum()), rank.total_kv_tokens)
+        return rank.timing.decode_ms(len(self.R_list), sum(self.known_list), rank.total_kv_tokens)
 
     def horizon(self) -> int:
         """Passes the run may still take here (from those built): up to the first completion when
@@ -1141,18 +1138,19 @@ class _SpecSegments:
         pass). Only sizes the next block: a completion later than this costs another block."""
         if self.built >= self.k:
             return 0
-        left = self.R - self.buf[self.built]
-        left = left[left > 0]
-        if not len(left):
-            return 0
-        n = int(left.min() if self.stop_first else left.max())
+        if self.built:
+            left = self.R - self.buf[self.built]
+            left = left[left > 0]
+            if not len(left):
+                return 0
+            n = int(left.min() if self.stop_first else left.max())
+        else:  # (none built: every request has its remaining tokens left, all > 0)
+            n = min(self.R_list) if self.stop_first else max(self.R_list)
         return min(n, int(n / (1.0 + self.spec.mean_accepted) * 1.25) + 4)
 
     def metrics(self, j: int) -> tuple:
         n, kv = self.n_pass[j], self.kv[j]
-        T = self.buf[j]
-        x = self.known + T
-        sq = int((x * x)[T < self.R].sum())
+        sq = sum([(x + t) * (x + t) for x, t, r in zip(self.known_list, self.buf[j].tolist(), self.R_list) if t < r])
         return n, kv, sq / n - (kv / n) ** 2
 
     def durations(self, rank, m: int, upto: int) -> list[float]:

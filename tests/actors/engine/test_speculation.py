@@ -59,11 +59,11 @@ def test_the_n_gram_acceptance_sequence_from_a_seed():
     state = sp.stream_seed(7, 3)
     assert [sp.accepted(NGRAM, state, p) for p in range(12)] == expected
     # a block of passes for several requests (what a decode run draws) holds the same numbers
-    states = np.array([sp.stream_seed(7, i) for i in (1, 3, 8)], dtype=np.uint64)
-    block = sp.accepted_block(NGRAM, states, np.array([5, 0, 2], dtype=np.uint64), 12)
+    states = [sp.stream_seed(7, i) for i in (1, 3, 8)]
+    block = sp.accepted_block(NGRAM, states, [5, 0, 2], 12)
     assert block[:, 1].tolist() == expected
     assert block[:, 0].tolist() == [accepted_by_hand([0.8, 0.6, 0.4], x) for x in uniforms(7, 1, 17)[5:]]
-    assert (sp.accepted_block(NGRAM, states, np.zeros(3, dtype=np.uint64), 12, plus=1)[:, 1] == np.array(expected) + 1).all()
+    assert (sp.accepted_block(NGRAM, states, [0, 0, 0], 12, plus=1)[:, 1] == np.array(expected) + 1).all()
     # a speculative lead's requests drawn ahead (their bursts, 1 + accepted, for the next passes)
     reqs = [SimpleNamespace(index=i, spec_stream=None, spec_passes=p) for i, p in ((1, 5), (3, 0), (8, 2))]
     sp.draw_ahead(NGRAM, reqs, 12)
@@ -75,8 +75,8 @@ def test_the_n_gram_acceptance_sequence_from_a_seed():
 def test_the_conditional_rates_give_the_documented_mean_burst():
     # [0.8, 0.6, 0.4]: 1 + 0.8 + 0.8 x 0.6 + 0.8 x 0.6 x 0.4 = 2.472 tokens a pass
     assert 1 + NGRAM.mean_accepted == pytest.approx(2.472)
-    states = np.array([sp.stream_seed(7, i) for i in range(200)], dtype=np.uint64)
-    draws = sp.accepted_block(NGRAM, states, np.zeros(200, dtype=np.uint64), 200)
+    states = [sp.stream_seed(7, i) for i in range(200)]
+    draws = sp.accepted_block(NGRAM, states, [0] * 200, 200)
     assert 1 + draws.mean() == pytest.approx(2.472, abs=0.01)
     assert [round(float((draws >= t).mean()), 2) for t in (1, 2, 3)] == [0.80, 0.48, 0.19]
 
@@ -84,8 +84,8 @@ def test_the_conditional_rates_give_the_documented_mean_burst():
 def test_mtp_accepts_floor_of_the_mean_and_one_more_with_its_fraction():
     spec = sp.Speculation("mtp", 2, sp.thresholds(sp.rates_from_mean(1.4, 2)), 1.0, 42)
     assert spec.thresholds == (1.0, pytest.approx(0.4))
-    states = np.array([sp.stream_seed(42, i) for i in range(100)], dtype=np.uint64)
-    draws = sp.accepted_block(spec, states, np.zeros(100, dtype=np.uint64), 300)
+    states = [sp.stream_seed(42, i) for i in range(100)]
+    draws = sp.accepted_block(spec, states, [0] * 100, 300)
     assert set(np.unique(draws)) == {1, 2} and float((draws == 2).mean()) == pytest.approx(0.4, abs=0.01)
     assert sp.rates_from_mean(2.0, 3) == [1.0, 1.0, 0.0] and sp.rates_from_mean(0.0, 1) == [0.0]
 
