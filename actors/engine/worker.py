@@ -831,12 +831,7 @@ class EngineWorker:
         last_end = run.ends[b - 1]
         if run.drawn:  # (each advanced its own tokens)
             for rank, batch, c0, g0, _ in run.ranks:
-                segs = run.segments[id(rank)]
-                for req, c, g, t in zip(batch, c0, g0, segs.advanced_all(b)):
-                    req.num_computed = c + t
-                    req.num_generated = g + t
-                    segs.set_progress(req, b, t)
-                    req.last_token_ms = last_end
+                run.segments[id(rank)].set_members(batch, c0, g0, b, last_end)
             return
         for _, batch, c0, g0, _ in run.ranks:
             for req, c, g in zip(batch, c0, g0):
@@ -1006,7 +1001,7 @@ class _SpecSegments:
     (tokens emitted); the variance of a pass's lengths when asked for. (Arrays are passes x
     requests.)"""
 
-    __slots__ = ("spec", "entry", "reqs", "rows", "live_rows", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
+    __slots__ = ("spec", "entry", "reqs", "live_rows", "known_list", "R", "R_list", "c", "h", "p0_list", "bases",
                  "s0", "avail", "bs", "stop_first", "k", "buf", "built", "n_pass", "kv", "F", "exits", "known_live", "R_gone")
 
     def __init__(self, rank, entry: list, known: list[int], remaining: list[int], k: int) -> None:
@@ -1014,7 +1009,6 @@ class _SpecSegments:
         self.spec = rank.config.speculation
         self.entry = entry
         self.reqs = list(batch)  # (row i: the plan's i-th request)
-        self.rows = {id(r): i for i, r in enumerate(batch)}
         self.live_rows = list(range(len(batch)))  # (the entry's batch, in its order, as rows: exits delete)
         self.known_list = known
         self.R = np.array(remaining, dtype=np.int64)
@@ -1177,21 +1171,29 @@ class _SpecSegments:
         """``reqs`` (the entry's batch positions ``at``, ascending) completed at the run's j-th pass,
         each having advanced all the tokens it had left (``R``, where ``build`` found them leaving):
         their token counts and speculative counters; the entry's batch loses them."""
-        rows, rest = self.rows, self.R_list
+        live, rest, p0, s0 = self.live_rows, self.R_list, self.p0_list, self.s0
         for req, i in zip(reqs, at):
-            t = rest[rows[id(req)]]
+            row = live[i]
+            t = rest[row]
             req.num_computed = c0[i] + t
             req.num_generated = g0[i] + t
-            self.set_progress(req, j, t)
+            req.spec_passes = p0[row] + j  # (its own passes: it ran in all j)
+            req.spec_tokens = s0[row] + t
         for i in reversed(at):
-            del self.live_rows[i]
+            del live[i]
 
-    def set_progress(self, req, j: int, t: int) -> None:
-        """``req``'s speculative counters after the run's first j passes, in which it emitted t tokens
-        (j: its own passes in the run)."""
-        row = self.rows[id(req)]
-        req.spec_passes = self.p0_list[row] + j
-        req.spec_tokens = self.s0[row] + t
+    def set_members(self, batch: list, c0: list[int], g0: list[int], j: int, last_ms: float) -> None:
+        """The entry's batch (``c0``, ``g0``: its counts before the run) as it is after the run's
+        first j passes, its last token at ``last_ms``."""
+        T = self.buf[j].tolist()
+        p0, s0 = self.p0_list, self.s0
+        for req, c, g, row in zip(batch, c0, g0, self.live_rows):
+            t = T[row]
+            req.num_computed = c + t
+            req.num_generated = g + t
+            req.spec_passes = p0[row] + j
+            req.spec_tokens = s0[row] + t
+            req.last_token_ms = last_ms
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens the rank's batch emitted in passes a .. b - 1."""
