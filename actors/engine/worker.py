@@ -484,6 +484,9 @@ class EngineWorker:
     def _close_run(self, run: DecodeRun) -> None:
         """Count an ended run's passes (applied up to its end) as the ranks' and the worker's."""
         last = self._run_pass_metrics(run, run.num_passes - 1)
+        if run.drawn:  # (the bursts drawn past its end: the next stepped passes read them)
+            for rank, batch, _, _, _ in run.ranks:
+                run.segments[id(rank)].hand_over(batch, run.num_passes)
         for rank in self.ranks:
             rank.pass_count += run.num_passes
             rank.last_pass = last.get(id(rank), (0.0, 0, 0, 0, 0.0, 0, 0, 0.0))
@@ -1074,7 +1077,7 @@ class _SpecSegments:
         # the batch at each pass's start: its size and KV tokens (T's sums + the live's known - the gone's
         # R); one leaving before the block's last pass leaves both from the pass after its last
         if stop:
-            sums = T[:stop + 1].sum(axis=1)  # (tokens advanced before passes a .. a + stop)
+            sums = np.einsum("ij->i", T[:stop + 1])  # (tokens advanced before passes a .. a + stop; einsum: a faster row sum)
             n_pass: list[int] = []
             off = self.known_live - self.R_gone
             offs = [off]  # (the offset from each leaver's pass on: the batch's size steps down with it)
@@ -1194,6 +1197,21 @@ class _SpecSegments:
             req.spec_passes = p0[row] + j
             req.spec_tokens = s0[row] + t
             req.last_token_ms = last_ms
+
+    def hand_over(self, batch: list, j: int) -> None:
+        """Give the entry's batch, still running after the run's j passes, the bursts drawn for its
+        passes j .. built - 1 (``Request.spec_ahead``: the numbers ``draw_ahead`` would draw, the
+        tokens left clipping them as a stepped lead does), so that stepping reads them."""
+        k = self.built
+        if k <= j or not batch:
+            return
+        cols = np.diff(self.buf[j:k + 1], axis=0).T.tolist()
+        p0 = self.p0_list
+        for req, row in zip(batch, self.live_rows):
+            p = p0[row] + j
+            req.spec_ahead = cols[row]
+            req.spec_ahead_at = p
+            req.spec_ahead_end = p + k - j
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens the rank's batch emitted in passes a .. b - 1."""
