@@ -48,6 +48,8 @@ STORED = 1
 REMOVED = 2
 
 _NO_KEYS = hash_view(b"")  # a fully evicted run's keys
+_NOT_LOOSE = object()
+LOOSE_SPAN = 16  # positions per anchor of the loose runs (``KVCache.mark_loose``; a power of two)
 
 
 class _Run:
@@ -137,6 +139,7 @@ class KVCache:
         "_stamp",
         "_seq",
         "_loose",
+        "_loose_near",
         "_num_unplaced",
         "watch",
         "fenced",
@@ -158,10 +161,11 @@ class KVCache:
         self._batch_entries = 0
         self._stamp = 0
         self._seq = 0  # numbers insertions (contents() lists active blocks in insertion order)
-        # first hash -> chain position of the runs whose first block's parent may be evicted
-        # before them (see ``_starts_run``); -1: position unknown (preloaded)
-        self._loose: dict[int, int] = {}
-        self._num_unplaced = 0  # entries of ``_loose`` at -1
+        # first hash -> anchor (see ``mark_loose``) of the runs whose first block's parent may be
+        # evicted before them (see ``_starts_run``); None: chain and position unknown (preloaded)
+        self._loose: dict[int, int | None] = {}
+        self._loose_near: dict[int, dict[int, int]] = {}  # anchor -> {first hash: chain position}
+        self._num_unplaced = 0  # entries of ``_loose`` at None
         # host offload: the blocks stores are still copying to host memory; an eviction that
         # overwrites such a block appends its hash to ``fenced`` (the pass waits for the copy)
         self.watch: set | None = None
@@ -423,7 +427,7 @@ class KVCache:
                 while hashes[end] not in heads:
                     end += 1
             if req.dup_tail:  # (a new run after a private copy: its parent is someone else's)
-                self._loose[hashes[pos]] = pos
+                self.mark_loose(hashes, pos)
             self._store(req, hashes, pos, end, seq, num_stored)
             if events is not None:  # one event per stretch of new blocks (each consecutive in the chain)
                 events.append((STORED, hashes[pos:end]))
@@ -462,21 +466,56 @@ class KVCache:
         evicted with or after it (leaves first: a holder holds the whole prefix, a release
         queues its runs tail first, a re-acquired prefix is released again later), unless the
         run was stored right after a private copy of a cached block (its parent was someone
-        else's, which may go first) or preloaded: only those (``_loose``, by chain position) are
-        checked, one comparison each, instead of every block of the stretch."""
+        else's, which may go first), continues a host tier's chain (which does not evict leaves
+        first) or was preloaded: only those (``_loose``) are checked, found by their anchors in
+        ``hashes`` (``mark_loose``): a lookup per position below ``LOOSE_SPAN`` and one per
+        ``LOOSE_SPAN`` positions above, not one per block of the stretch."""
         loose = self._loose
         if not loose:
             return False
-        if self._num_unplaced or len(loose) > 16:
+        if self._num_unplaced:
             return not self._heads.keys().isdisjoint(hashes[lo:hi])
-        for h, i in loose.items():
-            if lo <= i < hi and hashes[i] == h:
+        near = self._loose_near.get
+        p = lo
+        while p < hi and p < LOOSE_SPAN:  # (anchored by their parent)
+            bucket = near(hashes[p - 1])
+            if bucket is not None and bucket.get(hashes[p]) == p:
                 return True
+            p += 1
+        if p < hi:  # (anchored by the block before their span of LOOSE_SPAN positions)
+            for start in range(p & -LOOSE_SPAN, hi, LOOSE_SPAN):
+                bucket = near(hashes[start - 1])
+                if bucket is not None:
+                    for h, i in bucket.items():
+                        if lo <= i < hi and hashes[i] == h:
+                            return True
         return False
 
+    def mark_loose(self, hashes, pos: int) -> None:
+        """The run starting at ``hashes[pos]`` (``pos`` >= 1) may outlive its parent. It is filed
+        under an *anchor*, a hash of its own chain: its parent's below ``LOOSE_SPAN``, else the
+        hash before its span of ``LOOSE_SPAN`` positions - a chain holding it holds that anchor,
+        so ``_starts_run`` finds it from the chain's own hashes."""
+        h = hashes[pos]
+        anchor = hashes[pos - 1 if pos < LOOSE_SPAN else (pos & -LOOSE_SPAN) - 1]
+        if h in self._loose:
+            self._unloose(h)
+        self._loose[h] = anchor
+        bucket = self._loose_near.get(anchor)
+        if bucket is None:
+            self._loose_near[anchor] = {h: pos}
+        else:
+            bucket[h] = pos
+
     def _unloose(self, head: int) -> None:
-        if self._loose.pop(head, 0) == -1:
+        anchor = self._loose.pop(head, _NOT_LOOSE)
+        if anchor is None:
             self._num_unplaced -= 1
+        elif anchor is not _NOT_LOOSE:
+            bucket = self._loose_near[anchor]
+            del bucket[head]
+            if not bucket:
+                del self._loose_near[anchor]
 
     def _locate_next(self, hashes: memoryview, pos: int) -> tuple[_Run | None, int]:
         """The run and offset of ``hashes[pos]`` when it continues the run holding
@@ -656,7 +695,7 @@ class KVCache:
             run = _Run(keys[i : i + 1], 0, [(0, seq, i)])
             run.stamp = stamp
             self._heads[h] = run
-            self._loose[h] = -1  # (its chain and position are unknown)
+            self._loose[h] = None  # (its chain and position are unknown)
             runs.append(run)
         self._batches.append([stamp, runs, 0])
         self._batch_entries += len(runs)

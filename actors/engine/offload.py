@@ -507,7 +507,7 @@ class HostTier:
         if start and hashes[start] in kv._heads:
             # (its parent may go first: it is not in the pool, or not pinned while these are
             # pending and older once they are stored - the pool does not evict leaves first)
-            kv._loose[hashes[start]] = start
+            kv.mark_loose(hashes, start)
         if self.subscribers:  # (each new run: one registration's stretch, its first mark its identity)
             h.stretches = [hash_view(array("Q", run.marks[0][1:]).tobytes() + run.keys.tobytes())
                            for run, _ in h.held]
@@ -526,7 +526,7 @@ class HostTier:
                         kv.split_in_place(run, lo - pos)
                     break
                 pos += n
-            kv._loose[hashes[lo]] = lo  # (its parent may now be evicted before it)
+            kv.mark_loose(hashes, lo)  # (its parent may now be evicted before it)
         _, _, sub = kv.match_prefix(hashes[lo:hi], hi - lo)
         h = _Hold()
         kv.acquire(h, sub)

@@ -137,6 +137,32 @@ def test_a_run_stored_after_a_private_copy_is_found_after_its_parent_is_evicted(
     kv.check_invariants()
 
 
+@pytest.mark.parametrize("k, first", [(5, 0), (16, 0), (40, 20), (40, 33), (47, 21)])
+def test_a_run_outliving_its_parent_is_found_at_any_chain_position(k, first):
+    # as above, one block per position and the loose run (the m blocks b stored after its private
+    # copies) at chain position k: d registers the chain in two steps (up to ``first``, then on),
+    # so the second registration starts mid-stretch and must find that run from its own hashes
+    m = 3
+    chain = list(range(1000, 1000 + k + m + 2))
+    kv = KVCache(2 * k + 2 * m + 2, 1)
+    a, b = Req(chain[:k]), Req(chain[: k + m])
+    assert kv.grow(a, k, a.hashes)
+    assert kv.grow(b, k + m, b.hashes)
+    assert kv.held_hashes(b) == chain[k : k + m] and b.num_private == k
+    kv.release(a)
+    c = Req(list(range(5000, 5000 + k + m + 2)))
+    assert kv.grow(c, k + m + 2, c.hashes)  # evicts all of a's blocks: b's run outlives its parent
+    assert not kv.resident() & set(chain[:k])
+    kv.release(c)
+    d = Req(chain)
+    if first:
+        assert kv.grow(d, first, d.hashes)
+    assert kv.grow(d, len(chain), d.hashes)
+    # b's blocks are cached: d's are private copies; the rest of the chain is d's
+    assert kv.held_hashes(d) == chain[:k] + chain[k + m :] and d.num_private == m
+    kv.check_invariants()
+
+
 def test_allocation_miss_is_a_return_value():
     kv = KVCache(2, 4)
     a = Req([1, 2, 3])
