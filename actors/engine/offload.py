@@ -219,9 +219,16 @@ class ShareLink:
         return t
 
     def _next_event(self) -> float:
-        t = INF
+        jobs = self.jobs
         now = self.now
-        for j in self.jobs:
+        if len(jobs) == 1:  # (the usual case: one job, its first byte or its end at its rate)
+            j = jobs[0]
+            if j.start_ms > now:
+                return j.start_ms
+            r = j.cap if j.cap < self.rate else self.rate
+            return now + j.left / r if r < INF else now
+        t = INF
+        for j in jobs:
             if j.start_ms > now and j.start_ms < t:
                 t = j.start_ms
         for j, r in self._rates():
@@ -274,9 +281,7 @@ class ShareLink:
             else:
                 j.left -= r * dt
         if t > now:
-            self.now = t
-            if self._rates_now is None or any(j.start_ms <= t for j in self.jobs if j.start_ms > now):
-                self._rates_now = None
+            self.now = t  # (kept rates stay: they are kept only while every job has started)
         if ended:
             for j in ended:
                 j.left = 0.0
