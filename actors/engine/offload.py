@@ -344,6 +344,9 @@ class OffloadDomain:
                 for job in done:
                     job.ended = True
                     job.tier.complete(job, t_ev)
+                    # (its request keeps it as its latest store or load: leave no cycle behind,
+                    # so the two are freed when the request goes, not by the cyclic collector)
+                    job.req = job.hold = None
                 self.generation += 1
         # (a shared link is served up to its events only: its bytes left are the same whenever
         # anyone looks, so the results do not depend on how often the domain is advanced)

@@ -10,6 +10,8 @@ times (docs/dev/reference-kv-offload.md section 13).
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from aisim import run_config
@@ -66,6 +68,25 @@ def test_an_evicted_prefix_is_onboarded_and_the_ttft_includes_the_transfer(tmp_p
     assert (t["host"]["hit_lookups"], t["host"]["hit_blocks"], t["host"]["resident_blocks"]) == (1, 3, 8)
     assert t["reuse"]["first_admission_host_tokens"] == 32 and t["reuse"]["first_admission_device_tokens"] == 16
     assert summary["prefix_cache_reused_ratio"] == 48 / 192
+
+
+def test_finished_transfers_leave_no_reference_cycle_behind(tmp_path):
+    # a request keeps its latest store (here ended long before the request: 20 output tokens);
+    # once a transfer ends, nothing of it waits for the cyclic collector (with it off, the replay
+    # leaves no transfer job unreachable)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        _, r = replay(tmp_path, [row(0, A, out=20), row(100, B, out=20), row(200, A, out=20)], HOST)
+        assert times(r[2])[3] > 0  # (an onboarding happened)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if type(o).__name__ in ("Job", "_Hold", "RequestOffload")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 def test_without_a_host_tier_the_evicted_prefix_is_recomputed(tmp_path):
