@@ -363,7 +363,7 @@ class _TierRuns:
 
     def __init__(self) -> None:
         self.heads: dict[int, _Stretch] = {}
-        self.by_seq: dict[int, list[_Stretch]] = {}
+        self.by_seq: dict[int, _Stretch | list[_Stretch]] = {}  # seq -> its stretch(es)
         self.num_blocks = 0
 
     def __bool__(self) -> bool:
@@ -371,25 +371,47 @@ class _TierRuns:
 
     def store(self, payload: Sequence[int]) -> None:
         """``[seq, index, *hashes]``: new resident blocks (none of them was)."""
-        st = _Stretch(payload[2:], payload[0], payload[1])
-        if st.keys:
-            self.heads[st.keys[0]] = st
-            self.by_seq.setdefault(st.seq, []).append(st)
-            self.num_blocks += len(st.keys)
+        keys = payload[2:]
+        if keys:
+            st = _Stretch(keys, payload[0], payload[1])
+            self.heads[keys[0]] = st
+            self._file(st)
+            self.num_blocks += len(keys)
+
+    def _file(self, st: _Stretch) -> None:
+        """Index ``st`` by its ``seq`` (the stretch itself, or a list when a seq has several)."""
+        by_seq = self.by_seq
+        had = by_seq.get(st.seq)
+        if had is None:
+            by_seq[st.seq] = st
+        elif had.__class__ is list:
+            had.append(st)
+        else:
+            by_seq[st.seq] = [had, st]
 
     def remove(self, payload: Sequence[int]) -> None:
         """``[seq, index, count, ...]``: evicted stretches, each ``count`` blocks from the
         ``index``-th of registration ``seq`` (within one resident stretch)."""
         heads = self.heads
         by_seq = self.by_seq
-        it = iter(payload.tolist() if isinstance(payload, memoryview) else payload)
-        for seq, index, count in zip(it, it, it):
-            group = by_seq.get(seq, ())
-            for st in group:
-                off = index - st.index
-                if 0 <= off < len(st.keys):
-                    break
+        vals = payload.tolist() if isinstance(payload, memoryview) else payload
+        for j in range(0, len(vals), 3):
+            seq = vals[j]
+            index = vals[j + 1]
+            count = vals[j + 2]
+            found = by_seq.get(seq)
+            st = None
+            if found.__class__ is _Stretch:
+                off = index - found.index
+                if 0 <= off < len(found.keys):
+                    st = found
             else:
+                for cand in found or ():
+                    off = index - cand.index
+                    if 0 <= off < len(cand.keys):
+                        st = cand
+                        break
+            if st is None:
                 raise RuntimeError(f"host KV event: evicted blocks {seq}:{index} are not resident")
             keys = st.keys
             end = off + count
@@ -399,20 +421,23 @@ class _TierRuns:
             if off == 0:
                 del heads[keys[0]]
                 if end == len(keys):
-                    group.remove(st)
-                    if not group:
+                    if found is st:
                         del by_seq[seq]
+                    else:
+                        found.remove(st)
+                        if not found:
+                            del by_seq[seq]
                     continue
-                st.keys = keys[end:]
+                st.keys = keys = keys[end:]
                 st.index += end
-                heads[st.keys[0]] = st
+                heads[keys[0]] = st
             elif end == len(keys):
                 st.keys = keys[:off]
             else:  # (the middle: a hold pinned the tail, the head was looked up since)
                 st.keys = keys[:off]
                 rest = _Stretch(keys[end:], seq, index + count)
                 heads[rest.keys[0]] = rest
-                group.append(rest)
+                self._file(rest)
 
     def run_from(self, hashes: Sequence[int], pos: int) -> int:
         """How many of ``hashes[pos:]`` are resident, consecutively from ``pos`` (as the tier's
@@ -719,14 +744,22 @@ class KvRouter:
             self._cached.store(s, hashes)
         elif kind == REMOVED:
             self._cached.remove(s, hashes)
-        elif kind == HOST_STORED:
-            self._host.setdefault(s, _TierRuns()).store(hashes)
-        elif kind == HOST_REMOVED:
-            self._host.setdefault(s, _TierRuns()).remove(hashes)
-        elif kind == DISK_STORED:
-            self._disk.setdefault(s, set()).update(hashes)
-        elif kind == DISK_REMOVED:
-            self._disk.setdefault(s, set()).difference_update(hashes)
+        elif kind == HOST_STORED or kind == HOST_REMOVED:
+            tier = self._host.get(s)
+            if tier is None:
+                tier = self._host[s] = _TierRuns()
+            if kind == HOST_STORED:
+                tier.store(hashes)
+            else:
+                tier.remove(hashes)
+        elif kind == DISK_STORED or kind == DISK_REMOVED:
+            disk = self._disk.get(s)
+            if disk is None:
+                disk = self._disk[s] = set()
+            if kind == DISK_STORED:
+                disk.update(hashes)
+            else:
+                disk.difference_update(hashes)
 
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""

@@ -84,6 +84,11 @@ def test_the_middle_evicted_between_a_looked_up_head_and_a_pinned_tail():
     _apply(events, view)
     assert view.blocks() == {15, 16, 31, 32, 33, 34}
     assert [view.run_from(A, p) for p in range(6)] == [0, 0, 0, 0, 2, 1]
+    _store(tier, hash_view([41, 42]), 0, 2)  # evicts A[4:6]: the last piece of A's stretch
+    _apply(events, view)
+    assert view.blocks() == {31, 32, 33, 34, 41, 42}
+    filed = [g if isinstance(g, list) else [g] for g in view.by_seq.values()]
+    assert sorted(list(st.keys) for group in filed for st in group) == [[31, 32, 33, 34], [41, 42]]
 
 
 def _resident(tier: HostTier, pending: set) -> set:
