@@ -49,6 +49,7 @@ REMOVED = 2
 
 _NO_KEYS = hash_view(b"")  # a fully evicted run's keys
 _NOT_LOOSE = object()
+_LOW = -1  # the anchor of the loose runs below LOOSE_SPAN (no hash: they are unsigned)
 LOOSE_SPAN = 16  # positions per anchor of the loose runs (``KVCache.mark_loose``; a power of two)
 
 
@@ -468,8 +469,8 @@ class KVCache:
         run was stored right after a private copy of a cached block (its parent was someone
         else's, which may go first), continues a host tier's chain (which does not evict leaves
         first) or was preloaded: only those (``_loose``) are checked, found by their anchors in
-        ``hashes`` (``mark_loose``): a lookup per position below ``LOOSE_SPAN`` and one per
-        ``LOOSE_SPAN`` positions above, not one per block of the stretch."""
+        ``hashes`` (``mark_loose``): one set below ``LOOSE_SPAN``, a lookup per ``LOOSE_SPAN``
+        positions above, not one per block of the stretch."""
         loose = self._loose
         if not loose:
             return False
@@ -477,11 +478,11 @@ class KVCache:
             return not self._heads.keys().isdisjoint(hashes[lo:hi])
         near = self._loose_near.get
         p = lo
-        while p < hi and p < LOOSE_SPAN:  # (anchored by their parent)
-            bucket = near(hashes[p - 1])
-            if bucket is not None and bucket.get(hashes[p]) == p:
+        if p < LOOSE_SPAN:  # (the first positions' loose runs: one set, a hash's position is its own)
+            p = hi if hi < LOOSE_SPAN else LOOSE_SPAN
+            low = near(_LOW)
+            if low is not None and not low.keys().isdisjoint(hashes[lo:p]):
                 return True
-            p += 1
         if p < hi:  # (anchored by the block before their span of LOOSE_SPAN positions)
             for start in range(p & -LOOSE_SPAN, hi, LOOSE_SPAN):
                 bucket = near(hashes[start - 1])
@@ -493,11 +494,11 @@ class KVCache:
 
     def mark_loose(self, hashes, pos: int) -> None:
         """The run starting at ``hashes[pos]`` (``pos`` >= 1) may outlive its parent. It is filed
-        under an *anchor*, a hash of its own chain: its parent's below ``LOOSE_SPAN``, else the
-        hash before its span of ``LOOSE_SPAN`` positions - a chain holding it holds that anchor,
-        so ``_starts_run`` finds it from the chain's own hashes."""
+        under an *anchor*: the hash before its span of ``LOOSE_SPAN`` positions (a chain holding
+        it holds that anchor, so ``_starts_run`` finds it from the chain's own hashes), or all
+        together below ``LOOSE_SPAN`` (where chains share their first blocks)."""
         h = hashes[pos]
-        anchor = hashes[pos - 1 if pos < LOOSE_SPAN else (pos & -LOOSE_SPAN) - 1]
+        anchor = hashes[(pos & -LOOSE_SPAN) - 1] if pos >= LOOSE_SPAN else _LOW
         if h in self._loose:
             self._unloose(h)
         self._loose[h] = anchor

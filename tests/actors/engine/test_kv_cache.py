@@ -137,7 +137,7 @@ def test_a_run_stored_after_a_private_copy_is_found_after_its_parent_is_evicted(
     kv.check_invariants()
 
 
-@pytest.mark.parametrize("k, first", [(5, 0), (16, 0), (40, 20), (40, 33), (47, 21)])
+@pytest.mark.parametrize("k, first", [(5, 0), (15, 0), (16, 0), (40, 20), (40, 33), (47, 21)])
 def test_a_run_outliving_its_parent_is_found_at_any_chain_position(k, first):
     # as above, one block per position and the loose run (the m blocks b stored after its private
     # copies) at chain position k: d registers the chain in two steps (up to ``first``, then on),
