@@ -27,7 +27,7 @@ tier. G3 (rarer: aggregated workers with one attention-data rank) is kept block 
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -35,6 +35,7 @@ from aisim.actors.engine.kv_cache import KVCache
 from aisim.actors.hashing import hash_view
 
 INF = float("inf")
+_IDENTITY = struct.Struct("=QQ")  # a HOST_STORED payload's (seq, index), as its hashes are stored (native "Q")
 
 # job kinds, in same-time completion order (writes before reads)
 STORE = 0  # G1 -> G2
@@ -517,7 +518,7 @@ class HostTier:
             # pending and older once they are stored - the pool does not evict leaves first)
             kv.mark_loose(hashes, start)
         if self.subscribers:  # (each new run: one registration's stretch, its first mark its identity)
-            h.stretches = [hash_view(array("Q", run.marks[0][1:]).tobytes() + run.keys.tobytes())
+            h.stretches = [memoryview(_IDENTITY.pack(*run.marks[0][1:]) + run.keys.tobytes()).cast("Q")
                            for run, _ in h.held]
         self.num_pending += n
         self._publish()
