@@ -336,6 +336,15 @@ def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
     return len(list(takewhile(tier.__contains__, islice(hashes, pos, None))))
 
 
+class _DiskBlocks(set):
+    """The router's view of a candidate's disk (G3) tier: its blocks, as its DISK_* events tell
+    them (the tier view's ``store`` / ``remove``)."""
+
+    __slots__ = ()
+    store = set.update
+    remove = set.difference_update
+
+
 class _Stretch:
     """Resident blocks of one host-tier registration: ``keys`` (chain order), the first being the
     ``index``-th block registration ``seq`` stored."""
@@ -538,7 +547,7 @@ class KvRouter:
         self._cached = _CachedRuns()  # the router's view of every candidate's cached blocks
         self._held = _HeldChains()  # the blocks of every candidate's in-flight requests
         self._host: dict[int, _TierRuns] = {}  # slot -> its host (G2) tier's blocks (HOST_* events)
-        self._disk: dict[int, set[int]] = {}  # slot -> its disk (G3) tier's blocks (DISK_* events)
+        self._disk: dict[int, _DiskBlocks] = {}  # slot -> its disk (G3) tier's blocks (DISK_* events)
         self._for: list[int] | None = None  # the eligible workers of the cached selection
         self._sel = None  # (slots in candidate order, their keys, their mask, position by slot)
         self._routed: dict[int, tuple[int, int, Sequence[int]]] = {}  # request -> (slot, tokens added, chain)
@@ -744,22 +753,15 @@ class KvRouter:
             self._cached.store(s, hashes)
         elif kind == REMOVED:
             self._cached.remove(s, hashes)
-        elif kind == HOST_STORED or kind == HOST_REMOVED:
-            tier = self._host.get(s)
-            if tier is None:
-                tier = self._host[s] = _TierRuns()
-            if kind == HOST_STORED:
-                tier.store(hashes)
+        elif HOST_STORED <= kind <= DISK_REMOVED:  # (a lower tier's: its view made at its first event)
+            views = self._host if kind <= HOST_REMOVED else self._disk
+            view = views.get(s)
+            if view is None:
+                view = views[s] = _TierRuns() if kind <= HOST_REMOVED else _DiskBlocks()
+            if kind == HOST_STORED or kind == DISK_STORED:
+                view.store(hashes)
             else:
-                tier.remove(hashes)
-        elif kind == DISK_STORED or kind == DISK_REMOVED:
-            disk = self._disk.get(s)
-            if disk is None:
-                disk = self._disk[s] = set()
-            if kind == DISK_STORED:
-                disk.update(hashes)
-            else:
-                disk.difference_update(hashes)
+                view.remove(hashes)
 
     def load_view(self, worker: int, rank: int = 0) -> dict:
         """The router's view of one candidate (tests, diagnostics)."""

@@ -280,6 +280,30 @@ def _admitted(kv, hashes, tokens: int):
         return req
     kv.release(req)
     return None
+def test_kv_router_weighs_lower_tier_blocks_until_they_are_evicted():
+    # one candidate, a 4-block prompt, nothing on its GPU: blocks 0-1 in its host tier and 2-3 on
+    # its disk credit 0.75 x 2 + 0.25 x 2 = 2 blocks of the prompt's 4 (cost 4 - 2 + 4 active);
+    # evicting the disk blocks, then the host ones, takes the credit back
+    from aisim.actors.engine.offload import DISK_REMOVED, DISK_STORED, HOST_REMOVED, HOST_STORED
+
+    router = KvRouter(4, rng(), host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25)
+    hashes = [101, 102, 103, 104]
+
+    def cost(index):
+        req = Req(index, hashes)
+        decision = router.route(req, 0.0, [0], [1])
+        router.on_release(req)
+        return decision[2]["cost"]
+
+    router.on_kv_events(0, 0, HOST_STORED, [1, 0, 101, 102])
+    router.on_kv_events(0, 0, DISK_STORED, [103, 104])
+    assert cost(0) == 6.0
+    router.on_kv_events(0, 0, DISK_REMOVED, [103, 104])
+    assert cost(1) == 6.5
+    router.on_kv_events(0, 0, HOST_REMOVED, [1, 0, 2])
+    assert cost(2) == 8.0
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
     """The same event stream (real KV caches, offloading evicted blocks to host and disk views) and
