@@ -336,6 +336,11 @@ def _run_in(tier: set, hashes: Sequence[int], pos: int) -> int:
     return len(list(takewhile(tier.__contains__, islice(hashes, pos, None))))
 
 
+# a lower tier's KV event kind -> (the host tier's, not the disk's; blocks stored, not removed)
+_LOWER_TIER_EVENTS = {HOST_STORED: (True, True), HOST_REMOVED: (True, False),
+                      DISK_STORED: (False, True), DISK_REMOVED: (False, False)}
+
+
 class _DiskBlocks(set):
     """The router's view of a candidate's disk (G3) tier: its blocks, as its DISK_* events tell
     them (the tier view's ``store`` / ``remove``)."""
@@ -753,12 +758,13 @@ class KvRouter:
             self._cached.store(s, hashes)
         elif kind == REMOVED:
             self._cached.remove(s, hashes)
-        elif HOST_STORED <= kind <= DISK_REMOVED:  # (a lower tier's: its view made at its first event)
-            views = self._host if kind <= HOST_REMOVED else self._disk
+        else:  # a lower tier's: its view made at its first event
+            host, stored = _LOWER_TIER_EVENTS[kind]
+            views = self._host if host else self._disk
             view = views.get(s)
             if view is None:
-                view = views[s] = _TierRuns() if kind <= HOST_REMOVED else _DiskBlocks()
-            if kind == HOST_STORED or kind == DISK_STORED:
+                view = views[s] = _TierRuns() if host else _DiskBlocks()
+            if stored:
                 view.store(hashes)
             else:
                 view.remove(hashes)
