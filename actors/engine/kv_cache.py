@@ -484,7 +484,10 @@ class KVCache:
             if low is not None and not low.keys().isdisjoint(hashes[lo:p]):
                 return True
         if p < hi:  # (anchored by the block before their span of LOOSE_SPAN positions)
-            for start in range(p & -LOOSE_SPAN, hi, LOOSE_SPAN):
+            first = p & -LOOSE_SPAN
+            if self._loose_near.keys().isdisjoint(hashes[first - 1 : hi - 1 : LOOSE_SPAN]):
+                return False  # (no anchor of the stretch has a loose run: the usual case, one C call)
+            for start in range(first, hi, LOOSE_SPAN):
                 bucket = near(hashes[start - 1])
                 if bucket is not None:
                     for h, i in bucket.items():
