@@ -984,7 +984,10 @@ class OffloadRegistry:
             domain.add(d2h)
             domain.add(h2d)
         if events is not None:
-            tier.subscribe(events)
-            if g3 is not None:
+            # (a shared tier publishes through its first rank that records events: the router
+            # keeps one view of it for every candidate, ``KvRouter(shared_host_tier=True)``)
+            if not (spec.shared and tier.subscribers):
+                tier.subscribe(events)
+            if g3 is not None and not (g3spec.shared and g3.subscribers):
                 g3.subscribers.append(events)
         return RankOffload(spec, domain, tier, g3, d2h, h2d, block_size, worker_key, events)

@@ -529,9 +529,14 @@ class KvRouter:
         kv_events: bool = False,
         host_cache_hit_weight: float = 0.75,
         disk_cache_hit_weight: float = 0.25,
+        shared_host_tier: bool = False,
+        shared_disk_tier: bool = False,
     ) -> None:
         """``kv_events``: keep the prefix index (workers publish KV events) even at credit 0, for a
-        router whose credit may rise later (retune)."""
+        router whose credit may rise later (retune). ``shared_host_tier`` / ``shared_disk_tier``:
+        the candidates share one host (disk) tier (``cluster_shared``): one view for all of them,
+        fed by the tier's events once (``actors.engine.offload.OffloadRegistry`` publishes a shared
+        tier through one rank), so a candidate that joins later sees the whole pool."""
         self.block_size = block_size
         self.rng = rng
         self.credit = overlap_score_credit
@@ -553,6 +558,9 @@ class KvRouter:
         self._held = _HeldChains()  # the blocks of every candidate's in-flight requests
         self._host: dict[int, _TierRuns] = {}  # slot -> its host (G2) tier's blocks (HOST_* events)
         self._disk: dict[int, _DiskBlocks] = {}  # slot -> its disk (G3) tier's blocks (DISK_* events)
+        # the one view of a tier every candidate shares (None: a view per candidate, as above)
+        self._shared_host = _TierRuns() if shared_host_tier else None
+        self._shared_disk = _DiskBlocks() if shared_disk_tier else None
         self._for: list[int] | None = None  # the eligible workers of the cached selection
         self._sel = None  # (slots in candidate order, their keys, their mask, position by slot)
         self._routed: dict[int, tuple[int, int, Sequence[int]]] = {}  # request -> (slot, tokens added, chain)
@@ -609,7 +617,7 @@ class KvRouter:
         # walk for all candidates each, as (slots, depth) pairs
         cached = self._cached.depths(hashes, n, alive) if use_cache else ()
         held = self._held.depths(hashes, n, alive) if self.track_active_blocks and n else ()
-        tiered = use_cache and bool(self._host or self._disk)
+        tiered = use_cache and bool(self._host or self._disk or self._shared_host or self._shared_disk)
         if len(slots) > self.listed_candidates:
             costs, overlaps = self._costs_array(hashes, n, isl, slots, position, cached, held, tiered)
             i = self._select_array(costs)
@@ -646,6 +654,7 @@ class KvRouter:
         prefill, active = self.track_prefill_tokens, self.track_active_blocks
         tokens = list(map(self._prefill.__getitem__, slots))
         blocks = list(map(self._held.held.__getitem__, slots))
+        extras: dict = {}  # (shared tiers: the extra depends on the device overlap only)
         costs = []
         overlaps = []
         for j, s in enumerate(slots):
@@ -654,7 +663,7 @@ class KvRouter:
             if prefill:
                 credited = credit * overlap
                 if tiered and overlap < n:
-                    extra = self._tier_extra(s, hashes, n, overlap)
+                    extra = self._tier_extra(s, hashes, n, overlap, extras)
                     if extra:
                         credited += extra
                         overlap = int(overlap + extra)  # (reported: the effective overlap's floor)
@@ -671,10 +680,11 @@ class KvRouter:
         if self.track_prefill_tokens:
             credited = self.credit * overlaps
             if tiered:
+                extras: dict = {}
                 for j in self._tiered_positions(position):
                     ov = int(overlaps[j])
                     if ov < n:
-                        extra = self._tier_extra(int(slots[j]), hashes, n, ov)
+                        extra = self._tier_extra(int(slots[j]), hashes, n, ov, extras)
                         if extra:
                             credited[j] += extra
                             overlaps[j] = int(ov + extra)
@@ -696,20 +706,33 @@ class KvRouter:
             out[bits.view(bool)] = depth
         return out
 
-    def _tiered_positions(self, position: dict) -> list[int]:
+    def _tiered_positions(self, position: dict) -> range | list[int]:
         """Positions among the candidates of those whose lower tiers hold blocks, ascending."""
+        if self._shared_host or self._shared_disk:
+            return range(len(position))  # (every candidate sees the shared tier)
         return sorted(position[s] for s in set(self._host) | set(self._disk) if s in position)
 
-    def _tier_extra(self, s: int, hashes, n: int, overlap: int) -> float:
+    def _tier_extra(self, s: int, hashes, n: int, overlap: int, extras: dict) -> float:
         """Blocks past the device-cached prefix (``overlap``) that slot ``s``'s host (disk) tier
-        holds count ``host_weight`` (``disk_weight``) each in the credited overlap."""
-        host = self._host.get(s)
-        disk = self._disk.get(s)
+        holds count ``host_weight`` (``disk_weight``) each in the credited overlap. ``extras``:
+        the route's answers by device overlap, for candidates whose tiers are all shared."""
+        host = self._shared_host
+        disk = self._shared_disk
+        shared = (host is not None or not self._host) and (disk is not None or not self._disk)
+        if shared:
+            got = extras.get(overlap)
+            if got is not None:
+                return got
+        if host is None:
+            host = self._host.get(s)
+        if disk is None:
+            disk = self._disk.get(s)
         h = host.run_from(hashes, overlap) if host else 0
         d = _run_in(disk, hashes, overlap + h) if disk else 0
-        if h or d:
-            return self.host_weight * h + self.disk_weight * d
-        return 0.0
+        extra = self.host_weight * h + self.disk_weight * d if h or d else 0.0
+        if shared:
+            extras[overlap] = extra
+        return extra
 
     def _select(self, costs: list[float]) -> int:
         lo = min(costs)
@@ -760,10 +783,12 @@ class KvRouter:
             self._cached.remove(s, hashes)
         else:  # a lower tier's: its view made at its first event
             host, stored = _LOWER_TIER_EVENTS[kind]
-            views = self._host if host else self._disk
-            view = views.get(s)
+            view = self._shared_host if host else self._shared_disk
             if view is None:
-                view = views[s] = _TierRuns() if host else _DiskBlocks()
+                views = self._host if host else self._disk
+                view = views.get(s)
+                if view is None:
+                    view = views[s] = _TierRuns() if host else _DiskBlocks()
             if stored:
                 view.store(hashes)
             else:

@@ -42,6 +42,12 @@ CASES = {
         "router={policy: kv_router}", "engine.workers.aggregated.parallelism.replicas=3",
         "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 1200}, "
         "host_offload: {scope: cluster_shared, num_host_blocks: 20000, shared_h2d_bandwidth_gbps: 20}}"]),
+    # the Planner adds workers to a shared pool's deployment: the KV router's one view of the pool
+    "offload_shared_planner": ("planner-aggregated.yaml", PLANNER_SLICE + [
+        "engine.workers.aggregated.startup_seconds=20", "planner.target=load",
+        "planner.load_adjustment_interval_seconds=2", "router={policy: kv_router}",
+        "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 1200}, "
+        "host_offload: {scope: cluster_shared, num_host_blocks: 3000, shared_h2d_bandwidth_gbps: 20}}"]),
     # per-rank pools on both roles: a handed-off request's tier state is each rank's own
     "offload_2p2d": ("disaggregated-1p1d.yaml", SLICE_SETS + [
         "engine.workers.prefill.parallelism.replicas=2", "engine.workers.decode.parallelism.replicas=2",
@@ -110,6 +116,14 @@ def test_the_paths_the_cases_exercise():
     agg = replay("planner_aggregated").planner
     transitions = {t["transition"] for op in agg["lifecycle_operations"] for t in op["transitions"]}
     assert {"worker_starting", "worker_ready", "worker_draining", "worker_removed"} <= transitions
+    # (workers added to a shared host pool while the KV router weighs it, and routed to)
+    shared = replay("offload_shared_planner")
+    added = {t["worker_id"] for op in shared.planner["lifecycle_operations"] for t in op["transitions"]
+             if t["transition"] == "worker_ready"}
+    on_added = [r for r in shared.per_request if r["decode_worker_idx"] in added]
+    assert added and added <= {r["decode_worker_idx"] for r in on_added}
+    assert any(r["routing_history"][0]["selected_overlap_blocks"] and r["first_admission_host_reused_input_tokens"]
+               for r in on_added)
     closed = replay("closed_loop").summary
     assert closed["completed_requests"] == 300
 

@@ -310,3 +310,21 @@ def test_the_python_api_takes_the_reference_engine_arguments(tmp_path):
     rep = run_trace_replay(str(trace), trace_block_size=16, extra_engine_args=engine, capture_per_request=True)
     r = sorted(rep.per_request, key=lambda x: x["arrival_time_ms"])[2]
     assert times(r) == (203.0, 213.0, 48, 32)
+
+
+def test_a_shared_tier_publishes_through_one_rank():
+    # a cluster-shared pool (and disk) sends its KV events to the first rank that records them
+    # (the router keeps one view of it); private pools to their own rank
+    from aisim.actors.engine.offload import G3Spec, HostOffloadSpec, OffloadRegistry
+
+    reg = OffloadRegistry()
+    shared = HostOffloadSpec(100, 1000, scope="cluster_shared")
+    disk = G3Spec("cluster_shared", 100, 1000)
+    sinks = [[], [], []]
+    ranks = [reg.rank(shared, disk, 16, wid, sink) for wid, sink in enumerate(sinks)]
+    assert ranks[0].tier is ranks[2].tier and ranks[0].g3 is ranks[2].g3
+    (g2_sink,), (g3_sink,) = ranks[0].tier.subscribers, ranks[0].g3.subscribers
+    assert g2_sink is sinks[0] and g3_sink is sinks[0]
+    private = HostOffloadSpec(100, 1000)
+    mine = [reg.rank(private, None, 16, wid, sink) for wid, sink in enumerate(sinks)]
+    assert all(len(r.tier.subscribers) == 1 and r.tier.subscribers[0] is s for r, s in zip(mine, sinks))

@@ -304,6 +304,36 @@ def test_kv_router_weighs_lower_tier_blocks_until_they_are_evicted():
     assert cost(2) == 8.0
 
 
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_shared_host_tier_is_one_view_that_a_candidate_joining_later_sees(listed):
+    # a cluster-shared host pool publishes through one rank (worker 0's): worker 1, first seen
+    # when R1 is routed (a worker the Planner added), is credited with the pool's blocks too.
+    # R0 (4 other blocks, 16 tokens) went to worker 0 alone: 16 prefill tokens and 4 active blocks
+    # there. R1, 4 blocks that the pool holds: credit 0.75 x 4 = 3 on either worker;
+    # worker 0: (16 + 16) / 4 - 3 + 4 + 4 = 13, worker 1: 16 / 4 - 3 + 0 + 4 = 5 (reported overlap
+    # 3). A view per candidate gives worker 1 nothing (16 / 4 + 4 = 8); once the pool evicts the
+    # blocks, neither has credit.
+    from aisim.actors.engine.offload import DISK_STORED, HOST_REMOVED, HOST_STORED
+
+    def routed(shared):
+        router = KvRouter(4, rng(), shared_host_tier=shared, shared_disk_tier=shared)
+        router.listed_candidates = 10**6 if listed else 0
+        router.route(Req(0, [201, 202, 203, 204]), 0.0, [0], [1, 1])
+        router.on_kv_events(0, 0, HOST_STORED, [1, 0, 101, 102, 103, 104])
+        first = router.route(Req(1, [101, 102, 103, 104]), 0.0, [0, 1], [1, 1])
+        router.on_release(Req(1, []))
+        router.on_kv_events(0, 0, HOST_REMOVED, [1, 0, 4])
+        router.on_kv_events(0, 0, DISK_STORED, [101, 102])  # (a shared disk: 0.25 x 2 for both)
+        return first, router.route(Req(2, [101, 102, 103, 104]), 0.0, [0, 1], [1, 1])
+
+    first, after = routed(shared=True)
+    assert (first[0], first[2]["cost"], first[2]["selected_overlap_blocks"]) == (1, 5.0, 3)
+    assert (after[0], after[2]["cost"], after[2]["selected_overlap_blocks"]) == (1, 7.5, 0)
+    first, after = routed(shared=False)
+    assert (first[0], first[2]["cost"], first[2]["selected_overlap_blocks"]) == (1, 8.0, 0)
+    assert (after[0], after[2]["cost"]) == (1, 8.0)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
     """The same event stream (real KV caches, offloading evicted blocks to host and disk views) and
