@@ -681,13 +681,23 @@ class KvRouter:
             credited = self.credit * overlaps
             if tiered:
                 extras: dict = {}
-                for j in self._tiered_positions(position):
-                    ov = int(overlaps[j])
-                    if ov < n:
-                        extra = self._tier_extra(int(slots[j]), hashes, n, ov, extras)
-                        if extra:
-                            credited[j] += extra
-                            overlaps[j] = int(ov + extra)
+                if self._tiers_shared():  # (one credit per device overlap value, not per candidate)
+                    device = overlaps.copy()
+                    for ov in np.unique(device).tolist():
+                        if ov < n:
+                            extra = self._tier_extra(-1, hashes, n, ov, extras)
+                            if extra:
+                                sel = device == ov
+                                credited[sel] += extra
+                                overlaps[sel] = int(ov + extra)
+                else:
+                    for j in self._tiered_positions(position):
+                        ov = int(overlaps[j])
+                        if ov < n:
+                            extra = self._tier_extra(int(slots[j]), hashes, n, ov, extras)
+                            if extra:
+                                credited[j] += extra
+                                overlaps[j] = int(ov + extra)
             tokens = np.frombuffer(self._prefill, np.int64)[slots]
             cost = self.scale * np.maximum(0.0, (tokens + isl) / self.block_size - credited)
         else:
@@ -712,13 +722,18 @@ class KvRouter:
             return range(len(position))  # (every candidate sees the shared tier)
         return sorted(position[s] for s in set(self._host) | set(self._disk) if s in position)
 
+    def _tiers_shared(self) -> bool:
+        """Whether every candidate's lower tiers are the shared views (its tier credit then
+        depends on its device overlap alone)."""
+        return (self._shared_host is not None or not self._host) and (self._shared_disk is not None or not self._disk)
+
     def _tier_extra(self, s: int, hashes, n: int, overlap: int, extras: dict) -> float:
         """Blocks past the device-cached prefix (``overlap``) that slot ``s``'s host (disk) tier
         holds count ``host_weight`` (``disk_weight``) each in the credited overlap. ``extras``:
         the route's answers by device overlap, for candidates whose tiers are all shared."""
         host = self._shared_host
         disk = self._shared_disk
-        shared = (host is not None or not self._host) and (disk is not None or not self._disk)
+        shared = self._tiers_shared()
         if shared:
             got = extras.get(overlap)
             if got is not None:

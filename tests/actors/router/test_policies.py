@@ -334,10 +334,13 @@ def test_a_shared_host_tier_is_one_view_that_a_candidate_joining_later_sees(list
     assert (after[0], after[2]["cost"]) == (1, 8.0)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
-    """The same event stream (real KV caches, offloading evicted blocks to host and disk views) and
-    the same arrivals give the same decisions, costs and views whichever way candidates are priced."""
+def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed, shared):
+    """The same event stream (real KV caches, offloading evicted blocks to host and disk views:
+    each candidate's own, or with ``shared`` one pool and store for all, published through the
+    first candidate) and the same arrivals give the same decisions, costs and views whichever way
+    candidates are priced."""
     import random
 
     from aisim.actors.engine.kv_cache import KVCache
@@ -350,7 +353,7 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
     knobs = dict(overlap_score_credit=rnd.choice([0.0, 0.5, 1.0]), prefill_load_scale=rnd.choice([0.5, 1.0, 3.0]),
                  temperature=rnd.choice([0.0, 0.0, 0.6]), track_prefill_tokens=seed % 4 != 3,
                  track_active_blocks=seed % 4 != 2, host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25,
-                 kv_events=True)
+                 kv_events=True, shared_host_tier=shared, shared_disk_tier=shared)
     listed, arrayed = KvRouter(bs, rng(seed), **knobs), KvRouter(bs, rng(seed), **knobs)
     listed.listed_candidates, arrayed.listed_candidates = 10**6, 0
     caches = {(w, r): KVCache(rnd.randint(6, 30), bs, record_events=True)
@@ -385,14 +388,15 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed):
             for router in (listed, arrayed):
                 router.on_kv_events(key[0], key[1], kind, hs)
             if kind == REMOVED:  # evicted blocks go to the host tier, every third also to disk
+                tier, via = (offloaded[(0, 0)], (0, 0)) if shared else (offloaded[key], key)
                 for h in hs:
-                    if h not in offloaded[key]:
-                        offloaded[key].add(h)
+                    if h not in tier:
+                        tier.add(h)
                         seq += 1
                         for router in (listed, arrayed):
-                            router.on_kv_events(key[0], key[1], HOST_STORED, [seq, 0, h])
+                            router.on_kv_events(via[0], via[1], HOST_STORED, [seq, 0, h])
                             if h % 3 == 0:
-                                router.on_kv_events(key[0], key[1], DISK_STORED, [h])
+                                router.on_kv_events(via[0], via[1], DISK_STORED, [h])
         kv.events.clear()
     for key in caches:
         assert listed.load_view(*key) == arrayed.load_view(*key)
