@@ -140,6 +140,8 @@ class FifoLane:
         d = self.domain
         if done < d.next_t:
             d.next_t = done
+        if d.known is not None and done < d.known:  # (a lane's earlier jobs end no later: still exact)
+            d.known = done
 
     def next_event(self) -> float:
         return self.queue[0].done_ms if self.queue else INF
@@ -188,6 +190,7 @@ class ShareLink:
         self._next = None
         if first < d.next_t:  # (the others' ends only move later)
             d.next_t = first
+        d.known = None
 
     def _rates(self) -> list[tuple[Job, float]]:
         out = self._rates_now
@@ -296,11 +299,12 @@ class ShareLink:
 class OffloadDomain:
     """The tiers and links that share one clock (a rank's, or a deployment's shared ones)."""
 
-    __slots__ = ("links", "now", "next_id", "generation", "next_t")
+    __slots__ = ("links", "now", "next_id", "generation", "next_t", "known")
 
     def __init__(self) -> None:
         self.links: list = []
         self.next_t = INF  # no event before it (a lower bound: sending a job lowers it)
+        self.known: float | None = None  # the links' next event while it is known exactly (None: to find)
         self.now = 0.0
         self.next_id = 0
         self.generation = 0  # completions so far (a deferred lookup retries after one)
@@ -308,17 +312,21 @@ class OffloadDomain:
     def add(self, link) -> None:
         link.domain = self
         self.links.append(link)
+        self.known = None
 
     def new_id(self) -> int:
         self.next_id += 1
         return self.next_id
 
     def next_event_ms(self) -> float:
-        t = INF
-        for link in self.links:
-            e = link.next_event()
-            if e < t:
-                t = e
+        t = self.known
+        if t is None:
+            t = INF
+            for link in self.links:
+                e = link.next_event()
+                if e < t:
+                    t = e
+            self.known = t
         return t
 
     def advance(self, t: float) -> None:
@@ -338,10 +346,12 @@ class OffloadDomain:
             done: list[Job] = []
             for link in links:
                 link.run_to(t_ev, done)
+            self.known = None  # (the links' events moved on)
             if t_ev > self.now:
                 self.now = t_ev
             if done:
-                done.sort(key=_completion_order)
+                if len(done) > 1:
+                    done.sort(key=_completion_order)
                 for job in done:
                     job.ended = True
                     job.tier.complete(job, t_ev)
