@@ -562,7 +562,9 @@ class KvRouter:
         self._shared_host = _TierRuns() if shared_host_tier else None
         self._shared_disk = _DiskBlocks() if shared_disk_tier else None
         self._for: list[int] | None = None  # the eligible workers of the cached selection
-        self._sel = None  # (slots in candidate order, their keys, their mask, position by slot)
+        # (slots in candidate order, as a list, their keys, their mask, position by slot, and how an
+        # array over the slots is taken in candidate order: a slice when they are 0, 1, ...)
+        self._sel = None
         self._routed: dict[int, tuple[int, int, Sequence[int]]] = {}  # request -> (slot, tokens added, chain)
 
     def parameters(self) -> dict:
@@ -600,7 +602,8 @@ class KvRouter:
             mask = 0
             for s in slots:
                 mask |= 1 << s
-            self._sel = (np.array(slots, np.intp), slots, keys, mask, {s: j for j, s in enumerate(slots)})
+            take = slice(0, len(slots)) if slots == list(range(len(slots))) else np.array(slots, np.intp)
+            self._sel = (np.array(slots, np.intp), slots, keys, mask, {s: j for j, s in enumerate(slots)}, take)
             self._for = list(eligible)
         return self._sel
 
@@ -611,7 +614,7 @@ class KvRouter:
         isl = req.prompt_len
         hashes = req.block_hashes(bs)[: isl // bs]
         n = len(hashes)
-        slots, listed, keys, alive, position = self._selection(eligible, ranks_of)
+        slots, listed, keys, alive, position, take = self._selection(eligible, ranks_of)
         use_cache = self.needs_kv_events and n > 0
         # leading blocks each candidate holds cached, and among its in-flight requests' blocks: one
         # walk for all candidates each, as (slots, depth) pairs
@@ -619,7 +622,7 @@ class KvRouter:
         held = self._held.depths(hashes, n, alive) if self.track_active_blocks and n else ()
         tiered = use_cache and bool(self._host or self._disk or self._shared_host or self._shared_disk)
         if len(slots) > self.listed_candidates:
-            costs, overlaps = self._costs_array(hashes, n, isl, slots, position, cached, held, tiered)
+            costs, overlaps = self._costs_array(hashes, n, isl, slots, take, position, cached, held, tiered)
             i = self._select_array(costs)
             best = int(overlaps.max())
         else:
@@ -674,9 +677,10 @@ class KvRouter:
             overlaps.append(overlap)
         return costs, overlaps
 
-    def _costs_array(self, hashes, n: int, isl: int, slots, position: dict, cached, held, tiered: bool):
-        """``_costs_listed`` with numpy over the candidates (the same operations, element by element)."""
-        overlaps = self._by_slot_array(cached)[slots]
+    def _costs_array(self, hashes, n: int, isl: int, slots, take, position: dict, cached, held, tiered: bool):
+        """``_costs_listed`` with numpy over the candidates (the same operations, element by element);
+        ``take`` indexes an array over the slots in candidate order."""
+        overlaps = self._by_slot_array(cached)[take]
         if self.track_prefill_tokens:
             credited = self.credit * overlaps
             if tiered:
@@ -698,13 +702,13 @@ class KvRouter:
                             if extra:
                                 credited[j] += extra
                                 overlaps[j] = int(ov + extra)
-            tokens = np.frombuffer(self._prefill, np.int64)[slots]
+            tokens = np.frombuffer(self._prefill, np.int64)[take]
             cost = self.scale * np.maximum(0.0, (tokens + isl) / self.block_size - credited)
         else:
             cost = np.zeros(len(slots))
         if self.track_active_blocks:
-            depth = self._by_slot_array(held)[slots]
-            cost = cost + (np.frombuffer(self._held.held, np.int64)[slots] + (n - depth))
+            depth = self._by_slot_array(held)[take]
+            cost = cost + (np.frombuffer(self._held.held, np.int64)[take] + (n - depth))
         return cost, overlaps
 
     def _by_slot_array(self, pairs) -> np.ndarray:
@@ -767,10 +771,11 @@ class KvRouter:
 
     def _select_array(self, costs: np.ndarray) -> int:
         """``_select`` over an array (ties found at C speed)."""
-        lo = costs.min()
+        i = int(costs.argmin())  # (the first lowest: the first of the ties)
+        lo = costs[i]
         if self.temperature <= 0.0 or costs.max() == lo:  # (max only with a temperature)
-            ties = np.flatnonzero(costs == lo)
-            return int(ties[0]) if len(ties) == 1 else int(ties[int(self.rng.integers(len(ties)))])
+            ties = (costs == lo).nonzero()[0]
+            return i if len(ties) == 1 else int(ties[int(self.rng.integers(len(ties)))])
         return self._select(costs.tolist())
 
     def on_first_token(self, req) -> None:
