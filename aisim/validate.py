@@ -129,7 +129,7 @@ def plan_summary(plan) -> dict:
             "provenance": provenance,
         })
     entry, decode = plan.pools[0], (plan.pools[1] if len(plan.pools) > 1 else None)
-    entry_router = build_router(plan.router, entry.block_size, plan.seed, entry.role, entry.scheduler)
+    entry_router = build_router(plan.router, entry, plan.seed)
     decode_router = build_decode_router(decode.route_block_size, plan.seed) if decode else None
     deployment = deployment_summary(plan, entry_router.describe(),  # what the run reports
                                     decode_router.describe() if decode_router else None)

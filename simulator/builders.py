@@ -170,19 +170,19 @@ def actor_rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
 
 
-def build_router(spec: RouterSpec, block_size: int, seed: int, role: str, scheduler=None):
-    """Router of the entry pool; a disaggregated prefill pool's KV router tracks no decode blocks.
-    ``scheduler``: the pool's (its KV tiers: a ``cluster_shared`` one is one view for all candidates)."""
+def build_router(spec: RouterSpec, pool, seed: int):
+    """Router of the entry pool (a ``PoolPlan``); a disaggregated prefill pool's KV router tracks no
+    decode blocks, and a ``cluster_shared`` KV tier of the pool is one view for all candidates (the
+    tier publishes through one rank: ``actors.engine.offload.OffloadRegistry``)."""
     if spec.policy == "round_robin":
         return RoundRobinRouter()
     if spec.policy == "random":
         return RandomRouter(actor_rng(seed, STREAM_ENTRY_ROUTER))
     if spec.policy == "kv_router":
-        host = scheduler.host_offload if scheduler is not None else None
-        disk = scheduler.g3_offload if scheduler is not None else None
-        return KvRouter(block_size, actor_rng(seed, STREAM_ENTRY_ROUTER), spec.overlap_score_credit,
+        host, disk = pool.scheduler.host_offload, pool.scheduler.g3_offload
+        return KvRouter(pool.block_size, actor_rng(seed, STREAM_ENTRY_ROUTER), spec.overlap_score_credit,
                         spec.prefill_load_scale, spec.temperature, track_prefill_tokens=True,
-                        track_active_blocks=role == "aggregated", kv_events=spec.kv_events,
+                        track_active_blocks=pool.role == "aggregated", kv_events=spec.kv_events,
                         host_cache_hit_weight=spec.host_cache_hit_weight,
                         disk_cache_hit_weight=spec.disk_cache_hit_weight,
                         shared_host_tier=host is not None and host.shared,

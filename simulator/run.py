@@ -63,7 +63,7 @@ class _Actors:
 def _build_actors(plan: ReplayPlan) -> _Actors:
     entry_plan = plan.pools[0]
     decode_plan = plan.pools[1] if len(plan.pools) > 1 else None
-    entry_router = build_router(plan.router, entry_plan.block_size, plan.seed, entry_plan.role, entry_plan.scheduler)
+    entry_router = build_router(plan.router, entry_plan, plan.seed)
     decode_router = build_decode_router(decode_plan.route_block_size, plan.seed) if decode_plan else None
     pools: list[Pool] = []
     timings = {}
