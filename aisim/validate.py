@@ -303,6 +303,17 @@ def _n(v: Any) -> str:
     return str(v)
 
 
+def _tier_text(t: dict, blocks_key: str, unit: str, links: tuple[str, str], names: str) -> str:
+    """A KV tier's settings (``prediction_provenance[role]["host_offload"]`` or ``["g3_offload"]``) in a line."""
+    shared = t["scope"] == "cluster_shared"
+    out, into = (f"{links[0]}_bandwidth_gbps", f"{links[1]}_bandwidth_gbps")
+    text = (f"{_n(t[blocks_key])} blocks {'in one pool' if shared else 'per ' + unit} ({t['scope']}) of "
+            f"{t['block_bytes'] / 1e6:,.1f} MB; links {names} {_n(t[out])} / {_n(t[into])} GB/s per {unit}")
+    if shared:
+        text += f", {_n(t['shared_' + out])} / {_n(t['shared_' + into])} GB/s shared"
+    return text + f"; first byte {_n(t['latency_to_first_byte_ms'])} ms"
+
+
 def _render_predict(r: dict, indent: str = "") -> list[str]:
     d = r["deployment"]
     lines = [f"{indent}deployment: {d['mode']}, {_n(d['gpus'])} GPUs, seed {d['seed']}"]
@@ -316,6 +327,12 @@ def _render_predict(r: dict, indent: str = "") -> list[str]:
         lines.append(f"{indent}    scheduler {p['scheduler']}; prefix caching {'on' if p['prefix_caching'] else 'off'}")
         lines.append(f"{indent}    timing {p['timing_estimator']} (source {p['timing_source']}); "
                      f"model {pv['model']} ({p['model_source']}) on {pv['hardware']}, backend {pv['backend']}")
+        if pv.get("host_offload"):
+            lines.append(f"{indent}    host tier (G2): " + _tier_text(pv["host_offload"], "num_host_blocks", "rank",
+                                                                     ("d2h", "h2d"), "G1->G2 / G2->G1"))
+        if pv.get("g3_offload"):
+            lines.append(f"{indent}    disk tier (G3): " + _tier_text(pv["g3_offload"], "num_g3_blocks", "worker",
+                                                                     ("write", "read"), "write / read"))
         if p["planner_gpus_per_replica"] != p["gpus_per_worker"]:
             lines.append(f"{indent}    the Planner counts {p['planner_gpus_per_replica']} GPUs per replica "
                          "(tensor x attention_data, the seed's rule; docs/architecture.md)")

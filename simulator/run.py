@@ -140,6 +140,11 @@ def pool_provenance(pool, timing) -> dict:
     """What a pool runs with, as ``summary.prediction_provenance[role]`` reports it (also what
     ``aisim validate`` prints without replaying)."""
     sched = pool.scheduler
+    tiers = {}  # (only where configured: a replay without KV tiers reports as before)
+    if sched.host_offload is not None:
+        tiers["host_offload"] = sched.host_offload.plain()
+    if sched.g3_offload is not None:
+        tiers["g3_offload"] = sched.g3_offload.plain()
     return {
         **timing.describe(),
         "kv_capacity_blocks_per_rank": sched.num_gpu_blocks,
@@ -155,6 +160,7 @@ def pool_provenance(pool, timing) -> dict:
         "model_source": resolve_model(pool.model).origin if pool.model else None,
         "hardware": pool.hardware,
         "kv_sizing": pool.kv_sizing,
+        **tiers,
     }
 
 

@@ -71,6 +71,17 @@ class HostOffloadSpec:
     def shared(self) -> bool:
         return self.scope == "cluster_shared"
 
+    def plain(self) -> dict:
+        """The tier as the config names it (``kv_cache.host_offload``), with its block size in bytes;
+        the shared pool's caps only where they apply."""
+        out = {"scope": self.scope, "num_host_blocks": self.num_blocks, "block_bytes": self.block_bytes,
+               "d2h_bandwidth_gbps": self.d2h_gbps, "h2d_bandwidth_gbps": self.h2d_gbps}
+        if self.shared:
+            out["shared_d2h_bandwidth_gbps"] = self.shared_d2h_gbps
+            out["shared_h2d_bandwidth_gbps"] = self.shared_h2d_gbps
+        out["latency_to_first_byte_ms"] = self.latency_ms
+        return out
+
 
 @dataclass(frozen=True)
 class G3Spec:
@@ -88,6 +99,16 @@ class G3Spec:
     @property
     def shared(self) -> bool:
         return self.scope == "cluster_shared"
+
+    def plain(self) -> dict:
+        """The tier as the config names it (``kv_cache.g3_offload``), with its block size in bytes."""
+        out = {"scope": self.scope, "num_g3_blocks": self.num_blocks, "block_bytes": self.block_bytes,
+               "read_bandwidth_gbps": self.read_gbps, "write_bandwidth_gbps": self.write_gbps}
+        if self.shared:
+            out["shared_read_bandwidth_gbps"] = self.shared_read_gbps
+            out["shared_write_bandwidth_gbps"] = self.shared_write_gbps
+        out["latency_to_first_byte_ms"] = self.latency_ms
+        return out
 
 
 def bytes_per_ms(gbps: float) -> float:

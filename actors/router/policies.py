@@ -531,12 +531,15 @@ class KvRouter:
         disk_cache_hit_weight: float = 0.25,
         shared_host_tier: bool = False,
         shared_disk_tier: bool = False,
+        host_tier: bool = False,
+        disk_tier: bool = False,
     ) -> None:
         """``kv_events``: keep the prefix index (workers publish KV events) even at credit 0, for a
         router whose credit may rise later (retune). ``shared_host_tier`` / ``shared_disk_tier``:
         the candidates share one host (disk) tier (``cluster_shared``): one view for all of them,
         fed by the tier's events once (``actors.engine.offload.OffloadRegistry`` publishes a shared
-        tier through one rank), so a candidate that joins later sees the whole pool."""
+        tier through one rank), so a candidate that joins later sees the whole pool. ``host_tier`` /
+        ``disk_tier``: the candidates have such a tier (``describe`` reports its weight)."""
         self.block_size = block_size
         self.rng = rng
         self.credit = overlap_score_credit
@@ -549,6 +552,7 @@ class KvRouter:
         # this much each in the overlap (the tiers publish events only when configured)
         self.host_weight = host_cache_hit_weight
         self.disk_weight = disk_cache_hit_weight
+        self._weighs = (host_tier or shared_host_tier, disk_tier or shared_disk_tier)
         self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
         # candidates by slot (bit ``slot`` of the shared structures' masks), in the order first seen
         self._slot_of: dict[tuple[int, int], int] = {}
@@ -821,7 +825,7 @@ class KvRouter:
                 "requests": self._requests[s], "cached_blocks": int(self._cached.held[s])}
 
     def describe(self) -> dict:
-        return {
+        out = {
             "policy": self.name,
             "overlap_score_credit": self.credit,
             "prefill_load_scale": self.scale,
@@ -829,3 +833,8 @@ class KvRouter:
             "track_prefill_tokens": self.track_prefill_tokens,
             "track_active_blocks": self.track_active_blocks,
         }
+        if self._weighs[0]:  # (the weights only where the candidates have the tier they weigh)
+            out["host_cache_hit_weight"] = self.host_weight
+        if self._weighs[1]:
+            out["disk_cache_hit_weight"] = self.disk_weight
+        return out

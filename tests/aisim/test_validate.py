@@ -92,6 +92,38 @@ def test_disaggregated_deployment_equals_a_runs():
     assert report["traffic"]["stop_seconds"] == 20
 
 
+def test_kv_tiers_and_their_router_weights_are_reported_as_a_run_reports_them():
+    # a shared G2 pool, a G3 store per worker, the KV router weighing host blocks 0.6 (disk: the
+    # default 0.25); Llama-3.1-8B keeps 131,072 bytes of KV per token: 64-token blocks of 8,388,608 B
+    sets = ["traffic.stop={max_virtual_time_seconds: 20}", "router={policy: kv_router, host_cache_hit_weight: 0.6}",
+            "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 3000}, "
+            "host_offload: {scope: cluster_shared, num_host_blocks: 20000, h2d_bandwidth_gbps: 16}, "
+            "g3_offload: {scope: worker_local, num_g3_blocks: 50000, latency_to_first_byte_ms: 0.5}}"]
+    report = validate_config_file(QUICKSTART, sets)
+    s = _run(QUICKSTART, sets)
+    prov = report["pools"][0]["provenance"]
+    assert prov == s["prediction_provenance"]["aggregated"] and report["deployment"] == s["deployment"]
+    assert prov["host_offload"] == {"scope": "cluster_shared", "num_host_blocks": 20000, "block_bytes": 8388608,
+                                    "d2h_bandwidth_gbps": 32.0, "h2d_bandwidth_gbps": 16.0,
+                                    "shared_d2h_bandwidth_gbps": 80.0, "shared_h2d_bandwidth_gbps": 80.0,
+                                    "latency_to_first_byte_ms": 0.0}
+    assert prov["g3_offload"] == {"scope": "worker_local", "num_g3_blocks": 50000, "block_bytes": 8388608,
+                                  "read_bandwidth_gbps": 10.0, "write_bandwidth_gbps": 10.0,
+                                  "latency_to_first_byte_ms": 0.5}  # (no shared caps: a store per worker)
+    router = s["deployment"]["router"]
+    assert router["host_cache_hit_weight"] == 0.6 and router["disk_cache_hit_weight"] == 0.25
+    text = render(report)
+    assert ("host tier (G2): 20,000 blocks in one pool (cluster_shared) of 8.4 MB; links G1->G2 / G2->G1 32 / 16 GB/s "
+            "per rank, 80 / 80 GB/s shared; first byte 0 ms") in text
+    assert ("disk tier (G3): 50,000 blocks per worker (worker_local) of 8.4 MB; links write / read 10 / 10 GB/s per "
+            "worker; first byte 0.5 ms") in text
+    assert "host_cache_hit_weight=0.6, disk_cache_hit_weight=0.25" in text
+    # without tiers nothing of them is reported (the bundled configs' outputs stay as they were)
+    plain = validate_config_file(QUICKSTART, ["router={policy: kv_router}"])
+    assert "host_offload" not in plain["pools"][0]["provenance"] and "tier" not in render(plain)
+    assert "host_cache_hit_weight" not in plain["deployment"]["router"]
+
+
 @pytest.mark.parametrize(("backend", "says"), [
     ("vllm", "scheduler vllm (admit by current blocks; recompute preemption)"),
     ("trtllm", "scheduler trtllm GUARANTEED_NO_EVICT (reserve prompt + max output; no preemption)"),
