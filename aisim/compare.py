@@ -42,7 +42,8 @@ FORMATS: tuple[str, ...] = ("table", "json", "csv")
 PREDICTION = "prediction.json"
 
 # (key, label, unit, better): display order. ``better`` says which direction is an improvement
-# ("lower", "higher") or None where neither is (counts of Planner activity).
+# ("lower", "higher") or None where neither is (counts of Planner activity). A dotted key reads a
+# nested summary field (``kv_tiers.reuse...``: only runs with a KV tier have it).
 METRICS: tuple[tuple[str, str, str, str | None], ...] = (
     ("gpu_hours", "GPU hours", "h", "lower"),
     ("goodput_output_throughput_tok_s", "goodput output", "tok/s", "higher"),
@@ -56,6 +57,8 @@ METRICS: tuple[tuple[str, str, str, str | None], ...] = (
     ("mean_e2e_latency_ms", "E2E mean", "ms", "lower"),
     ("p90_e2e_latency_ms", "E2E p90", "ms", "lower"),
     ("p99_e2e_latency_ms", "E2E p99", "ms", "lower"),
+    ("prefix_cache_reused_ratio", "prefix reuse", "of input", "higher"),
+    ("kv_tiers.reuse.first_admission_host_ratio", "host reuse, first admission", "of input", "higher"),
     ("completed_requests", "completed", "requests", "higher"),
     ("rejected_requests", "rejected", "requests", "lower"),
     ("scaling_events", "scaling events", "events", None),
@@ -119,6 +122,47 @@ def _number(v: Any) -> int | float | None:
     return v
 
 
+def _field(summary: dict, key: str) -> Any:
+    """``summary[key]``, a dotted key followed through nested mappings (None where one is missing)."""
+    v: Any = summary
+    for part in key.split("."):
+        if not isinstance(v, dict):
+            return None
+        v = v.get(part)
+    return v
+
+
+def _flat(d: Any, prefix: str, out: dict) -> dict:
+    """Nested mappings as ``{dotted path: leaf value}``."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            _flat(v, f"{prefix}.{k}" if prefix else str(k), out)
+    else:
+        out[prefix] = d
+    return out
+
+
+# the parts of a run's summary that say what it ran (compared as settings, not as metrics)
+SETTINGS: tuple[str, ...] = ("deployment", "prediction_provenance")
+
+
+def settings_that_differ(runs: list[dict]) -> list[dict]:
+    """``[{"setting": dotted path, "values": [one per run, None where absent]}]`` for every leaf
+    of the runs' ``summary.deployment`` and ``summary.prediction_provenance`` that is not the same
+    in all of them, in the first run's order (then the others' new paths)."""
+    flats = [{} for _ in runs]
+    for flat, run in zip(flats, runs):
+        for part in SETTINGS:
+            _flat(run["summary"].get(part), part, flat)
+    order = list(dict.fromkeys(k for flat in flats for k in flat))
+    out = []
+    for key in order:
+        values = [flat.get(key) for flat in flats]
+        if any(v != values[0] for v in values[1:]):
+            out.append({"setting": key, "values": values})
+    return out
+
+
 def _clean(x: float | int) -> float | int:
     """Round float noise away (0.3 - 0.1 -> 0.2): 12 significant digits; ints unchanged."""
     return x if isinstance(x, int) else float(f"{x:.12g}")
@@ -126,9 +170,9 @@ def _clean(x: float | int) -> float | int:
 
 def compare(runs: list[dict]) -> dict:
     """``{"runs": [names], "rows": [{"metric", "label", "unit", "better", "values", "deltas",
-    "delta_pct"}]}``. ``deltas[i] = values[i] - values[0]`` and ``delta_pct[i]`` is that in percent
-    of ``|values[0]|`` (both None for the first run and where a value is missing; the percentage
-    also where the first value is 0)."""
+    "delta_pct"}], "settings": settings_that_differ(runs)}``. ``deltas[i] = values[i] - values[0]``
+    and ``delta_pct[i]`` is that in percent of ``|values[0]|`` (both None for the first run and
+    where a value is missing; the percentage also where the first value is 0)."""
     if not runs:
         raise CompareError("aisim compare", f"no runs to compare; {_FIX} (one or more)")
     planners = [planner_counts(r.get("planner")) for r in runs]
@@ -137,7 +181,7 @@ def compare(runs: list[dict]) -> dict:
         if key in PLANNER_METRICS:
             values = [p[key] for p in planners]
         else:
-            values = [_number(r["summary"].get(key)) for r in runs]
+            values = [_number(_field(r["summary"], key)) for r in runs]
         first = values[0]
         deltas: list = [None]
         pcts: list = [None]
@@ -150,7 +194,7 @@ def compare(runs: list[dict]) -> dict:
             pcts.append(None if first == 0 else _clean((v - first) / abs(first) * 100.0))
         rows.append({"metric": key, "label": label, "unit": unit, "better": better,
                      "values": values, "deltas": deltas, "delta_pct": pcts})
-    return {"runs": [r["name"] for r in runs], "rows": rows}
+    return {"runs": [r["name"] for r in runs], "rows": rows, "settings": settings_that_differ(runs)}
 
 
 # ---- rendering ---------------------------------------------------------------------------------
@@ -221,6 +265,11 @@ def render_table(result: dict, width: int = 100) -> str:
                 lines.append(f"  {label:<{label_w}}{gap}{row[i]}")
     if footer:
         lines.extend(["", footer])
+    settings = result.get("settings")
+    if settings:
+        lines.extend(["", "settings that differ:"])
+        for st in settings:
+            lines.append(f"  {st['setting']}: " + " | ".join("-" if v is None else str(v) for v in st["values"]))
     return "\n".join(lines)
 
 
@@ -231,7 +280,8 @@ def to_json(result: dict) -> str:
 
 def to_csv(result: dict) -> str:
     """``metric,label,unit,<run1>,<run2>,...,delta_<run2>,...,delta_pct_<run2>,...`` (one row per
-    metric; missing values empty; numbers as Python writes them). No trailing newline."""
+    metric; missing values empty; numbers as Python writes them; the settings that differ are in
+    the table and JSON forms only). No trailing newline."""
     names = result["runs"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -111,6 +111,35 @@ def test_deltas_and_pct_exact(two_runs):
     assert (gpu["label"], gpu["unit"], gpu["better"]) == ("GPU hours", "h", "lower")
 
 
+def test_reuse_rows_and_the_settings_that_differ(tmp_path):
+    gpu = {**SUMMARY_A, "prefix_cache_reused_ratio": 0.05,
+           "deployment": {"router": {"policy": "kv_router", "temperature": 0.0}, "seed": 42},
+           "prediction_provenance": {"aggregated": {"replicas": 2, "kv_block_size": 64}}}
+    host = {**gpu, "prefix_cache_reused_ratio": 0.25, "kv_tiers": {"reuse": {"first_admission_host_ratio": 0.125}},
+            "deployment": {"router": {"policy": "kv_router", "temperature": 0.0, "host_cache_hit_weight": 0.5},
+                           "seed": 42},
+            "prediction_provenance": {"aggregated": {"replicas": 2, "kv_block_size": 64,
+                                                     "host_offload": {"scope": "dp_rank_local", "num_host_blocks": 40}}}}
+    a, b = _run_dir(tmp_path, "gpu", gpu), _run_dir(tmp_path, "host", host)
+    result = compare([load_run(a), load_run(b)])
+    assert _row(result, "prefix_cache_reused_ratio")["values"] == [0.05, 0.25]
+    assert _row(result, "prefix_cache_reused_ratio")["delta_pct"] == [None, 400.0]
+    host_row = _row(result, "kv_tiers.reuse.first_admission_host_ratio")  # (a nested field: tiers only)
+    assert host_row["values"] == [None, 0.125] and host_row["deltas"] == [None, None]
+    # only what differs, in the first run's order then the others' new paths; absent is None
+    assert result["settings"] == [
+        {"setting": "deployment.router.host_cache_hit_weight", "values": [None, 0.5]},
+        {"setting": "prediction_provenance.aggregated.host_offload.scope", "values": [None, "dp_rank_local"]},
+        {"setting": "prediction_provenance.aggregated.host_offload.num_host_blocks", "values": [None, 40]},
+    ]
+    lines = render_table(result, width=200).split("\n")
+    assert lines[-4:] == ["settings that differ:", "  deployment.router.host_cache_hit_weight: - | 0.5",
+                          "  prediction_provenance.aggregated.host_offload.scope: - | dp_rank_local",
+                          "  prediction_provenance.aggregated.host_offload.num_host_blocks: - | 40"]
+    assert compare([load_run(a), load_run(a)])["settings"] == []  # the same run: no section
+    assert "settings" not in render_table(compare([load_run(a), load_run(a)]), width=200)
+
+
 def test_planner_counts():
     assert planner_counts(PLANNER) == {"scaling_events": 3, "scale_ups": 2, "scale_downs": 1, "worker_starts": 2,
                                        "retune_decisions": 4, "retune_applied": 2}
