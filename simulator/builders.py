@@ -185,9 +185,8 @@ def build_router(spec: RouterSpec, pool, seed: int):
                         track_active_blocks=pool.role == "aggregated", kv_events=spec.kv_events,
                         host_cache_hit_weight=spec.host_cache_hit_weight,
                         disk_cache_hit_weight=spec.disk_cache_hit_weight,
-                        shared_host_tier=host is not None and host.shared,
-                        shared_disk_tier=disk is not None and disk.shared,
-                        host_tier=host is not None, disk_tier=disk is not None)
+                        host_tier=host.scope if host is not None else None,
+                        disk_tier=disk.scope if disk is not None else None)
     raise InputError("router.policy", f"unknown router policy {spec.policy!r}; use round_robin, random or kv_router")
 
 

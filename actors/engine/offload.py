@@ -1016,7 +1016,7 @@ class OffloadRegistry:
             domain.add(h2d)
         if events is not None:
             # (a shared tier publishes through its first rank that records events: the router
-            # keeps one view of it for every candidate, ``KvRouter(shared_host_tier=True)``)
+            # keeps one view of it for every candidate, ``KvRouter(host_tier="cluster_shared")``)
             if not (spec.shared and tier.subscribers):
                 tier.subscribe(events)
             if g3 is not None and not (g3spec.shared and g3.subscribers):

@@ -529,17 +529,16 @@ class KvRouter:
         kv_events: bool = False,
         host_cache_hit_weight: float = 0.75,
         disk_cache_hit_weight: float = 0.25,
-        shared_host_tier: bool = False,
-        shared_disk_tier: bool = False,
-        host_tier: bool = False,
-        disk_tier: bool = False,
+        host_tier: str | None = None,
+        disk_tier: str | None = None,
     ) -> None:
         """``kv_events``: keep the prefix index (workers publish KV events) even at credit 0, for a
-        router whose credit may rise later (retune). ``shared_host_tier`` / ``shared_disk_tier``:
-        the candidates share one host (disk) tier (``cluster_shared``): one view for all of them,
-        fed by the tier's events once (``actors.engine.offload.OffloadRegistry`` publishes a shared
-        tier through one rank), so a candidate that joins later sees the whole pool. ``host_tier`` /
-        ``disk_tier``: the candidates have such a tier (``describe`` reports its weight)."""
+        router whose credit may rise later (retune). ``host_tier`` / ``disk_tier``: the scope of the
+        candidates' host (disk) tier, None without one (``describe`` reports a weight only for a
+        tier there is). ``cluster_shared``: the candidates share one tier, so the router keeps one
+        view for all of them, fed by the tier's events once (``actors.engine.offload.OffloadRegistry``
+        publishes a shared tier through one rank), and a candidate that joins later sees the whole
+        pool."""
         self.block_size = block_size
         self.rng = rng
         self.credit = overlap_score_credit
@@ -552,7 +551,7 @@ class KvRouter:
         # this much each in the overlap (the tiers publish events only when configured)
         self.host_weight = host_cache_hit_weight
         self.disk_weight = disk_cache_hit_weight
-        self._weighs = (host_tier or shared_host_tier, disk_tier or shared_disk_tier)
+        self._weighs = (host_tier is not None, disk_tier is not None)
         self.needs_kv_events = (overlap_score_credit > 0 or kv_events) and track_prefill_tokens
         # candidates by slot (bit ``slot`` of the shared structures' masks), in the order first seen
         self._slot_of: dict[tuple[int, int], int] = {}
@@ -563,8 +562,8 @@ class KvRouter:
         self._host: dict[int, _TierRuns] = {}  # slot -> its host (G2) tier's blocks (HOST_* events)
         self._disk: dict[int, _DiskBlocks] = {}  # slot -> its disk (G3) tier's blocks (DISK_* events)
         # the one view of a tier every candidate shares (None: a view per candidate, as above)
-        self._shared_host = _TierRuns() if shared_host_tier else None
-        self._shared_disk = _DiskBlocks() if shared_disk_tier else None
+        self._shared_host = _TierRuns() if host_tier == "cluster_shared" else None
+        self._shared_disk = _DiskBlocks() if disk_tier == "cluster_shared" else None
         self._for: list[int] | None = None  # the eligible workers of the cached selection
         # (slots in candidate order, as a list, their keys, their mask, position by slot, and how an
         # array over the slots is taken in candidate order: a slice when they are 0, 1, ...)

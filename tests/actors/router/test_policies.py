@@ -304,6 +304,21 @@ def test_kv_router_weighs_lower_tier_blocks_until_they_are_evicted():
     assert cost(2) == 8.0
 
 
+def _tier_scopes(shared: bool) -> dict:
+    """The KV router's tier scopes: one pool and store for all candidates, or each its own."""
+    if shared:
+        return {"host_tier": "cluster_shared", "disk_tier": "cluster_shared"}
+    return {"host_tier": "dp_rank_local", "disk_tier": "worker_local"}
+
+
+def test_the_router_reports_the_weight_of_each_tier_its_candidates_have():
+    assert "host_cache_hit_weight" not in KvRouter(4, rng()).describe()
+    d = KvRouter(4, rng(), host_cache_hit_weight=0.5, host_tier="dp_rank_local").describe()
+    assert d["host_cache_hit_weight"] == 0.5 and "disk_cache_hit_weight" not in d
+    d = KvRouter(4, rng(), **_tier_scopes(True)).describe()
+    assert (d["host_cache_hit_weight"], d["disk_cache_hit_weight"]) == (0.75, 0.25)
+
+
 @pytest.mark.parametrize("listed", [True, False])
 def test_a_shared_host_tier_is_one_view_that_a_candidate_joining_later_sees(listed):
     # a cluster-shared host pool publishes through one rank (worker 0's): worker 1, first seen
@@ -316,7 +331,7 @@ def test_a_shared_host_tier_is_one_view_that_a_candidate_joining_later_sees(list
     from aisim.actors.engine.offload import DISK_STORED, HOST_REMOVED, HOST_STORED
 
     def routed(shared):
-        router = KvRouter(4, rng(), shared_host_tier=shared, shared_disk_tier=shared)
+        router = KvRouter(4, rng(), **_tier_scopes(shared))
         router.listed_candidates = 10**6 if listed else 0
         router.route(Req(0, [201, 202, 203, 204]), 0.0, [0], [1, 1])
         router.on_kv_events(0, 0, HOST_STORED, [1, 0, 101, 102, 103, 104])
@@ -353,7 +368,7 @@ def test_kv_router_prices_alike_one_by_one_and_with_numpy(seed, shared):
     knobs = dict(overlap_score_credit=rnd.choice([0.0, 0.5, 1.0]), prefill_load_scale=rnd.choice([0.5, 1.0, 3.0]),
                  temperature=rnd.choice([0.0, 0.0, 0.6]), track_prefill_tokens=seed % 4 != 3,
                  track_active_blocks=seed % 4 != 2, host_cache_hit_weight=0.75, disk_cache_hit_weight=0.25,
-                 kv_events=True, shared_host_tier=shared, shared_disk_tier=shared)
+                 kv_events=True, **_tier_scopes(shared))
     listed, arrayed = KvRouter(bs, rng(seed), **knobs), KvRouter(bs, rng(seed), **knobs)
     listed.listed_candidates, arrayed.listed_candidates = 10**6, 0
     caches = {(w, r): KVCache(rnd.randint(6, 30), bs, record_events=True)
