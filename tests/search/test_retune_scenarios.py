@@ -10,6 +10,7 @@ seed's scenario 1 over the converted conversation trace (configs/retune-router.y
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 
@@ -87,10 +88,32 @@ def test_ray_gives_the_same_result(ray_session, two_workers):
     assert comparable(report).replace('"backend": "ray"', '"backend": "local"') == comparable(two_workers)
 
 
+def _after_a_pause(fn, item):
+    """``fn(item)`` half a second late (in the worker process)."""
+    time.sleep(0.5)
+    return fn(item)
+
+
 class Watching(RetuneSweeper):
-    """The real sweeper, noting the worker processes it ran."""
+    """The real sweeper, noting the worker processes it ran; ``slow``: each candidate starts half a
+    second late in its worker, so that a sweep outlasts a shorter timeout on any machine."""
 
     pids: set
+    slow = False
+
+    @property
+    def fan(self):
+        fan = super().fan
+        if self.slow and "map" not in vars(fan):
+            plain = type(fan).map
+
+            def late(fn, items, *a, **k):  # (workers started first, so that their ids are noted)
+                fan.start()
+                self.pids = getattr(self, "pids", set()) | set(fan.worker_pids())
+                return plain(fan, functools.partial(_after_a_pause, fn), items, *a, **k)
+
+            fan.map = late
+        return fan
 
     def sweep(self, req):
         out = super().sweep(req)
@@ -99,8 +122,11 @@ class Watching(RetuneSweeper):
 
 
 def test_a_sweep_past_its_timeout_is_cancelled_changes_nothing_and_leaves_no_process():
+    # (the candidates start 0.5 s late in their workers: at 50 ms alone a quick window's sweep
+    # sometimes finished in time on a fast machine and was applied)
     plan = slice_plan(retune={"timeout_seconds": 0.05})
     sweeper = Watching(plan)
+    sweeper.slow = True
     report = run_plan(plan, sweeper=sweeper)
     events = report.planner["retune_events"]
     assert events and all(e["outcome"] == "timeout" and e["chosen"] is None for e in events)
@@ -108,7 +134,7 @@ def test_a_sweep_past_its_timeout_is_cancelled_changes_nothing_and_leaves_no_pro
     deadline = time.monotonic() + 10
     while any(alive(p) for p in sweeper.pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in sweeper.pids if alive(p)]
+    assert sweeper.pids and not [p for p in sweeper.pids if alive(p)]  # (workers ran, none left)
     assert sweeper._fan is None  # closed with the run
 
 
