@@ -16,9 +16,11 @@ host called directly. The local runs go first, before Ray's daemons start.
     python scripts/bench_actors.py --requests 20000 --backends local --json
     python scripts/bench_actors.py --windows 10 100 --engine-actors 2 --ray-address 127.0.0.1:6379  # a cluster
 
-On Ray each run also prints how long the driver worked on its own (coordinator, router,
-decoding answers) and how long each engine actor worked: the terms of the cost model in
-BENCHMARKS.md ("Ray at scale").
+On Ray the driver steps a share of the workers itself while the actors step theirs
+(``execution.driver_hosts_workers``; ``--no-driver-share``: the actors hold them all). Each run
+also prints how long the driver worked on its own (coordinator, router, the wire) and how long
+each engine host worked, the driver's share first: the terms of the cost model in BENCHMARKS.md
+("Ray at scale").
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=400.0, help="arrivals per second (default: %(default)s)")
     ap.add_argument("--windows", type=float, nargs="+", default=[0.0, 10.0, 100.0], help="router_sync_ms values")
     ap.add_argument("--backends", nargs="+", default=["local", "ray"], choices=("local", "ray"))
-    ap.add_argument("--engine-actors", type=int, default=None, help="Ray actors holding the workers (default: one per CPU)")
+    ap.add_argument("--engine-actors", type=int, default=None, help="Ray actors holding the workers (default: one per CPU, less one "
+                    "for the driver's share)")
+    ap.add_argument("--no-driver-share", action="store_true",
+                    help="Ray: the actors hold every worker (execution.driver_hosts_workers: false)")
     ap.add_argument("--ray-address", default=None,
                     help="join this Ray cluster (HOST:PORT) instead of starting a local Ray")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -113,7 +118,8 @@ def main() -> int:
                          configure_logging=False)
             ray_start_s = time.perf_counter() - t0
         for w in args.windows:
-            ex = ExecutionPlan(backend=backend, router_sync_ms=w, engine_actors=args.engine_actors)
+            ex = ExecutionPlan(backend=backend, router_sync_ms=w, engine_actors=args.engine_actors,
+                               driver_hosts_workers=not args.no_driver_share)
             t0 = time.perf_counter()
             rep = run_plan(dataclasses.replace(plan, execution=ex))
             wall = time.perf_counter() - t0
@@ -126,8 +132,10 @@ def main() -> int:
                    "prefix_cache_reused_ratio": s["prefix_cache_reused_ratio"],
                    "simulated_s": s["duration_ms"] / 1000}
             if rt.get("host_busy_s") is not None:  # (Ray: the driver's own seconds, each host's)
-                row["driver_busy_s"] = wall - rt["driver_wait_s"]
-                row["host_busy_s"] = rt["host_busy_s"]
+                row["host_busy_s"] = rt["host_busy_s"]  # (the driver's share first, when it holds one)
+                row["driver_share"] = bool(rt.get("driver_hosts_workers"))
+                # the driver's own work: coordinator, router, the wire (not its share of the workers)
+                row["driver_busy_s"] = wall - rt["driver_wait_s"] - (rt["host_busy_s"][0] if row["driver_share"] else 0)
             rows.append(row)
             if not args.json:
                 calls = f"{row['calls']:,} calls, {row['messages_per_call']:.1f} msg/call, {row['edges']:,} edges"
@@ -135,8 +143,11 @@ def main() -> int:
                       f"p90 {row['p90_ttft_ms']:.1f} ms  ITL {row['mean_itl_ms']:.2f} ms  reuse "
                       f"{row['prefix_cache_reused_ratio']:.4f}", flush=True)
                 if "host_busy_s" in row:
+                    busy = [f"{b:.2f}" for b in row["host_busy_s"]]
+                    if row["driver_share"]:
+                        busy[0] += " (the driver's share)"
                     print(f"      {row['nodes']} node(s), driver busy {row['driver_busy_s']:.2f} s, hosts busy "
-                          f"{', '.join(f'{b:.2f}' for b in row['host_busy_s'])} s", flush=True)
+                          f"{', '.join(busy)} s", flush=True)
     if ray_start_s is not None:
         import ray
 

@@ -98,6 +98,7 @@ class ExecutionPlan:
     engine_actors: int | None = None  # engine hosts (Ray actors); None: one per CPU, at most one per worker
     ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join that cluster
     wire: bool = False  # in process: round-trip every message through msgpack (verification)
+    driver_hosts_workers: bool = True  # (Ray) the driver hosts a share of the workers besides the actors
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ def router_spec(r: m.Router) -> RouterSpec:
 
 def execution_plan(x: m.Execution) -> ExecutionPlan:
     return ExecutionPlan(x.backend, float(x.router_sync_ms), None if x.engine_actors == "auto" else x.engine_actors,
-                         x.ray_address)
+                         x.ray_address, driver_hosts_workers=x.driver_hosts_workers)
 
 
 

@@ -263,7 +263,8 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
     ex = plan.execution
     if any(p.scheduler.host_offload is not None and (p.scheduler.host_offload.shared or (
             p.scheduler.g3_offload is not None and p.scheduler.g3_offload.shared)) for p in plan.pools):
-        ex = dataclasses.replace(ex, engine_actors=1)  # (a shared KV tier is one state: its workers share a host)
+        # (a shared KV tier is one state: its workers share a host)
+        ex = dataclasses.replace(ex, engine_actors=1, driver_hosts_workers=False)
     retune = None
     if plan.planner is not None and plan.planner.retune is not None:
         retune = _retune_driver(plan, sweeper if sweeper is not None else load_sweeper(plan), on_sweep)
@@ -294,6 +295,8 @@ def run_plan(plan: ReplayPlan, resource_guard=None, sweeper=None, on_sweep=None,
     runtime_info = {"backend": runtime.name, "num_hosts": runtime.num_hosts, "num_nodes": runtime.num_nodes,
                     "num_edges": coord.num_edges,
                     **runtime.counters.as_dict()}
+    if getattr(runtime, "driver_host", False):
+        runtime_info["driver_hosts_workers"] = True  # (host 0, first in host_busy_s)
     return _report(plan, actors, coord, log, planner, runtime_info, planner_clock.total_s, t_wall, retune)
 
 
@@ -370,7 +373,7 @@ def make_runtime(ex: ExecutionPlan, pools: list[Pool], workload, store, entry_ro
         from aisim.simulator.runtime.ray_runtime import RayRuntime
 
         return RayRuntime(host_pools, workload, roles, ex.engine_actors, routers, planner, ex.ray_address,
-                          reserve_cpus=reserve_cpus)
+                          reserve_cpus=reserve_cpus, driver_host=ex.driver_hosts_workers, hash_source=store)
     return LocalRuntime(host_pools, store, roles, ex.engine_actors or 1, routers, planner, wire=ex.wire)
 
 

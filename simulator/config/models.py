@@ -451,6 +451,7 @@ class Execution(Strict):
     backend: Literal["local", "ray"] = "local"
     router_sync_ms: NonNegFloat = 0.0  # 0: exact lockstep; W: the router sees worker state up to W ms old
     engine_actors: Literal["auto"] | PosInt = "auto"  # Ray actors hosting the engine workers
+    driver_hosts_workers: bool = True  # on Ray the driver steps a share of the workers too, while the actors step theirs
     ray_address: str | None = None  # None: start a local Ray; "auto" or HOST:PORT: join a running cluster
 
     @model_validator(mode="after")

@@ -191,7 +191,9 @@ def render_table(summary: dict, title: str = "aisim | LLM Metrics", runtime: dic
         text = f"Runtime: {runtime['backend']}"
         if runtime["backend"] != "local" or runtime["num_hosts"] > 1:
             nodes = runtime.get("num_nodes", 1)
-            text += (f", {runtime['num_hosts']} engine host(s){f' on {nodes} nodes' if nodes > 1 else ''}, "
+            hosts = runtime["num_hosts"]
+            mine = f" (the driver and {hosts - 1} actor(s))" if runtime.get("driver_hosts_workers") else ""
+            text += (f", {hosts} engine host(s){mine}{f' on {nodes} nodes' if nodes > 1 else ''}, "
                      f"{runtime['num_calls']:,} calls "
                      f"({runtime['messages_per_call']:.1f} messages each)")
         text += f", router sync {'exact lockstep' if not sync else f'{sync:g} ms window'}"

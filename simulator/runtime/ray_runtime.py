@@ -483,23 +483,38 @@ class RayRuntime:
     direct = False  # requests cross in their wire form
 
     def __init__(self, pools: dict, workload, worker_roles: list[str], engine_actors: int | None, routers: dict,
-                 planner=None, address: str | None = None, reserve_cpus: bool = True) -> None:
+                 planner=None, address: str | None = None, reserve_cpus: bool = True, driver_host: bool = False,
+                 hash_source=None) -> None:
+        """``driver_host``: the driver hosts a share of the workers too (host 0), stepping them
+        while the actors step theirs (``hash_source``: its block hashes, default the workload's)."""
         # the environment settings, validated before anything starts
         self.call_timeout_s, self.start_timeout_s = call_timeout_s(), start_timeout_s()
         self.ray, self._started = start_ray(address, self.start_timeout_s)
         ray = self.ray
         self.counters = RuntimeCounters()
         self._actors: list = []
+        self._local: dict = {}  # host -> the WorkerHost the driver steps itself
+        self._local_busy_s = 0.0
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))
-            n = engine_actors or max(1, min(len(worker_roles), cpus))
-            self.num_hosts = n
+            mine = 1 if driver_host else 0
+            # auto: one actor per CPU (one CPU left to the driver when it hosts workers), at most one per worker
+            n = engine_actors or max(1, min(len(worker_roles) - mine, cpus - mine))
+            self.num_hosts = n + mine
+            self.driver_host = driver_host
             per_actor = 1 if n <= cpus and reserve_cpus else 0  # one CPU each when the cluster has them (else share)
             engine_cls, planner_cls = _actor_classes()
             pools_ref = ray.put(pools)
             workload_ref = ray.put(workload)
+            shares = assign_workers(worker_roles, n + mine)
+            if driver_host:
+                from aisim.actors.engine.host import WorkerHost
+                from aisim.simulator.traffic.workload import BlockHashStore
+
+                self._local[0] = WorkerHost(pools, hash_source or BlockHashStore(workload), shares[0])
+            remote = range(mine, n + mine)  # the actors' host numbers
             self.hosts = [engine_cls.options(num_cpus=per_actor, scheduling_strategy="SPREAD").remote(
-                pools_ref, workload_ref, ws) for ws in assign_workers(worker_roles, n)]
+                pools_ref, workload_ref, shares[h]) for h in remote]
             # the router lives here, with the coordinator: every edge waits for its answer before
             # anything else moves, so an actor of its own would add a round trip per edge (and ship
             # the eligible workers and their ranks each time) for no parallelism
@@ -510,9 +525,12 @@ class RayRuntime:
             token = secrets.token_bytes(16)
             addresses = self._get([h.open_channel.remote(token, self.start_timeout_s) for h in self.hosts],
                                   self.start_timeout_s, "opening the actors' channels")
-            self._channels = [_Channel((ip, port), token, self.start_timeout_s, self.call_timeout_s)
-                              for ip, port, _ in addresses]
-            self.num_nodes = len({node for _, _, node in addresses})  # (nodes holding engine hosts)
+            self._channels = {h: _Channel((ip, port), token, self.start_timeout_s, self.call_timeout_s)
+                              for h, (ip, port, _) in zip(remote, addresses)}
+            nodes = {node for _, _, node in addresses}
+            if driver_host:
+                nodes.add(ray.get_runtime_context().get_node_id())
+            self.num_nodes = len(nodes)  # (nodes holding engine hosts)
         except BaseException:
             self.close()
             raise
@@ -531,35 +549,45 @@ class RayRuntime:
         except ray.exceptions.RayTaskError as exc:
             raise RuntimeFailure(f"a Ray actor failed during {what}: {_first_line(exc.cause or exc)}") from None
 
-    def _edge(self, method: str, payloads: dict, what: str) -> list:
-        """``method`` of each host in ``payloads`` (host -> msgpack bytes), all sent before any
-        answer is read (the hosts work in parallel); their answers unpacked, in that order."""
+    def _edge(self, method: str, args: dict, what: str, spread: bool = False, wire=None) -> list:
+        """``method`` of each host in ``args`` (host -> its arguments, ``spread``: a list of
+        them), sent to every actor before any answer is read, so the actors work in parallel (and
+        the driver steps its own share meanwhile, called directly); the answers in that order, the
+        actors' unpacked and passed through ``wire``."""
         code = _METHODS.index(method)
-        channels = self._channels
-        for h, payload in payloads.items():
-            channels[h].send(code, payload, what)
+        channels, local = self._channels, self._local
+        for h, a in args.items():
+            if h not in local:
+                channels[h].send(code, pack(a), what)
+        mine = {}
+        if local:
+            t0 = time.perf_counter()
+            for h, a in args.items():
+                if h in local:
+                    mine[h] = getattr(local[h], method)(*a) if spread else getattr(local[h], method)(a)
+            self._local_busy_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        answers = [channels[h].receive(what) for h in payloads]
+        answers = [mine[h] if h in mine else channels[h].receive(what) for h in args]
         self.counters.wait_s += time.perf_counter() - t0
-        return [unpack(a) for a in answers]
+        return [a if h in mine else (wire(unpack(a)) if wire else unpack(a)) for h, a in zip(args, answers)]
 
     # the coordinator's calls (see LocalRuntime)
     def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
-        payloads = {h: pack([control, inputs, start, until, stop_at_handoff]) for h, (control, inputs) in calls.items()}
-        outs = [host_output_from_wire(o) for o in self._edge("step", payloads, "an engine step")]
+        args = {h: [control, inputs, start, until, stop_at_handoff] for h, (control, inputs) in calls.items()}
+        outs = self._edge("step", args, "an engine step", True, host_output_from_wire)
         count_step(self.counters, calls, outs)
         return outs
 
     def deliver(self, calls: dict, now: float) -> list[HostOutput]:
-        payloads = {h: pack([control, inputs, now]) for h, (control, inputs) in calls.items()}
-        outs = [host_output_from_wire(o) for o in self._edge("deliver", payloads, "a Planner snapshot")]
+        args = {h: [control, inputs, now] for h, (control, inputs) in calls.items()}
+        outs = self._edge("deliver", args, "a Planner snapshot", True, host_output_from_wire)
         count_step(self.counters, calls, outs)
         return outs
 
     def reserve(self, queries: dict) -> tuple[dict, list]:
         self.counters.num_calls += len(queries)
         answers, statuses = {}, []
-        outs = self._edge("reserve", {h: pack(q) for h, q in queries.items()}, "a destination reservation")
+        outs = self._edge("reserve", queries, "a destination reservation")
         for h, (ok, st) in zip(queries, outs):
             answers[h] = ok
             statuses.extend(WorkerStatus._make(s) for s in st)
@@ -567,17 +595,17 @@ class RayRuntime:
 
     def match_prefix(self, queries: dict) -> dict:
         self.counters.num_calls += len(queries)
-        outs = self._edge("match_prefix", {h: pack(q) for h, q in queries.items()}, "a KV prefix lookup")
+        outs = self._edge("match_prefix", queries, "a KV prefix lookup")
         return dict(zip(queries, outs))
 
     def kv_contents(self, wids: list[int]) -> dict[int, list]:
         self.counters.num_calls += self.num_hosts
-        outs = self._edge("kv_contents", {h: pack(wids) for h in range(self.num_hosts)}, "the KV cache contents")
+        outs = self._edge("kv_contents", {h: wids for h in range(self.num_hosts)}, "the KV cache contents")
         return {wid: ranks for out in outs for wid, ranks in out}
 
     def in_flight(self) -> list:
         self.counters.num_calls += self.num_hosts
-        outs = self._edge("in_flight", {h: pack(None) for h in range(self.num_hosts)}, "the requests in flight")
+        outs = self._edge("in_flight", {h: None for h in range(self.num_hosts)}, "the requests in flight")
         return [tuple(x) for out in outs for x in out]
 
     def route(self, updates, requests, eligible, ranks_of) -> list:
@@ -594,10 +622,12 @@ class RayRuntime:
 
     def finish(self, end_ms: float) -> list[HostFinish]:
         self.counters.num_calls += self.num_hosts
-        out = [host_finish_from_wire(unpack(b))
-               for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
-        self.counters.host_busy_s = self._get([h.channel_busy_s.remote() for h in self.hosts], what="the final report")
-        return out
+        remote = [host_finish_from_wire(unpack(b))
+                  for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
+        busy = self._get([h.channel_busy_s.remote() for h in self.hosts], what="the final report")
+        local = [self._local[h].finish(end_ms) for h in self._local]
+        self.counters.host_busy_s = ([self._local_busy_s] if local else []) + busy
+        return local + remote
 
     def planner(self):
         if self.planner_actor is None:
@@ -606,9 +636,9 @@ class RayRuntime:
 
     def close(self) -> None:
         ray = self.ray
-        for c in getattr(self, "_channels", ()):
+        for c in getattr(self, "_channels", {}).values():
             c.close()
-        self._channels = []
+        self._channels = {}
         for a in self._actors:
             try:
                 ray.kill(a)

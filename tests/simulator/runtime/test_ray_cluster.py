@@ -69,6 +69,7 @@ def test_one_replay_spreads_its_engine_actors_over_two_nodes(two_nodes):
     """, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    assert out["runtime"]["backend"] == "ray" and out["runtime"]["num_hosts"] == 2
+    assert out["runtime"]["backend"] == "ray" and out["runtime"]["num_hosts"] == 3  # (the driver's share, 2 actors)
+    assert out["runtime"]["driver_hosts_workers"] is True
     assert out["runtime"]["num_nodes"] == 2  # (one engine actor on each node: SPREAD, one CPU each)
     assert out["same"] and out["completed"] == 1000

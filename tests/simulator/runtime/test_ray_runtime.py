@@ -29,7 +29,8 @@ def prediction(path) -> dict:
 
 def test_quickstart_on_ray_is_byte_identical_to_local(tmp_path, capsys):
     assert main(["predict", "--backend", "ray", "--output-dir", str(tmp_path / "ray")]) == 0
-    assert "Runtime: ray" in capsys.readouterr().out
+    # (auto on this 2-CPU cluster: one actor per CPU but the one the driver keeps for its share)
+    assert "Runtime: ray, 2 engine host(s) (the driver and 1 actor(s))" in capsys.readouterr().out
     assert main(["predict", "--output-dir", str(tmp_path / "local")]) == 0
     assert prediction(tmp_path / "ray") == prediction(tmp_path / "local")
 
@@ -38,8 +39,26 @@ def test_quickstart_on_ray_is_byte_identical_to_local(tmp_path, capsys):
                                   "offload_kv_router", "offload_shared", "mtp_kv_router_dp"])
 def test_exact_lockstep_on_ray_equals_local(name):
     ray_run = replay(name, backend="ray", engine_actors=2)
-    assert ray_run.diagnostics["runtime"]["backend"] == "ray"
+    rt = ray_run.diagnostics["runtime"]
+    assert rt["backend"] == "ray"
+    if name.startswith("offload_shared"):  # (a shared KV tier is one state: one actor holds every worker)
+        assert rt["num_hosts"] == 1 and "driver_hosts_workers" not in rt
+    else:  # the driver's share, then the two actors'
+        assert rt["num_hosts"] == 3 and rt["driver_hosts_workers"] is True and len(rt["host_busy_s"]) == 3
     assert same(replay(name), ray_run)
+
+
+def test_without_the_driver_share_the_actors_hold_every_worker():
+    ray_run = replay("kv_router_4", router_sync_ms=25, backend="ray", engine_actors=2, driver_hosts_workers=False)
+    rt = ray_run.diagnostics["runtime"]
+    assert rt["num_hosts"] == 2 and "driver_hosts_workers" not in rt and len(rt["host_busy_s"]) == 2
+    assert same(replay("kv_router_4", router_sync_ms=25), ray_run)
+
+
+def test_the_driver_share_is_a_config_key(tmp_path, capsys):
+    assert main(["predict", "--backend", "ray", "--set", "execution.driver_hosts_workers=false",
+                 "--set", "execution.engine_actors=1", "--output-dir", str(tmp_path / "ray")]) == 0
+    assert "Runtime: ray, 1 engine host(s), " in capsys.readouterr().out
 
 
 def test_a_window_on_ray_equals_the_same_window_in_process():
