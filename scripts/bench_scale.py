@@ -55,6 +55,7 @@ evaluation:
   sla: {{ttft_ms: 1500, itl_ms: 50}}
 execution:
   resources: {{initialization_timeout_seconds: 3600}}  # (ten million rows take ~50 s to read)
+  router_sync_ms: {window}
 """
 
 def repeated_trace(source: Path, requests: int, out: Path) -> Path:
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=200_000)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--router", default="round_robin", choices=("round_robin", "random", "kv_router"))
+    ap.add_argument("--router-sync-ms", type=float, default=0.0,
+                    help="execution.router_sync_ms (default 0: exact lockstep)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "aisim-bench-scale",
                     help="where the repeated traces are written and kept (default: %(default)s)")
@@ -124,11 +127,13 @@ def main(argv=None) -> int:
         env = dict(os.environ, HOME=str(home), RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
         config = home / "scale.yaml"
         config.write_text(CONFIG.format(trace=json.dumps(str(trace.resolve())), workers=args.workers,
-                                        router=args.router))
+                                        router=args.router, window=args.router_sync_ms))
         extra = ["--output-dir", str(home / "out"), "--overwrite", "--capture-per-request", "--csv"] \
             if args.outputs else []
         scenario = (f"{args.requests:,} requests (conversation trace repeated, x{SCALE}), {args.workers} aggregated "
-                    f"workers, {args.router}, polynomial timing" + (", outputs written" if args.outputs else ""))
+                    f"workers, {args.router}, polynomial timing"
+                    + (f", router_sync_ms {args.router_sync_ms:g}" if args.router_sync_ms else "")
+                    + (", outputs written" if args.outputs else ""))
         meta = {"scenario": scenario, "date": time.strftime("%Y-%m-%d"), "repeat": args.repeat,
                 "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
                 "trace_file_mb": round(trace.stat().st_size / 2**20, 1), "trace_written_s": round(made_s, 1)}

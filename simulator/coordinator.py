@@ -41,7 +41,10 @@ With a window ``W = router_sync_ms > 0`` the edges are the multiples of ``W`` (p
 ready times and the stop). The arrivals inside a window are routed at its start against the
 router's view then, as a real router sees KV events and load late; everything the window's
 passes trigger elsewhere (handoffs to decode, follow-up arrivals, rejections' follow-ups)
-happens at the window's end. Windows in which nothing happens are skipped.
+happens at the window's end. Windows in which nothing happens are skipped, and where no pass
+end concerns anyone else (aggregated, arrivals not following terminals, no Planner or
+monitor) so are windows without arrivals: the workers run across them in one step, which
+changes no result.
 
 Topology: requests enter the *entry pool* (aggregated workers, or prefill workers when
 disaggregated) through its router. A prefill worker hands a finished prompt to the *decode
@@ -885,15 +888,31 @@ class Coordinator:
         return min(ts) if ts else None
 
     def _window_until(self, now: float) -> float | None:
-        """Next edge with a window: the end of the first window from ``now`` in which
-        anything happens, or an earlier fixed edge."""
+        """Next edge with a window, or an earlier fixed edge. When a pass end may cause work
+        elsewhere, a monitor checks at edges or a Planner reads the workers' pass metrics (their
+        statistics summed edge by edge): the end of the first window from ``now`` in which
+        anything happens. Otherwise only arrivals need the coordinator: the start of the window
+        holding the next one (its arrivals are routed there, against the workers' state then),
+        or the end of the window under way when that one started at or before ``now`` (routed
+        now); the workers run across the windows between in one step."""
         w = self.window_ms
-        t = self._earliest_activity()
         cands = self._fixed_edges(now)
-        if t is not None:
-            k = math.floor(max(t, now) / w) + 1
-            edge = k * w
-            cands.append(edge if edge > now else (k + 1) * w)  # k * w may round to ``now``
+        if self._coupled or self.monitor is not None or self.has_planner:
+            t = self._earliest_activity()
+            if t is not None:
+                k = math.floor(max(t, now) / w) + 1
+                edge = k * w
+                cands.append(edge if edge > now else (k + 1) * w)  # k * w may round to ``now``
+        else:
+            t = self._next_arrival()
+            if t is not None:
+                k = math.floor(max(t, now) / w)
+                edge = k * w
+                if edge <= now:  # (its window is under way: routed now, the next edge at its end)
+                    edge = (k + 1) * w
+                    if edge <= now:  # (k * w may round to ``now``)
+                        edge = (k + 2) * w
+                cands.append(edge)
         return min(cands) if cands else None
 
     def _exact_until(self, now: float) -> float | None:

@@ -210,6 +210,26 @@ def test_kv_router_routes_a_window_against_its_view_at_the_window_start(tmp_path
     assert stale["B"]["dispatched_at_ms"] == 150.0  # routed early, dispatched on arrival
 
 
+def test_windows_without_arrivals_take_no_edge_and_change_nothing(tmp_path):
+    # arrivals at window starts (W = 100): each is routed at its window's start, as exact lockstep
+    # routes it at its arrival; in between the workers stay busy (200 output tokens: prefill 100 ms,
+    # then 199 passes of 10 ms), yet only the windows holding arrivals take edges, at their start and
+    # end: 0 and 100, 1000 and 1100, 2500 and 2600 (38 before: each window in which passes ended)
+    rows = [{"timestamp": t, "input_length": 2048, "output_length": 200, "hash_ids": [1, 2, 3, 4], "request_id": r}
+            for t, r in ((0, "A"), (1000, "B"), (2500, "C"))]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    kw = dict(extra_engine_args={**FIXED, "block_size": 64}, num_workers=2, router_mode="kv_router",
+              capture_per_request=True)
+    exact = run_trace_replay(str(trace), **kw)
+    windowed = run_trace_replay(str(trace), router_sync_ms=100, **kw)
+    assert windowed.diagnostics["runtime"]["num_edges"] == 6
+    a, b = without_wall(exact.to_dict()), without_wall(windowed.to_dict())
+    assert b["summary"]["deployment"].pop("router_sync_ms") == 100
+    a["summary"]["deployment"].pop("router_sync_ms")
+    assert canonical_json(a) == canonical_json(b)
+    assert [r["routing_history"][0]["released_at_ms"] for r in b["per_request"]] == [0.0, 1000.0, 2500.0]
+
+
 def test_router_sync_ms_is_validated():
     with pytest.raises(Exception, match="router_sync_ms"):
         run_trace_replay(str(SLICE), router_sync_ms=-1)
