@@ -513,7 +513,7 @@ class RayRuntime:
         ray = self.ray
         self.counters = RuntimeCounters()
         self._actors: list = []
-        self._local: dict = {}  # host -> the WorkerHost the driver steps itself
+        self._mine = None  # host 0's WorkerHost, when the driver steps a share itself
         self._local_busy_s = 0.0
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))
@@ -531,7 +531,7 @@ class RayRuntime:
                 from aisim.actors.engine.host import WorkerHost
                 from aisim.simulator.traffic.workload import BlockHashStore
 
-                self._local[0] = WorkerHost(pools, hash_source or BlockHashStore(workload), shares[0])
+                self._mine = WorkerHost(pools, hash_source or BlockHashStore(workload), shares[0])
             remote = range(mine, n + mine)  # the actors' host numbers
             self.hosts = [engine_cls.options(num_cpus=per_actor, scheduling_strategy="SPREAD").remote(
                 pools_ref, workload_ref, shares[h]) for h in remote]
@@ -578,21 +578,20 @@ class RayRuntime:
         the driver steps its own share meanwhile, called directly); the answers in that order, the
         actors' unpacked and passed through ``wire``."""
         code = _METHODS.index(method)
-        channels, local = self._channels, self._local
+        channels = self._channels  # (every host but the driver's share)
         for h, a in args.items():
-            if h not in local:
+            if h in channels:
                 channels[h].send(code, pack(a), what)
-        mine = {}
-        if local:
+        own = None
+        if self._mine is not None and 0 in args:
             t0 = time.perf_counter()
-            for h, a in args.items():
-                if h in local:
-                    mine[h] = getattr(local[h], method)(*a) if spread else getattr(local[h], method)(a)
+            call = getattr(self._mine, method)
+            own = call(*args[0]) if spread else call(args[0])
             self._local_busy_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        answers = [mine[h] if h in mine else channels[h].receive(what) for h in args]
+        answers = [channels[h].receive(what) if h in channels else own for h in args]
         self.counters.wait_s += time.perf_counter() - t0
-        return [a if h in mine else (wire(unpack(a)) if wire else unpack(a)) for h, a in zip(args, answers)]
+        return [(wire(unpack(a)) if wire else unpack(a)) if h in channels else a for h, a in zip(args, answers)]
 
     # the coordinator's calls (see LocalRuntime)
     def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
@@ -648,9 +647,11 @@ class RayRuntime:
         remote = [host_finish_from_wire(unpack(b))
                   for b in self._get([h.finish.remote(end_ms) for h in self.hosts], what="the final report")]
         busy = self._get([h.channel_busy_s.remote() for h in self.hosts], what="the final report")
-        local = [self._local[h].finish(end_ms) for h in self._local]
-        self.counters.host_busy_s = ([self._local_busy_s] if local else []) + busy
-        return local + remote
+        if self._mine is None:
+            self.counters.host_busy_s = busy
+            return remote
+        self.counters.host_busy_s = [self._local_busy_s] + busy
+        return [self._mine.finish(end_ms)] + remote
 
     def planner(self):
         if self.planner_actor is None:
