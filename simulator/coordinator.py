@@ -448,6 +448,27 @@ class Coordinator:
             t = float(self._init_t[k]) if k < self._n_init else None
         return t
 
+    def _watch_at(self, until: float) -> bytes:
+        """The hashes of the full prompt blocks of the arrivals not routed yet that arrive by
+        ``until`` (bytes of uint64): with exact edges, open loop, the blocks the router reads
+        at the edge ``until``, and nothing else (the engine hosts may leave a worker whose KV
+        events cannot change them for later: ``WorkerHost._publish``)."""
+        w = self.workload
+        store = self.hash_store
+        bs = self.entry.block_size
+        out = []
+        p, ts, ids = self._ptr, self._arr_t, self._arr_i
+        while p < self._n_win and ts[p] <= until:
+            out.append(ids[p])
+            p += 1
+        if p >= self._n_win:  # (the next windows', read from their arrays)
+            k = self._win_end
+            times = self._init_t
+            while k < self._n_init and times[k] <= until:
+                out.append(int(self._init_i[k]))
+                k += 1
+        return b"".join([store.block_hashes(i, bs)[: int(w.input_len[i]) // bs].tobytes() for i in out])
+
     def _pop_arrival(self) -> tuple[float, int]:
         """The next arrival in (time, index) order, from the trace or the follow-ups."""
         if self._ptr >= self._n_win and self._win_end < self._n_init:
@@ -469,14 +490,16 @@ class Coordinator:
         return {h: (control[h], inputs[h]) for h in range(len(control))
                 if every_host or control[h] or inputs[h] or active[h]}
 
-    def _step(self, start: float, until: float, stop_at_handoff: bool = False, track_latest: bool = False) -> float:
+    def _step(self, start: float, until: float, stop_at_handoff: bool = False, track_latest: bool = False,
+              watch: bytes | None = None) -> float:
         """Step the hosts with something to do from ``start`` to ``until``; returns where they
         stopped (before ``until`` only with ``stop_at_handoff``, at a handoff; one host).
-        ``track_latest``: keep the latest event time as a run-out does (a run-out in slices)."""
+        ``track_latest``: keep the latest event time as a run-out does (a run-out in slices).
+        ``watch``: the blocks the router reads at ``until`` (``_watch_at``), when that is all."""
         calls = self._take_calls()
         if not calls:
             return until
-        outs = self.rt.step(calls, start, until, stop_at_handoff)
+        outs = self.rt.step(calls, start, until, stop_at_handoff, watch)
         reached = min(out.reached for out in outs)
         if reached == INF or track_latest:  # running the workers out: their last events lie past the loop's clock
             self._latest_event_ms = max([self._latest_event_ms] + [e[0] for out in outs for e in out.events])
@@ -956,6 +979,8 @@ class Coordinator:
         windowed = self._windowed
         ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
         optimistic = self._stop_at_handoff
+        # exact edges, open loop: what the router reads at the next edge is known before the step
+        watches = self._routes_state and self.entry.router.needs_kv_events and not (windowed or self._coupled)
         stop = self.stop_ms
         guard = self.resource_guard
         monitor = self.monitor
@@ -969,7 +994,7 @@ class Coordinator:
             if final:
                 until = stop
             if until > now:
-                reached = self._step(now, until, optimistic)
+                reached = self._step(now, until, optimistic, watch=self._watch_at(until) if watches else None)
                 if reached == INF:  # run out: nothing was handed off any more
                     break
                 if reached < until:  # stopped at a handoff

@@ -108,6 +108,7 @@ class WorkerHost:
         self._handed_off = False  # a handoff was emitted in this step
         self._hint: float | None = None  # the current step's end (``step``)
         self._hint_bounds = False  # no input comes before it (a step that cannot stop early)
+        self._watched = False  # the steps come with the blocks the router reads (EngineWorker.edges_watched)
         for wid, key in workers:
             self._add(wid, key)
 
@@ -125,6 +126,7 @@ class WorkerHost:
         self._inputs_of[wid] = []
         self._held_by[wid] = 0
         self._touched.add(wid)
+        worker.edges_watched = self._watched
         if worker.records_kv_events and worker.has_tiers:
             self._tiered.append(wid)
 
@@ -296,18 +298,23 @@ class WorkerHost:
         for wid, worker in self.workers.items():
             self._sync(wid, worker, t)
 
-    def _publish(self, t: float) -> None:
+    def _publish(self, t: float, watch: bytes | None = None) -> None:
         """Bring up to ``t`` the workers that publish KV events (a router reads them next) and
         those with a completion inside their run by ``t``: only workers in a pass or run can
         have either (or with KV tiers, whose transfers go on while idle), so the cost is
-        proportional to the busy workers, not to all."""
+        proportional to the busy workers, not to all. ``watch``: the hashes (bytes of uint64)
+        of the prompts routed at ``t``, when nothing else is: a worker whose KV events up to
+        ``t`` cannot change what the router reads of them is brought up later
+        (``EngineWorker.router_unchanged``)."""
         workers = self.workers
         version = self._version
         due = {wid for _, wid, v in self._ends if v == version[wid]}  # (one live end per busy worker)
         due.update(self._tiered)
+        watched = None if watch is None else set(hash_view(watch))
         for wid in sorted(due):
             worker = workers[wid]
-            if worker.records_kv_events or worker.exit_due(t):
+            if worker.exit_due(t) or worker.records_kv_events and (
+                    watched is None or not worker.router_unchanged(t, watched)):
                 self._sync(wid, worker, t, blocks_only=True)  # (what a router reads)
 
     def _status(self, wid: int) -> WorkerStatus:
@@ -341,11 +348,13 @@ class WorkerHost:
                 raise AssertionError(f"host skipped from {self.now} ms to {start} ms with work due")  # pragma: no cover
             self.now = start
 
-    def step(self, control, inputs, start: float, until: float, stop_at_handoff: bool = False) -> HostOutput:
+    def step(self, control, inputs, start: float, until: float, stop_at_handoff: bool = False,
+             watch: bytes | None = None) -> HostOutput:
         """From the edge ``start``: apply the inputs then, start passes, run to ``until`` (see the
         module doc). ``stop_at_handoff``: end the step early, after the pass ends of the first
         instant at which a worker hands a request off (the coordinator places it then, as if that
-        instant were ``until``). The output's ``reached`` is where the step ended."""
+        instant were ``until``). The output's ``reached`` is where the step ended. ``watch``: the
+        blocks the router reads at ``until``, when known (``_publish``)."""
         self._catch_up(start)
         self._handed_off = False
         # no input is sent before the step's end, unless the step may stop early at a handoff
@@ -354,6 +363,10 @@ class WorkerHost:
         # changes no result)
         self._hint = until if until < INF else None
         self._hint_bounds = not stop_at_handoff
+        if (watch is not None) != self._watched:  # (the coordinator's mode; its run-out comes without)
+            self._watched = watch is not None
+            for worker in self.workers.values():
+                worker.edges_watched = self._watched
         self._receive(control, inputs)
         t = self.now
         self._inputs_at(t)
@@ -384,7 +397,7 @@ class WorkerHost:
             if self._dirty:
                 self._settle(t)
         self.now = until
-        self._publish(until)
+        self._publish(until, watch)
         return self._output(until)
 
     def deliver(self, control, inputs, now: float, with_fpm: bool = True) -> HostOutput:

@@ -537,6 +537,27 @@ class KVCache:
             return None, 0  # the run starting at q holds hashes[q], so no other run holds hashes[pos - 1]
         return None, 0
 
+    def evicts_any(self, count: int, watch: set) -> bool:
+        """Whether the next ``count`` evictions (``_evict``'s order: the LRU entries, each run's
+        tail first; fewer when fewer are evictable) would take a block whose hash is in ``watch``.
+        Changes nothing."""
+        left = count
+        for stamp, runs, i in self._batches:
+            n = len(runs)
+            while i < n:
+                run = runs[i]
+                keys = run.keys
+                i += 1
+                if run.holders or run.stamp != stamp or not keys:
+                    continue  # (stale, as _evict skips it)
+                k = len(keys)
+                if k >= left:
+                    return not watch.isdisjoint(keys[k - left :])
+                if not watch.isdisjoint(keys):
+                    return True
+                left -= k
+        return False
+
     def _evict(self, count: int) -> None:
         batches = self._batches
         watch = self.watch

@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from aisim.actors.engine.kv_cache import REMOVED, KVCache
 from aisim.actors.engine.request import COMPLETED, Request
 from aisim.actors.engine.scheduler import SCAN_PASSES, GapSink, RankPass, RankScheduler
 from aisim.actors.engine.speculation import accepted_from, advance_bases, block_bases, stream_of
@@ -151,6 +152,13 @@ class EngineWorker:
         self._spec = cfg.speculation is not None  # (speculative decoding: runs draw bursts, _SpecSegments)
         self._joins = self._runs and len(ranks) == 1 and not record_timeline and not track_queue \
             and not self.records_kv_events and ranks[0].joins_runs and not self._spec
+        # the host's edges are the router's, each knowing the blocks it reads, and nothing reads
+        # this worker's pass ends between them (WorkerHost.step with a watch): its runs' chunks
+        # grow past the step's end (_extend), and a sync for the router may wait where it can
+        # (router_unchanged: vLLM's block cache, no tiers, no drawn runs)
+        self.edges_watched = False
+        self._waits_for_router = self.records_kv_events and isinstance(ranks[0].kv, KVCache) \
+            and not self.has_tiers and not self._spec
         # raw timeline columns, or None when not recorded (the hot path checks only this)
         self.timeline: TimelineColumns | None = TimelineColumns.empty() if record_timeline else None
         self._spool = timeline_spool if record_timeline else None
@@ -582,6 +590,39 @@ class EngineWorker:
         if started > run.n_sched or done > run.n_done:
             self._apply_run(run, max(started, run.n_sched), done)
 
+    def router_unchanged(self, now_ms: float, watch: set) -> bool:
+        """Whether ``sync(now_ms, blocks_only=True)`` may wait, for a router that reads only the
+        blocks in ``watch`` (the prompts it routes next): a plain decode run with no completion by
+        then, whose passes ended by ``now_ms`` evict none of them (a bound on their allocations
+        against the free blocks, then the evictable ones in eviction order). A decode run stores
+        only blocks holding generated tokens, which no prompt has, so the router's depths for
+        the watched prompts are the same either way; the sync happens later, its KV events in the
+        same order (docs/scale.md, "The KV router at many workers")."""
+        run = self._run
+        if run is None or not self._waits_for_router or run.joined is not None:
+            return False
+        done = min(run.num_passes - 1, bisect_right(run.ends, now_ms))
+        x = run.next_exit
+        exits = run.exit_passes
+        if x < len(exits) and exits[x] < done:
+            return False  # (a completion: the router hears it now)
+        n = run.n_sched
+        held = run.held_events
+        if held is not None and done >= n:  # (the evictions of the pass in progress at the last sync)
+            for _, kind, hashes in held:
+                if kind == REMOVED and not watch.isdisjoint(hashes):
+                    return False
+        span = done - n
+        if span <= 0:
+            return True
+        for rank, batch, _, _, _ in run.ranks:
+            kv = rank.kv
+            # each request takes at most one new block per block_size passes
+            evict = len(batch) * ((span - 1) // kv.block_size + 1) - kv.num_free
+            if evict > 0 and kv.evicts_any(evict, watch):
+                return False
+        return True
+
     # -- fast-forward ---------------------------------------------------------------
     def _plan_run(self, now_ms: float, horizon_ms: float | None, hint_ms: float | None,
                   hint_bounds: bool) -> DecodeRun | None:
@@ -617,9 +658,10 @@ class EngineWorker:
                 hint_bounds: bool = False) -> None:
         """Compute the end times of the run's next passes: up to the one in progress at
         ``horizon_ms`` (the next known input) when known, else at ``hint_ms`` when it bounds
-        the inputs not known yet (``hint_bounds``); else as many as so far (at least 32), and
-        with a hint no further than about it. The results do not depend on the chunks (each end
-        is the previous end plus its duration)."""
+        the inputs not known yet (``hint_bounds``: with ``edges_watched``, at least as many as so
+        far); else as many
+        as so far (at least 32), and with a hint no further than about it. The results do not
+        depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
         start = run.start_ms
@@ -631,6 +673,11 @@ class EngineWorker:
             # passes in, and each pass computed costs its segments), then about as many as
             # reach the target at the mean pass time so far
             upto = _passes_to_reach(target, m, start, last) if m and target > last > start else m + 8
+            if horizon_ms is None and self.edges_watched and upto < 2 * m:
+                # the hint bounds the inputs up to it, not past it: beyond it the chunks grow
+                # geometrically as below (a router reading worker state steps the hosts from
+                # arrival to arrival; a run extended just past each would be extended at each)
+                upto = 2 * m
         else:
             # an input nobody knows of yet may cut the run anywhere: what is computed past the
             # cut is lost, so the chunks grow geometrically (at most about as many lost as kept)

@@ -96,8 +96,9 @@ class LocalRuntime:
         return host_output_from_wire(unpack(pack(out))) if self.wire else out
 
     # the coordinator's calls; ``calls`` maps host -> (control, inputs)
-    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
-        outs = [self._out(self.hosts[h].step(*self._w([control, inputs, start, until, stop_at_handoff])))
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False,
+             watch: bytes | None = None) -> list[HostOutput]:
+        outs = [self._out(self.hosts[h].step(*self._w([control, inputs, start, until, stop_at_handoff, watch])))
                 for h, (control, inputs) in calls.items()]
         count_step(self.counters, calls, outs)
         return outs

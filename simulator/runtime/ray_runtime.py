@@ -594,8 +594,9 @@ class RayRuntime:
         return [(wire(unpack(a)) if wire else unpack(a)) if h in channels else a for h, a in zip(args, answers)]
 
     # the coordinator's calls (see LocalRuntime)
-    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False) -> list[HostOutput]:
-        args = {h: [control, inputs, start, until, stop_at_handoff] for h, (control, inputs) in calls.items()}
+    def step(self, calls: dict, start: float, until: float, stop_at_handoff: bool = False,
+             watch: bytes | None = None) -> list[HostOutput]:
+        args = {h: [control, inputs, start, until, stop_at_handoff, watch] for h, (control, inputs) in calls.items()}
         outs = self._edge("step", args, "an engine step", True, host_output_from_wire)
         count_step(self.counters, calls, outs)
         return outs

@@ -5,10 +5,12 @@ exact lockstep (router_sync_ms 0) and for windows; every coordinator path is exe
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 
 import pytest
 
 from aisim import ExecutionPlan, plan_from_config, run_plan, run_synthetic_trace_replay, run_trace_replay
+from aisim.actors.engine.worker import EngineWorker
 from aisim.simulator.config.loading import load_config
 from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import ROOT, SLICE
@@ -228,6 +230,38 @@ def test_windows_without_arrivals_take_no_edge_and_change_nothing(tmp_path):
     a["summary"]["deployment"].pop("router_sync_ms")
     assert canonical_json(a) == canonical_json(b)
     assert [r["routing_history"][0]["released_at_ms"] for r in b["per_request"]] == [0.0, 1000.0, 2500.0]
+
+
+def test_the_kv_router_hears_a_busy_worker_later_only_where_no_route_can_tell(monkeypatch):
+    # exact edges, open loop: at each edge the router reads the blocks of the prompts it routes
+    # there, and a busy worker whose KV events up to it cannot change them is brought up later
+    # (EngineWorker.router_unchanged); 4 workers of 700 blocks, so decode runs evict cached
+    # prompts. Byte-identical to bringing every busy worker up at every edge; leaving every
+    # such sync for later whatever the evictions (only a completion syncing) is not.
+    sets = ["traffic.stop={max_virtual_time_seconds: 200}", "router={policy: kv_router}",
+            "engine.workers.aggregated.parallelism.replicas=4",
+            "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 700}}"]
+    cfg, cdir = load_config(CONFIGS / "quickstart.yaml", sets)
+    plan = plan_from_config(cfg, cdir, capture_per_request=True)
+    answers = []
+    checked = EngineWorker.router_unchanged
+
+    def counted(self, now_ms, watch):
+        answers.append(checked(self, now_ms, watch))
+        return answers[-1]
+
+    def careless(self, now_ms, watch):
+        run = self._run
+        return run is not None and not (run.next_exit < len(run.exit_passes)
+                                        and run.exit_passes[run.next_exit] < bisect_right(run.ends, now_ms))
+
+    monkeypatch.setattr(EngineWorker, "router_unchanged", counted)
+    later = run_plan(plan)
+    assert answers.count(True) > 200 and answers.count(False) > 10
+    monkeypatch.setattr(EngineWorker, "router_unchanged", lambda self, now_ms, watch: False)
+    assert same(later, run_plan(plan))
+    monkeypatch.setattr(EngineWorker, "router_unchanged", careless)
+    assert not same(later, run_plan(plan))
 
 
 def test_router_sync_ms_is_validated():

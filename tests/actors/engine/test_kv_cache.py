@@ -52,6 +52,10 @@ def test_release_then_evict_is_lru_and_tail_first():
     kv.release(a)  # a's blocks become inactive first (least recently used)
     kv.release(b)
     assert kv.lru_order() == [3, 2, 1, 13, 12, 11]
+    # the next evictions' blocks, without taking them: 3, 2 | 1, 13 | 12
+    assert not kv.evicts_any(2, {1, 12}) and kv.evicts_any(3, {1, 12})
+    assert not kv.evicts_any(4, {12, 99}) and kv.evicts_any(5, {12, 99})
+    assert not kv.evicts_any(9, {99})  # (more than are evictable: the six there)
     c = Req([21, 22, 23, 24])
     assert kv.grow(c, 16, c.hashes)  # 4 new blocks: evicts 3, 2, 1, 13
     assert kv.lru_order() == [12, 11]
@@ -307,6 +311,11 @@ def test_random_operations_match_the_reference_model(seed, max_cut):
             ref.release(rid)
         assert kv.lru_order() == list(ref.lru)
         assert kv.num_free == ref.free()
+        # whether the next evictions would take a watched block (EngineWorker.router_unchanged)
+        order = list(ref.lru)
+        count = rnd.randint(1, len(order) + 2)
+        watch = set(rnd.sample(order, min(len(order), rnd.randint(0, 2)))) | {rnd.getrandbits(62)}
+        assert kv.evicts_any(count, watch) == any(h in watch for h in order[:count])
         if kv.events is not None:
             for kind, hs in kv.events:
                 if kind == STORED:

@@ -8,10 +8,12 @@ import json
 import pytest
 
 from aisim import run_trace_replay
+from aisim.actors.engine.kv_cache import REMOVED, STORED
 from aisim.actors.engine.request import Request
 from aisim.actors.engine.scheduler import RankScheduler, SchedulerConfig
 from aisim.actors.engine.timing import FixedTiming
 from aisim.actors.engine.worker import EngineWorker
+from aisim.actors.hashing import hash_view
 from aisim.simulator.metrics.output import canonical_json
 from tests.conftest import SLICE
 from tests.helpers import without_wall, write_trace
@@ -131,6 +133,45 @@ def test_a_run_computes_its_end_times_up_to_the_hint_else_in_growing_chunks():
     cut_far, _ = _drive(hint_ms=5_000.0, late_ms=455.0)
     cut_none, _ = _drive(hint_ms=None, late_ms=455.0)
     assert cut_far == cut_none and len(cut_far) == 3
+
+
+# -- a sync for the router left for later (EngineWorker.router_unchanged) ---------------------
+
+
+class _Blocks:
+    """Request i's block hashes: i * 1000, i * 1000 + 1, ... (its prompt's, then its output's)."""
+
+    def block_hashes(self, index: int, block_size: int):
+        return hash_view([index * 1000 + j for j in range(64)])
+
+
+def test_a_sync_for_the_router_waits_until_a_watched_block_would_be_evicted():
+    # 12 blocks of 4 tokens. A (prompt blocks 1000, 1001, one token out) and B (one prompt block
+    # 2000, 40 out) prefill together in a 100 ms pass; A completes, its blocks cached inactive
+    # (1001 evicted first), 9 blocks free. B's decode run (10 ms passes, the n-th ending at 110 +
+    # 10 n) takes a block at passes 0, 4, ..., 36: the tenth, taken as pass 36 starts (460 ms),
+    # evicts 1001. The router hears a pass's evictions once it ended: at 470 ms.
+    cfg = SchedulerConfig(max_batched_tokens=512, block_size=4, num_gpu_blocks=12)
+    w = EngineWorker(0, [RankScheduler(cfg, FixedTiming(100, 10), record_kv_events=True)])
+    for i, (prompt, out) in enumerate([(8, 1), (4, 40)], start=1):
+        w.enqueue(Request(i, _Blocks(), 0.0, prompt, out), 0, 0.0)
+    w.start_if_idle(0.0)
+    assert [r.index for r in w.finish(100.0)] == [1]
+    w.start_if_idle(100.0, None, 1_000.0, True)  # (every pass end computed: the hint bounds the inputs)
+    w.take_kv_events()
+    follow_up = {1000, 1001}  # a prompt continuing A's
+    # (a bound: 36 passes take at most 9 blocks, one per 4 passes, and 9 are free)
+    assert w.router_unchanged(465.0, follow_up)
+    assert not w.router_unchanged(475.0, follow_up)  # pass 36 ended: 1001 evicted
+    assert w.router_unchanged(475.0, {1000, 3000})  # (1000 is still there)
+    # synced at 465 ms: the blocks B filled by then (40 tokens); pass 36's eviction is held
+    # until the pass ends
+    w.sync(465.0, blocks_only=True)
+    assert [(kind, list(h)) for _, kind, h in w.take_kv_events()] == [(STORED, list(range(2001, 2010)))]
+    assert w.router_unchanged(468.0, follow_up)
+    assert not w.router_unchanged(475.0, follow_up)
+    w.sync(475.0, blocks_only=True)
+    assert [(kind, list(h)) for _, kind, h in w.take_kv_events()] == [(REMOVED, [1001])]
 
 
 # -- a transferred request joining a decode run (EngineWorker._join) --------------------------
