@@ -98,6 +98,9 @@ _new = tuple.__new__  # builds a protocol NamedTuple without its Python-level __
 INF = math.inf
 #: initial arrivals taken from their arrays at a time, and routed ahead at most (``_arrival_horizon``)
 ARRIVAL_WINDOW = 4096
+#: arrivals at one edge past which the engine hosts are not told the router's blocks (``_watch_at``):
+#: a burst's set of hashes would cost more than the syncs it saves
+WATCH_ARRIVALS = 256
 
 
 @dataclass
@@ -448,11 +451,12 @@ class Coordinator:
             t = float(self._init_t[k]) if k < self._n_init else None
         return t
 
-    def _watch_at(self, until: float) -> bytes:
+    def _watch_at(self, until: float) -> bytes | None:
         """The hashes of the full prompt blocks of the arrivals not routed yet that arrive by
         ``until`` (bytes of uint64): with exact edges, open loop, the blocks the router reads
         at the edge ``until``, and nothing else (the engine hosts may leave a worker whose KV
-        events cannot change them for later: ``WorkerHost._publish``)."""
+        events cannot change them for later: ``WorkerHost._publish``). None past
+        ``WATCH_ARRIVALS`` arrivals at once (every busy worker is brought up, as without)."""
         w = self.workload
         store = self.hash_store
         bs = self.entry.block_size
@@ -467,6 +471,10 @@ class Coordinator:
             while k < self._n_init and times[k] <= until:
                 out.append(int(self._init_i[k]))
                 k += 1
+                if len(out) > WATCH_ARRIVALS:
+                    break
+        if len(out) > WATCH_ARRIVALS:
+            return None
         return b"".join([store.block_hashes(i, bs)[: int(w.input_len[i]) // bs].tobytes() for i in out])
 
     def _pop_arrival(self) -> tuple[float, int]:
