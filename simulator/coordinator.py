@@ -451,24 +451,26 @@ class Coordinator:
             t = float(self._init_t[k]) if k < self._n_init else None
         return t
 
-    def _watch_at(self, until: float) -> bytes | None:
+    def _watch_at(self, until: float, ahead: float | None) -> bytes | None:
         """The hashes of the full prompt blocks of the arrivals not routed yet that arrive by
-        ``until`` (bytes of uint64): with exact edges, open loop, the blocks the router reads
-        at the edge ``until``, and nothing else (the engine hosts may leave a worker whose KV
-        events cannot change them for later: ``WorkerHost._publish``). None past
-        ``WATCH_ARRIVALS`` arrivals at once (every busy worker is brought up, as without)."""
+        ``until``, or before ``ahead`` (routed ahead there), as bytes of uint64: open loop, the
+        blocks the router reads at the edge ``until``, and nothing else (the engine hosts may
+        leave a worker whose KV events cannot change them for later: ``WorkerHost._publish``).
+        None past ``WATCH_ARRIVALS`` arrivals at once (every busy worker is brought up, as
+        without)."""
         w = self.workload
         store = self.hash_store
         bs = self.entry.block_size
+        last = until if ahead is None else max(until, math.nextafter(ahead, -INF))  # (t <= last)
         out = []
         p, ts, ids = self._ptr, self._arr_t, self._arr_i
-        while p < self._n_win and ts[p] <= until:
+        while p < self._n_win and ts[p] <= last:
             out.append(ids[p])
             p += 1
         if p >= self._n_win:  # (the next windows', read from their arrays)
             k = self._win_end
             times = self._init_t
-            while k < self._n_init and times[k] <= until:
+            while k < self._n_init and times[k] <= last:
                 out.append(int(self._init_i[k]))
                 k += 1
                 if len(out) > WATCH_ARRIVALS:
@@ -987,8 +989,10 @@ class Coordinator:
         windowed = self._windowed
         ahead = windowed or not (self._routes_state or self._coupled)  # route arrivals up to the next edge
         optimistic = self._stop_at_handoff
-        # exact edges, open loop: what the router reads at the next edge is known before the step
-        watches = self._routes_state and self.entry.router.needs_kv_events and not (windowed or self._coupled)
+        # open loop, the edges placed by arrivals alone (exact, or windows nobody's pass end
+        # moves): what the router reads at the next edge is known before the step
+        watches = self._routes_state and self.entry.router.needs_kv_events and not self._coupled and (
+            not windowed or (self.monitor is None and not self.has_planner))
         stop = self.stop_ms
         guard = self.resource_guard
         monitor = self.monitor
@@ -1002,7 +1006,10 @@ class Coordinator:
             if final:
                 until = stop
             if until > now:
-                reached = self._step(now, until, optimistic, watch=self._watch_at(until) if watches else None)
+                watch = None
+                if watches:  # (the arrivals routed at the edge ``until``: those _edge routes there)
+                    watch = self._watch_at(until, self._window_until(until) if windowed and not final else None)
+                reached = self._step(now, until, optimistic, watch=watch)
                 if reached == INF:  # run out: nothing was handed off any more
                     break
                 if reached < until:  # stopped at a handoff

@@ -233,17 +233,20 @@ def test_windows_without_arrivals_take_no_edge_and_change_nothing(tmp_path):
     assert [r["routing_history"][0]["released_at_ms"] for r in b["per_request"]] == [0.0, 1000.0, 2500.0]
 
 
-def test_the_kv_router_hears_a_busy_worker_later_only_where_no_route_can_tell(monkeypatch):
-    # exact edges, open loop: at each edge the router reads the blocks of the prompts it routes
-    # there, and a busy worker whose KV events up to it cannot change them is brought up later
-    # (EngineWorker.router_unchanged); 4 workers of 700 blocks, so decode runs evict cached
-    # prompts. Byte-identical to bringing every busy worker up at every edge; leaving every
-    # such sync for later whatever the evictions (only a completion syncing) is not.
+@pytest.mark.parametrize("window_ms", [0, 25])
+def test_the_kv_router_hears_a_busy_worker_later_only_where_no_route_can_tell(monkeypatch, window_ms):
+    # open loop, edges placed by arrivals alone (exact, or windows): at each edge the router
+    # reads the blocks of the prompts it routes there, and a busy worker whose KV events up to
+    # it cannot change them is brought up later (EngineWorker.router_unchanged); 4 workers of
+    # 700 blocks, so decode runs evict cached prompts. Byte-identical to bringing every busy
+    # worker up at every edge; leaving every such sync for later whatever the evictions (only
+    # a completion syncing) is not.
     sets = ["traffic.stop={max_virtual_time_seconds: 200}", "router={policy: kv_router}",
             "engine.workers.aggregated.parallelism.replicas=4",
             "engine.workers.aggregated.kv_cache={block_size: 64, capacity: {type: fixed, blocks: 700}}"]
     cfg, cdir = load_config(CONFIGS / "quickstart.yaml", sets)
     plan = plan_from_config(cfg, cdir, capture_per_request=True)
+    plan = dataclasses.replace(plan, execution=ExecutionPlan(router_sync_ms=window_ms))
     answers = []
     watched = []
     checked = EngineWorker.router_unchanged
