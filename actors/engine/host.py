@@ -77,6 +77,22 @@ def _same(req, source=None):
     return req
 
 
+class _Watch:
+    """The blocks the router reads at an edge (bytes of uint64 hashes) as a set, built when first
+    asked: often no busy worker needs it (nothing it allocates evicts)."""
+
+    __slots__ = ("raw", "hashes")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.hashes: set | None = None
+
+    def isdisjoint(self, blocks) -> bool:
+        if self.hashes is None:
+            self.hashes = set(hash_view(self.raw))
+        return self.hashes.isdisjoint(blocks)
+
+
 class WorkerHost:
     def __init__(self, pools: dict[str, HostPool], hash_source, workers: list[tuple[int, str]],
                  direct: bool = False) -> None:
@@ -310,7 +326,7 @@ class WorkerHost:
         version = self._version
         due = {wid for _, wid, v in self._ends if v == version[wid]}  # (one live end per busy worker)
         due.update(self._tiered)
-        watched = None if watch is None else set(hash_view(watch))
+        watched = None if watch is None else _Watch(watch)
         for wid in sorted(due):
             worker = workers[wid]
             if worker.exit_due(t) or worker.records_kv_events and (

@@ -537,10 +537,10 @@ class KVCache:
             return None, 0  # the run starting at q holds hashes[q], so no other run holds hashes[pos - 1]
         return None, 0
 
-    def evicts_any(self, count: int, watch: set) -> bool:
+    def evicts_any(self, count: int, watch) -> bool:
         """Whether the next ``count`` evictions (``_evict``'s order: the LRU entries, each run's
-        tail first; fewer when fewer are evictable) would take a block whose hash is in ``watch``.
-        Changes nothing."""
+        tail first; fewer when fewer are evictable) would take a block whose hash is in ``watch``
+        (a set, or anything with its ``isdisjoint``). Changes nothing."""
         left = count
         for stamp, runs, i in self._batches:
             n = len(runs)

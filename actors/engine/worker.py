@@ -590,11 +590,12 @@ class EngineWorker:
         if started > run.n_sched or done > run.n_done:
             self._apply_run(run, max(started, run.n_sched), done)
 
-    def router_unchanged(self, now_ms: float, watch: set) -> bool:
+    def router_unchanged(self, now_ms: float, watch) -> bool:
         """Whether ``sync(now_ms, blocks_only=True)`` may wait, for a router that reads only the
-        blocks in ``watch`` (the prompts it routes next): a plain decode run with no completion by
-        then, whose passes ended by ``now_ms`` evict none of them (a bound on their allocations
-        against the free blocks, then the evictable ones in eviction order). A decode run stores
+        blocks in ``watch`` (the prompts it routes next; a set, or anything with its
+        ``isdisjoint``): a plain decode run with no completion by then, whose passes ended by
+        ``now_ms`` evict none of them (a bound on their allocations against the free blocks,
+        then the evictable ones in eviction order). A decode run stores
         only blocks holding generated tokens, which no prompt has, so the router's depths for
         the watched prompts are the same either way; the sync happens later, its KV events in the
         same order (docs/scale.md, "The KV router at many workers")."""

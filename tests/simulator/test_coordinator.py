@@ -252,7 +252,7 @@ def test_the_kv_router_hears_a_busy_worker_later_only_where_no_route_can_tell(mo
     checked = EngineWorker.router_unchanged
 
     def counted(self, now_ms, watch):
-        watched.append(len(watch))
+        watched.append(len(watch.raw))  # (bytes of the hashes)
         answers.append(checked(self, now_ms, watch))
         return answers[-1]
 
