@@ -335,6 +335,7 @@ class Coordinator:
         # a window only matters where the router reads worker state or one worker's events cause
         # work elsewhere; otherwise every window gives the lockstep result and none is needed
         self._windowed = self.window_ms > 0 and (self._routes_state or self._coupled)
+        self._arrivals_only = False  # (set by run: a monitor and the Planner are known by then)
         # with one host, a disaggregated run (arrivals not following terminals, no window) steps
         # the host until the next arrival or fixed edge and lets it stop at the first handoff
         self._stop_at_handoff = (self._coupled and not self._windowed and not arrivals.follows_terminal
@@ -930,7 +931,7 @@ class Coordinator:
         now); the workers run across the windows between in one step."""
         w = self.window_ms
         cands = self._fixed_edges(now)
-        if self._coupled or self.monitor is not None or self.has_planner:
+        if not self._arrivals_only:
             t = self._earliest_activity()
             if t is not None:
                 k = math.floor(max(t, now) / w) + 1
@@ -971,6 +972,8 @@ class Coordinator:
     def run(self) -> CoordinatorStats:
         """Run the replay to its end (or the stop time); the run closes the hosts' books."""
         times, indices = self.arrivals.initial()
+        # whether only arrivals place the edges of a window (no pass end concerns anyone else)
+        self._arrivals_only = not (self._coupled or self.monitor is not None or self.has_planner)
         self._init_t = times
         self._init_i = indices
         self._n_init = len(times)
@@ -992,7 +995,7 @@ class Coordinator:
         # open loop, the edges placed by arrivals alone (exact, or windows nobody's pass end
         # moves): what the router reads at the next edge is known before the step
         watches = self._routes_state and self.entry.router.needs_kv_events and not self._coupled and (
-            not windowed or (self.monitor is None and not self.has_planner))
+            not windowed or self._arrivals_only)
         stop = self.stop_ms
         guard = self.resource_guard
         monitor = self.monitor

@@ -595,10 +595,10 @@ class EngineWorker:
         blocks in ``watch`` (the prompts it routes next; a set, or anything with its
         ``isdisjoint``): a plain decode run with no completion by then, whose passes ended by
         ``now_ms`` evict none of them (a bound on their allocations against the free blocks,
-        then the evictable ones in eviction order). A decode run stores
-        only blocks holding generated tokens, which no prompt has, so the router's depths for
-        the watched prompts are the same either way; the sync happens later, its KV events in the
-        same order (docs/scale.md, "The KV router at many workers")."""
+        then the evictable ones in eviction order). A decode run stores only blocks holding
+        generated tokens, which no prompt has, so the router's depths for the watched prompts
+        are the same either way; the sync happens later, its KV events in the same order
+        (docs/scale.md, "The KV router at many workers")."""
         run = self._run
         if run is None or not self._waits_for_router or run.joined is not None:
             return False
@@ -660,9 +660,8 @@ class EngineWorker:
         """Compute the end times of the run's next passes: up to the one in progress at
         ``horizon_ms`` (the next known input) when known, else at ``hint_ms`` when it bounds
         the inputs not known yet (``hint_bounds``: with ``edges_watched``, at least as many as so
-        far); else as many
-        as so far (at least 32), and with a hint no further than about it. The results do not
-        depend on the chunks (each end is the previous end plus its duration)."""
+        far); else as many as so far (at least 32), and with a hint no further than about it. The
+        results do not depend on the chunks (each end is the previous end plus its duration)."""
         ends = run.ends
         m = run.num_passes
         start = run.start_ms
